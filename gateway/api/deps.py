@@ -1,0 +1,31 @@
+"""FastAPI dependencies: the app's long-lived objects, reached through ``request.app.state``."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import httpx
+from fastapi import Depends, Request
+
+from gateway.service import Gateway
+from gateway.settings import Settings
+
+
+def get_gateway(request: Request) -> Gateway:
+    """The :class:`Gateway` built by the lifespan."""
+    return request.app.state.gateway  # type: ignore[no-any-return]
+
+
+def get_client(request: Request) -> httpx.AsyncClient:
+    """The shared upstream ``httpx.AsyncClient`` built by the lifespan."""
+    return request.app.state.client  # type: ignore[no-any-return]
+
+
+def get_settings(request: Request) -> Settings:
+    """The process :class:`Settings` the app was created with."""
+    return request.app.state.settings  # type: ignore[no-any-return]
+
+
+GatewayDep = Annotated[Gateway, Depends(get_gateway)]
+ClientDep = Annotated[httpx.AsyncClient, Depends(get_client)]
+SettingsDep = Annotated[Settings, Depends(get_settings)]

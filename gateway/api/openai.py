@@ -1,0 +1,123 @@
+"""OpenAI-compatible endpoints: ``/v1/completions``, ``/v1/chat/completions``, ``/v1/models``.
+
+Handlers only parse, route and relay: the body bytes the client sent are what the backend
+receives; the response carries ``x-specgate-backend``, ``x-specgate-rule``,
+``x-specgate-task`` and ``x-request-id``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response, StreamingResponse
+
+from gateway.api.deps import ClientDep, GatewayDep, SettingsDep
+from gateway.errors import GatewayError, bad_request, no_backend
+from gateway.protocol import ChatCompletionFields, CompletionFields, validate_fields
+from gateway.service import Gateway
+from gateway.upstream.forward import open_upstream, read_all
+
+router = APIRouter(tags=["openai"])
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request body, at most ``limit`` bytes; raises 413 past it."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise _too_large(limit)
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise _too_large(limit)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _too_large(limit: int) -> GatewayError:
+    return GatewayError(413, f"The request body is larger than {limit} bytes.",
+                        code="request_too_large")
+
+
+def parse_json(raw: bytes) -> Any:
+    """Decode a JSON body; malformed JSON, invalid UTF-8 or absurd nesting is a 400."""
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError):
+        raise bad_request("The request body is not valid JSON.", code="invalid_json") from None
+
+
+async def _proxy(
+    request: Request,
+    gateway: Gateway,
+    client: Any,
+    limit: int,
+    kind: type[CompletionFields] | type[ChatCompletionFields],
+    path: str,
+) -> Response:
+    started = time.perf_counter()
+    raw = await read_body(request, limit)
+    body = parse_json(raw)
+    fields = validate_fields(kind, body)
+    features = gateway.features(body, fields.model, request.headers.get("x-task-type"))
+    decision = gateway.decide(features)
+    if not decision.backends:
+        gateway.stats.rejected += 1
+        raise no_backend()
+    request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
+    headers = dict(request.headers) | {"x-request-id": request_id}
+
+    def count_failover(_backend: str, _why: str) -> None:
+        gateway.stats.failovers += 1
+
+    upstream = await open_upstream(
+        client, gateway.config.backends, gateway.registry.states, decision.backends,
+        path=path, body=raw, headers=headers, stream=bool(fields.stream),
+        on_failure=count_failover,
+    )
+    gateway.stats.by_backend[upstream.backend] += 1
+    out_headers = upstream.headers | {
+        "x-specgate-backend": upstream.backend,
+        "x-specgate-rule": decision.rule,
+        "x-specgate-task": features.task,
+        "x-request-id": request_id,
+        "x-specgate-route-ms": f"{(time.perf_counter() - started) * 1000:.2f}",
+    }
+    if fields.stream:
+        return StreamingResponse(upstream.body, status_code=upstream.status, headers=out_headers)
+    content = await read_all(upstream)
+    return Response(content, status_code=upstream.status, headers=out_headers)
+
+
+@router.post("/v1/completions", response_model=None)
+async def completions(
+    request: Request, gateway: GatewayDep, client: ClientDep, settings: SettingsDep
+) -> Response:
+    """OpenAI completions, routed to one backend; JSON or SSE as the client asked."""
+    return await _proxy(request, gateway, client, settings.max_body_bytes, CompletionFields,
+                        "/v1/completions")
+
+
+@router.post("/v1/chat/completions", response_model=None)
+async def chat_completions(
+    request: Request, gateway: GatewayDep, client: ClientDep, settings: SettingsDep
+) -> Response:
+    """OpenAI chat completions, routed to one backend; JSON or SSE as the client asked."""
+    return await _proxy(request, gateway, client, settings.max_body_bytes,
+                        ChatCompletionFields, "/v1/chat/completions")
+
+
+@router.get("/v1/models")
+async def models(gateway: GatewayDep) -> dict[str, Any]:
+    """The models the gateway serves, in OpenAI's list format."""
+    created = int(gateway.started_at)
+    data = [
+        {"id": name, "object": "model", "created": created, "owned_by": "specgate"}
+        for name in gateway.served_models()
+    ]
+    return {"object": "list", "data": data}

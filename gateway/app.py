@@ -1,0 +1,114 @@
+"""``create_app(settings)``: the FastAPI application and its lifespan.
+
+The lifespan owns every long-lived object: the shared upstream ``httpx.AsyncClient`` (explicit
+timeouts and limits from settings), the :class:`~gateway.service.Gateway` with its backend
+state, and the background health poller. Importing this module does nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from collections.abc import AsyncIterator
+
+import httpx
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from gateway.api import admin, health, openai
+from gateway.config import GatewayConfig, load_config
+from gateway.errors import GatewayError, error_envelope
+from gateway.service import Gateway
+from gateway.settings import Settings
+from gateway.upstream.health import HealthPoller
+
+logger = logging.getLogger(__name__)
+
+
+def build_client(settings: Settings, transport: httpx.AsyncBaseTransport | None) -> httpx.AsyncClient:
+    """The shared upstream client: connect/read/write/pool timeouts from settings (read is
+    the wait for the first byte and between chunks; there is no total cap)."""
+    timeout = httpx.Timeout(
+        connect=settings.connect_timeout_s,
+        read=settings.read_timeout_s,
+        write=settings.read_timeout_s,
+        pool=settings.connect_timeout_s,
+    )
+    limits = httpx.Limits(
+        max_connections=settings.max_connections,
+        max_keepalive_connections=settings.max_connections,
+    )
+    return httpx.AsyncClient(timeout=timeout, limits=limits, transport=transport)
+
+
+def create_app(
+    settings: Settings,
+    *,
+    config: GatewayConfig | None = None,
+    transport: httpx.AsyncBaseTransport | None = None,
+    rng: random.Random | None = None,
+) -> FastAPI:
+    """Build the gateway app.
+
+    ``config`` defaults to ``load_config(settings.config)`` (raises
+    :class:`~gateway.config.ConfigError` at once, before anything listens); ``transport``
+    replaces the network for in-process tests; ``rng`` seeds routing tie breaks.
+    """
+    config = config or load_config(settings.config)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        gateway = Gateway(config, rng)
+        async with build_client(settings, transport) as client:
+            poller = HealthPoller(
+                client, lambda: gateway.config, gateway.registry,
+                interval_s=settings.health_interval_s, timeout_s=settings.health_timeout_s,
+            )
+            app.state.settings = settings
+            app.state.gateway = gateway
+            app.state.client = client
+            await poller.check_all()
+            task = asyncio.create_task(poller.run(), name="specgate-health")
+            try:
+                yield
+            finally:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+    app = FastAPI(title="specgate", version="0.1.0", lifespan=lifespan)
+    app.include_router(openai.router)
+    app.include_router(health.router)
+    app.include_router(admin.router)
+    install_error_handlers(app)
+    return app
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Answer every error in OpenAI's envelope: gateway errors, unknown routes and methods,
+    and (never expected) unhandled exceptions as a 500 without a traceback."""
+
+    @app.exception_handler(GatewayError)
+    async def _gateway_error(_: Request, exc: GatewayError) -> JSONResponse:
+        return JSONResponse(exc.envelope(), status_code=exc.status, headers=exc.headers)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
+        body = error_envelope(str(exc.detail), kind, None, str(exc.status_code))
+        return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+        body = error_envelope(str(exc.errors()[:1]), "invalid_request_error", None, "invalid")
+        return JSONResponse(body, status_code=400)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+        logger.exception("unhandled error")
+        body = error_envelope("Internal gateway error.", "server_error", None, "internal_error")
+        return JSONResponse(body, status_code=500)

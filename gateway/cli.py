@@ -1,0 +1,127 @@
+"""The ``specgate`` command line: serve, up, models prepare, config check."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from gateway.config import ConfigError, GatewayConfig, load_config
+from gateway.settings import Settings
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser for every ``specgate`` subcommand."""
+    parser = argparse.ArgumentParser(prog="specgate", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def add_server_args(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--config", type=Path, help="gateway config YAML (SPECGATE_CONFIG)")
+        p.add_argument("--host", help="listen address (SPECGATE_HOST, default 127.0.0.1)")
+        p.add_argument("--port", type=int, help="listen port (SPECGATE_PORT, default 8000)")
+
+    serve = sub.add_parser("serve", help="run the gateway against running backends")
+    add_server_args(serve)
+    up = sub.add_parser("up", help="prepare models, launch local backends, run the gateway")
+    add_server_args(up)
+    up.add_argument("--startup-timeout", type=float, default=600.0,
+                    help="seconds to wait for each backend to become healthy")
+
+    models = sub.add_parser("models", help="local model folders")
+    models_sub = models.add_subparsers(dest="models_command", required=True)
+    models_sub.add_parser("prepare", help="build the local target and draft model folders")
+
+    config = sub.add_parser("config", help="config files")
+    config_sub = config.add_subparsers(dest="config_command", required=True)
+    check = config_sub.add_parser("check", help="validate a config and print what it defines")
+    check.add_argument("file", type=Path)
+    return parser
+
+
+def settings_from_args(args: argparse.Namespace) -> Settings:
+    """Settings from ``SPECGATE_*`` variables, overridden by the flags given."""
+    overrides = {k: getattr(args, k) for k in ("config", "host", "port") if getattr(args, k)}
+    return Settings(**overrides)
+
+
+def describe(config: GatewayConfig) -> str:
+    """A human summary of a config: backends, pools, rules."""
+    lines = ["backends:"]
+    for name, b in config.backends.items():
+        spec = b.spec
+        detail = spec.method if not spec.speculative else (
+            f"{spec.method} k={spec.num_speculative_tokens}"
+            + (f" draft={spec.model}" if spec.model else "")
+        )
+        where = "local" if b.local else "remote"
+        lines.append(f"  {name:<12} {b.base_url:<28} model={b.served_model} {detail} ({where})")
+    lines.append("pools:")
+    lines += [f"  {name:<12} {', '.join(members)}" for name, members in config.pools.items()]
+    lines.append("rules (first match wins):")
+    for i, r in enumerate(config.rules, start=1):
+        match = r.match.model_dump(exclude_none=True) or "any"
+        fallbacks = f" then {', '.join(r.fallbacks)}" if r.fallbacks else ""
+        lines.append(f"  {i}. {r.name}: {match} -> {r.pool}{fallbacks}")
+    lines.append(f"  otherwise -> {config.defaults.pool}")
+    return "\n".join(lines)
+
+
+def cmd_config_check(path: Path) -> int:
+    """Validate ``path``; print the summary (exit 0) or every error (exit 1)."""
+    try:
+        config = load_config(path)
+    except ConfigError as exc:
+        print(f"{exc.source}: invalid config ({len(exc.issues)} problems)", file=sys.stderr)
+        for issue in exc.issues:
+            print(f"{exc.source}: {issue.path or '<root>'}: {issue.message}", file=sys.stderr)
+        return 1
+    print(f"{path}: ok")
+    print(describe(config))
+    return 0
+
+
+def run_gateway(settings: Settings, config: GatewayConfig) -> None:
+    """Run the gateway in the foreground with uvicorn until SIGINT/SIGTERM."""
+    import uvicorn
+
+    from gateway.app import create_app
+
+    app = create_app(settings, config=config)
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level,
+                timeout_graceful_shutdown=30)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``specgate`` console script; returns the exit code."""
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.command == "config":
+        return cmd_config_check(args.file)
+    if args.command == "models":
+        from backends.vllm_env import SetupError
+        from gateway.launch import prepare
+
+        try:
+            prepare(Settings())
+        except SetupError as exc:
+            print(f"specgate: models prepare failed: {exc}", file=sys.stderr)
+            return 1
+        return 0
+    settings = settings_from_args(args)
+    try:
+        config = load_config(settings.config)
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    if args.command == "serve":
+        run_gateway(settings, config)
+        return 0
+    from gateway.launch import up
+
+    return up(settings, config, startup_timeout_s=args.startup_timeout)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

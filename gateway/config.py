@@ -1,0 +1,217 @@
+"""The gateway's YAML config: backends, pools and ordered routing rules.
+
+A config file looks like::
+
+    defaults: {temperature: 1.0, task: chat, pool: plain}
+    backends:
+      plain: {url: http://127.0.0.1:8101, model: smollm2}
+      ngram:
+        local: true
+        profile: {model: "local:smollm2-135m-instruct", served_model_name: smollm2, port: 8102,
+                  speculation: {method: ngram, num_speculative_tokens: 5}}
+    pools: {plain: [plain], ngram: [ngram]}
+    rules:
+      - {name: code-low-temp, match: {tasks: [code], temperature: {max: 0.6}}, pool: ngram,
+         fallbacks: [plain]}
+
+:func:`load_config` validates it with pydantic (unknown keys are errors) plus cross-reference
+checks, and raises :class:`ConfigError` listing every problem as ``file: field.path: problem``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from backends.profile import BackendProfile, Speculation
+
+Task = Literal["code", "rag", "chat", "creative"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class BackendConfig(_Strict):
+    """One backend: where it is, which model it serves, how it speculates.
+
+    Either give ``url`` and ``model`` (a server someone else runs), or a launch ``profile``
+    (``url``, ``model`` and ``speculation`` then come from it). ``local: true`` makes
+    ``specgate up`` launch it from the profile.
+    """
+
+    url: str | None = None
+    model: str | None = None
+    speculation: Speculation | None = None
+    local: bool = False
+    profile: BackendProfile | None = None
+    api_key: str | None = None
+
+    @model_validator(mode="after")
+    def _fill_from_profile(self) -> BackendConfig:
+        if self.profile is None:
+            if self.local:
+                raise ValueError("local: true needs a launch 'profile'")
+            if not self.url or not self.model:
+                raise ValueError("give 'url' and 'model', or a launch 'profile'")
+            return self
+        if self.speculation is not None:
+            raise ValueError("with a 'profile', set speculation inside the profile")
+        if self.model not in (None, self.profile.served_model_name):
+            raise ValueError("'model' differs from profile.served_model_name")
+        self.url = self.url or self.profile.url
+        self.model = self.profile.served_model_name
+        return self
+
+    @property
+    def base_url(self) -> str:
+        """The backend's base URL without a trailing slash, e.g. ``http://127.0.0.1:8101``."""
+        return (self.url or "").rstrip("/")
+
+    @property
+    def served_model(self) -> str:
+        """The model name the backend serves (what clients send as ``model``)."""
+        return self.model or ""
+
+    @property
+    def spec(self) -> Speculation:
+        """The backend's speculation settings (``method: none`` for plain)."""
+        if self.profile is not None:
+            return self.profile.speculation
+        return self.speculation or Speculation()
+
+
+class TemperatureRange(_Strict):
+    """Inclusive temperature bounds; a missing bound is open."""
+
+    min: float | None = Field(default=None, ge=0)
+    max: float | None = Field(default=None, ge=0)
+
+    def contains(self, temperature: float) -> bool:
+        """True when ``min <= temperature <= max``."""
+        if self.min is not None and temperature < self.min:
+            return False
+        return self.max is None or temperature <= self.max
+
+
+class RuleMatch(_Strict):
+    """What a rule matches; every given condition must hold, an empty match matches all."""
+
+    tasks: list[Task] | None = None
+    temperature: TemperatureRange | None = None
+    models: list[str] | None = None
+
+
+class Rule(_Strict):
+    """An ordered routing rule: the first rule that matches picks ``pool``, then ``fallbacks``."""
+
+    name: str = Field(min_length=1)
+    match: RuleMatch = RuleMatch()
+    pool: str
+    fallbacks: list[str] = []
+
+
+class Defaults(_Strict):
+    """Values used when a request does not say: temperature (OpenAI's default is 1.0),
+    task (for unreadable prompts such as token ids), and the pool when no rule matches."""
+
+    temperature: float = Field(default=1.0, ge=0, le=2)
+    task: Task = "chat"
+    pool: str
+
+
+class GatewayConfig(_Strict):
+    """The whole routing config (see the module docstring for the YAML shape)."""
+
+    defaults: Defaults
+    backends: dict[str, BackendConfig] = Field(min_length=1)
+    pools: dict[str, list[str]] = Field(min_length=1)
+    rules: list[Rule] = []
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigIssue:
+    """One problem: the dotted field path (e.g. ``rules.0.pool``) and what is wrong."""
+
+    path: str
+    message: str
+
+
+class ConfigError(Exception):
+    """A config that cannot be used; ``issues`` lists every problem found."""
+
+    def __init__(self, source: str, issues: list[ConfigIssue]) -> None:
+        self.source = source
+        self.issues = issues
+        lines = [f"{source}: {i.path or '<root>'}: {i.message}" for i in issues]
+        super().__init__("\n".join(lines))
+
+
+def check_references(config: GatewayConfig) -> list[ConfigIssue]:
+    """Cross-reference checks pydantic cannot do: pools name backends, rules name pools,
+    rule names are unique, and no two local backends listen on the same port."""
+    issues: list[ConfigIssue] = []
+    for pool, members in config.pools.items():
+        if not members:
+            issues.append(ConfigIssue(f"pools.{pool}", "a pool needs at least one backend"))
+        for i, name in enumerate(members):
+            if name not in config.backends:
+                issues.append(ConfigIssue(f"pools.{pool}.{i}", f"unknown backend '{name}'"))
+    if config.defaults.pool not in config.pools:
+        issues.append(ConfigIssue("defaults.pool", f"unknown pool '{config.defaults.pool}'"))
+    seen: set[str] = set()
+    for i, rule in enumerate(config.rules):
+        if rule.name in seen:
+            issues.append(ConfigIssue(f"rules.{i}.name", f"duplicate rule name '{rule.name}'"))
+        seen.add(rule.name)
+        for field, pool in [("pool", rule.pool)] + [
+            (f"fallbacks.{j}", p) for j, p in enumerate(rule.fallbacks)
+        ]:
+            if pool not in config.pools:
+                issues.append(ConfigIssue(f"rules.{i}.{field}", f"unknown pool '{pool}'"))
+    ports: dict[tuple[str, int], str] = {}
+    for name, backend in config.backends.items():
+        if backend.local and backend.profile is not None:
+            key = (backend.profile.host, backend.profile.port)
+            if key in ports:
+                msg = f"port {key[1]} is also used by backend '{ports[key]}'"
+                issues.append(ConfigIssue(f"backends.{name}.profile.port", msg))
+            ports[key] = name
+    return issues
+
+
+def parse_config(data: Any, source: str = "<config>") -> GatewayConfig:
+    """Validate already-loaded YAML data; raises :class:`ConfigError` with every issue."""
+    try:
+        config = GatewayConfig.model_validate(data)
+    except ValidationError as exc:
+        issues = [
+            ConfigIssue(".".join(str(p) for p in err["loc"]), err["msg"]) for err in exc.errors()
+        ]
+        raise ConfigError(source, issues) from None
+    issues = check_references(config)
+    if issues:
+        raise ConfigError(source, issues)
+    return config
+
+
+def load_config(path: Path | str) -> GatewayConfig:
+    """Read and validate a YAML config file.
+
+    Raises :class:`ConfigError` for a missing file, invalid YAML (with its line and column)
+    or any validation problem.
+    """
+    source = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(source, [ConfigIssue("", f"cannot read file: {exc}")]) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(source, [ConfigIssue("", f"invalid YAML: {exc}")]) from None
+    return parse_config(data, source)

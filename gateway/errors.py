@@ -1,0 +1,87 @@
+"""The gateway's errors and their rendering in OpenAI's error envelope.
+
+OpenAI (and vLLM's server) answer errors as
+``{"error": {"message": str, "type": str, "param": str | None, "code": str | int | None}}``;
+every error the gateway produces uses that shape, so OpenAI SDKs raise their usual exceptions.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+
+class GatewayError(Exception):
+    """An error answered to the client with ``status`` and the OpenAI envelope.
+
+    ``type`` follows OpenAI's vocabulary (``invalid_request_error``, ``server_error``...);
+    ``code`` is a short machine-readable reason such as ``model_not_found``.
+    ``headers`` are extra response headers (e.g. ``Retry-After``).
+    """
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
+        self.headers = headers or {}
+
+    def envelope(self) -> dict[str, Any]:
+        """The JSON body: ``{"error": {"message", "type", "param", "code"}}``."""
+        return error_envelope(self.message, self.type, self.param, self.code)
+
+
+def error_envelope(
+    message: str, type: str, param: str | None = None, code: str | None = None
+) -> dict[str, Any]:
+    """Build OpenAI's error object ``{"error": {...}}`` from its four fields."""
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+def sse_error_event(message: str, code: str = "upstream_error") -> bytes:
+    """The two SSE events that end a stream that failed part-way: an error, then ``[DONE]``.
+
+    This is what vLLM's own server sends when generation fails mid-stream.
+    """
+    payload = json.dumps(error_envelope(message, "server_error", None, code))
+    return f"data: {payload}\n\ndata: [DONE]\n\n".encode()
+
+
+def bad_request(message: str, param: str | None = None, code: str | None = None) -> GatewayError:
+    """400 ``invalid_request_error``."""
+    return GatewayError(400, message, param=param, code=code)
+
+
+def model_not_found(model: str) -> GatewayError:
+    """404 for a model no backend serves, as OpenAI answers it."""
+    return GatewayError(
+        404,
+        f"The model `{model}` does not exist.",
+        param="model",
+        code="model_not_found",
+    )
+
+
+def no_backend(message: str = "No healthy backend can serve this request.") -> GatewayError:
+    """503 when every candidate backend is down or failed before the first byte."""
+    return GatewayError(
+        503, message, type="server_error", code="no_healthy_backend", headers={"Retry-After": "2"}
+    )
+
+
+def upstream_timeout() -> GatewayError:
+    """504 when the chosen backend did not answer within the configured timeout."""
+    return GatewayError(
+        504, "The backend did not answer in time.", type="server_error", code="upstream_timeout"
+    )

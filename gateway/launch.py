@@ -1,0 +1,83 @@
+"""``specgate up`` and ``specgate models prepare``: the local stack around the gateway.
+
+This is command-line code (blocking, subprocesses); the gateway app never calls it. vLLM runs
+from its own virtual environment (created on first use) as child processes; the gateway
+process never imports vLLM, torch or transformers.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+from types import FrameType
+
+from backends.launcher import BackendError, LocalBackend, LocalStack
+from backends.models import prepare_models, resolve_profile
+from backends.paths import CachePaths, default_cache_dir
+from backends.vllm_env import SetupError, ensure_vllm_env
+from gateway.config import GatewayConfig
+from gateway.settings import Settings
+
+
+def cache_paths(settings: Settings) -> CachePaths:
+    """The cache layout: ``SPECGATE_CACHE_DIR`` when set, else the user's cache folder."""
+    return CachePaths(settings.cache_dir or default_cache_dir())
+
+
+def prepare(settings: Settings) -> Path:
+    """Create the vLLM environment and build the local models if needed (idempotent).
+
+    Returns the vLLM environment's python. Raises ``backends.vllm_env.SetupError`` when a
+    step fails, with the command and the tail of its output.
+    """
+    paths = cache_paths(settings)
+    python = ensure_vllm_env(paths, log=_say)
+    for name, folder in prepare_models(paths, python, log=_say).items():
+        _say(f"model {name}: {folder}")
+    return python
+
+
+def local_backends(config: GatewayConfig, paths: CachePaths, python: Path) -> list[LocalBackend]:
+    """A :class:`LocalBackend` for every backend marked ``local: true``, model refs resolved."""
+    out = []
+    for name, backend in config.backends.items():
+        if backend.local and backend.profile is not None:
+            profile = resolve_profile(backend.profile, paths)
+            out.append(LocalBackend(name, profile, python, paths.logs / f"{name}.log"))
+    return out
+
+
+def _interrupt(signum: int, _frame: FrameType | None) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+def up(settings: Settings, config: GatewayConfig, *, startup_timeout_s: float) -> int:
+    """Prepare, launch every local backend, wait until healthy, then serve in the foreground.
+
+    SIGINT or SIGTERM at any point stops the gateway and every process this started.
+    Returns the exit code (0 on a clean stop, 1 when a backend failed to start).
+    """
+    from gateway.cli import run_gateway
+
+    signal.signal(signal.SIGTERM, _interrupt)
+    started = time.monotonic()
+    paths = cache_paths(settings)
+    try:
+        python = prepare(settings)
+        stack = LocalStack(local_backends(config, paths, python), timeout_s=startup_timeout_s,
+                           log=_say)
+        with stack:
+            _say(f"all backends healthy {time.monotonic() - started:.1f} s after start; "
+                 f"gateway on http://{settings.host}:{settings.port}")
+            run_gateway(settings, config)
+    except (BackendError, SetupError) as exc:
+        _say(f"cannot start the local stack: {exc}")
+        return 1
+    except KeyboardInterrupt:
+        _say("interrupted: stopped every backend this started")
+    return 0
+
+
+def _say(line: str) -> None:
+    print(f"specgate: {line}", flush=True)

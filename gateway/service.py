@@ -1,0 +1,63 @@
+"""The gateway's long-lived core: config, routing policy, backend state and decision stats.
+
+One :class:`Gateway` is built in ``create_app``'s lifespan and reached by handlers through a
+dependency; nothing here is module-level state.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from gateway.config import GatewayConfig
+from gateway.errors import model_not_found
+from gateway.routing.classifier import classify
+from gateway.routing.features import RequestFeatures, header_task, read_temperature
+from gateway.routing.policy import RouteDecision, RoutingPolicy
+from gateway.upstream.state import BackendRegistry, DecisionStats
+
+
+class Gateway:
+    """Routes requests for one config and keeps the live state the admin API shows.
+
+    ``rng`` breaks routing ties; pass a seeded ``random.Random`` for reproducible decisions.
+    """
+
+    def __init__(self, config: GatewayConfig, rng: random.Random | None = None) -> None:
+        self.config = config
+        self.policy = RoutingPolicy(config)
+        self.registry = BackendRegistry(config.backends)
+        self.stats = DecisionStats()
+        self.rng = rng or random.Random()
+        self.started_at = time.time()
+
+    def served_models(self) -> list[str]:
+        """The distinct model names the backends serve, in config order."""
+        return list(dict.fromkeys(b.served_model for b in self.config.backends.values()))
+
+    def features(
+        self, body: Mapping[str, Any], model: str, task_header: str | None
+    ) -> RequestFeatures:
+        """Read routing features from a validated body.
+
+        Raises :class:`~gateway.errors.GatewayError` 404 when no backend serves ``model``.
+        """
+        if model not in self.served_models():
+            raise model_not_found(model)
+        temperature, given = read_temperature(body, self.config.defaults.temperature)
+        task = header_task(task_header)
+        if task is not None:
+            return RequestFeatures(model, temperature, given, task, 1.0, "header",
+                                   bool(body.get("stream")))
+        guess = classify(body, default_task=self.config.defaults.task)
+        return RequestFeatures(model, temperature, given, guess.task, guess.confidence,
+                               "classifier", bool(body.get("stream")))
+
+    def decide(self, features: RequestFeatures) -> RouteDecision:
+        """Route one request against the current backend state and count the decision."""
+        decision = self.policy.decide(features, self.registry.snapshot(), self.rng)
+        self.stats.by_rule[decision.rule] += 1
+        self.stats.by_task[features.task] += 1
+        return decision

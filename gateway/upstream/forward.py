@@ -1,0 +1,153 @@
+"""Send a request to the decided backends, failing over before the first byte, and relay.
+
+The upstream status and headers are settled before anything is sent to the client: a
+connect error, a reset before the response, or a 502/503 moves on to the next backend of the
+decision. After that the answer is relayed as raw bytes (SSE chunk by chunk for streams),
+never re-parsed, and the upstream response is closed in a ``finally`` inside the body
+iterator, so a client that goes away closes the upstream connection and vLLM aborts.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass
+
+import httpx
+
+from gateway.config import BackendConfig
+from gateway.errors import GatewayError, no_backend, sse_error_event, upstream_timeout
+from gateway.upstream.state import BackendState
+
+logger = logging.getLogger(__name__)
+
+#: RFC 9110 section 7.6.1 hop-by-hop headers, plus those the gateway sets itself.
+HOP_BY_HOP = frozenset(
+    {
+        "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
+        "trailer", "trailers", "transfer-encoding", "upgrade", "proxy-connection",
+    }
+)
+_NOT_FORWARDED = HOP_BY_HOP | {"host", "content-length", "authorization", "cookie", "x-task-type"}
+_NOT_RETURNED = HOP_BY_HOP | {"content-length", "date", "server"}
+#: Statuses that mean "this backend cannot serve now": try the next one.
+RETRYABLE_STATUS = frozenset({502, 503})
+
+
+def upstream_headers(client_headers: Mapping[str, str], backend: BackendConfig) -> dict[str, str]:
+    """Headers sent to a backend: the client's, minus hop-by-hop and credentials, plus the
+    backend's own key (``Authorization: Bearer``) when the config gives one."""
+    out = {k: v for k, v in client_headers.items() if k.lower() not in _NOT_FORWARDED}
+    if backend.api_key:
+        out["authorization"] = f"Bearer {backend.api_key}"
+    return out
+
+
+def client_headers(upstream: httpx.Headers) -> dict[str, str]:
+    """Headers returned to the client from a backend's response, minus hop-by-hop ones."""
+    return {k: v for k, v in upstream.items() if k.lower() not in _NOT_RETURNED}
+
+
+@dataclass(slots=True)
+class Upstream:
+    """An open backend response whose status and headers are settled.
+
+    ``body`` yields the raw bytes and closes the response (and the in-flight count) when it
+    ends, fails, or is closed early because the client left.
+    """
+
+    backend: str
+    status: int
+    headers: dict[str, str]
+    body: AsyncIterator[bytes]
+    attempts: int
+
+
+async def _relay(
+    response: httpx.Response, state: BackendState, backend: str, stream: bool
+) -> AsyncIterator[bytes]:
+    try:
+        async for chunk in response.aiter_raw():
+            yield chunk
+    except httpx.HTTPError as exc:
+        logger.warning("backend %s failed mid-response: %s", backend, type(exc).__name__)
+        if not stream:
+            raise
+        yield sse_error_event("The backend failed while streaming the response.")
+    finally:
+        state.inflight -= 1
+        await response.aclose()
+
+
+async def open_upstream(
+    client: httpx.AsyncClient,
+    backends: Mapping[str, BackendConfig],
+    states: Mapping[str, BackendState],
+    order: tuple[str, ...],
+    *,
+    path: str,
+    body: bytes,
+    headers: Mapping[str, str],
+    stream: bool,
+    on_failure: Callable[[str, str], None] | None = None,
+) -> Upstream:
+    """Try ``order`` until one backend answers with a non-retryable status.
+
+    Returns the settled :class:`Upstream`. Raises :class:`GatewayError` 503 when every
+    backend failed before answering, 504 when the chosen backend timed out before its first
+    byte (not retried: the request may be running there). ``on_failure(backend, why)`` is told
+    about each failover.
+    """
+    last_why = "no candidate backend"
+    for attempt, name in enumerate(order, start=1):
+        backend, state = backends[name], states[name]
+        request = client.build_request(
+            "POST", backend.base_url + path, content=body, headers=upstream_headers(headers, backend)
+        )
+        state.inflight += 1
+        try:
+            response = await client.send(request, stream=True)
+        except httpx.TimeoutException as exc:
+            state.inflight -= 1
+            if isinstance(exc, httpx.ConnectTimeout | httpx.PoolTimeout):
+                last_why = f"{name}: {type(exc).__name__}"
+                _report(on_failure, name, last_why)
+                continue
+            raise upstream_timeout() from None
+        except httpx.HTTPError as exc:  # connect refused, reset before the response
+            state.inflight -= 1
+            last_why = f"{name}: {type(exc).__name__}"
+            _report(on_failure, name, last_why)
+            continue
+        if response.status_code in RETRYABLE_STATUS:
+            state.inflight -= 1
+            await response.aclose()
+            last_why = f"{name}: HTTP {response.status_code}"
+            _report(on_failure, name, last_why)
+            continue
+        return Upstream(
+            backend=name,
+            status=response.status_code,
+            headers=client_headers(response.headers),
+            body=_relay(response, state, name, stream),
+            attempts=attempt,
+        )
+    logger.warning("no backend could serve the request (last: %s)", last_why)
+    raise no_backend()
+
+
+def _report(on_failure: Callable[[str, str], None] | None, name: str, why: str) -> None:
+    logger.info("failing over from %s", why)
+    if on_failure is not None:
+        on_failure(name, why)
+
+
+async def read_all(upstream: Upstream) -> bytes:
+    """Read a non-streamed answer whole; a backend dying part-way becomes a 502."""
+    try:
+        return b"".join([chunk async for chunk in upstream.body])
+    except httpx.HTTPError:
+        raise GatewayError(
+            502, "The backend failed while sending its response.", type="server_error",
+            code="upstream_error",
+        ) from None

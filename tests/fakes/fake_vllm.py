@@ -1,0 +1,104 @@
+"""An in-process fake of vLLM's OpenAI server, for unit tests and fault injection only.
+
+It answers ``/health``, ``/metrics``, ``/v1/models``, ``/v1/completions`` and
+``/v1/chat/completions`` (JSON or SSE) with ``tokens`` words, and can be told to misbehave:
+``status`` (answer that HTTP status), ``die_after`` (drop the connection after N stream
+chunks), ``delay_s`` (sleep between chunks), ``healthy`` (``/health`` answer).
+It records every request it received (path, headers, body bytes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+
+@dataclass
+class FakeBehaviour:
+    """How the fake answers; tests mutate it between requests."""
+
+    name: str = "fake"
+    model: str = "smollm2-135m-instruct"
+    tokens: int = 8
+    status: int = 200
+    healthy: bool = True
+    delay_s: float = 0.0
+    die_after: int | None = None
+    metrics_text: str = ""
+    received: list[dict[str, Any]] = field(default_factory=list)
+
+
+class UpstreamDied(Exception):
+    """Raised inside the stream to make the server drop the connection mid-response."""
+
+
+def _chunk(kind: str, model: str, i: int, text: str) -> dict[str, Any]:
+    if kind == "chat":
+        choice = {"index": 0, "delta": {"content": text}, "finish_reason": None}
+        return {"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": 0,
+                "model": model, "choices": [choice]}
+    return {"id": "cmpl-fake", "object": "text_completion", "created": 0, "model": model,
+            "choices": [{"index": 0, "text": text, "finish_reason": None, "logprobs": None}]}
+
+
+def create_fake_vllm(b: FakeBehaviour) -> Starlette:
+    """Build the fake server app driven by ``b``."""
+
+    async def health(_: Request) -> Response:
+        return Response(status_code=200 if b.healthy else 503)
+
+    async def metrics(_: Request) -> Response:
+        return PlainTextResponse(b.metrics_text)
+
+    async def models(_: Request) -> Response:
+        return JSONResponse({"object": "list", "data": [{"id": b.model, "object": "model"}]})
+
+    async def generate(request: Request) -> Response:
+        raw = await request.body()
+        kind = "chat" if request.url.path.endswith("chat/completions") else "text"
+        b.received.append({"path": request.url.path, "headers": dict(request.headers),
+                           "body": raw, "time": time.time()})
+        if b.status != 200:
+            body = {"error": {"message": f"fake {b.status}", "type": "BadRequestError",
+                              "param": None, "code": b.status}}
+            return JSONResponse(body, status_code=b.status)
+        body = json.loads(raw)
+        words = [f" w{i}" for i in range(b.tokens)]
+        if body.get("stream"):
+            return StreamingResponse(_stream(kind, words), media_type="text/event-stream")
+        if b.die_after is not None:
+            return StreamingResponse(_stream(kind, words), media_type="application/json")
+        text = "".join(words)
+        if kind == "chat":
+            choice: dict[str, Any] = {"index": 0, "finish_reason": "length",
+                                      "message": {"role": "assistant", "content": text}}
+        else:
+            choice = {"index": 0, "text": text, "finish_reason": "length", "logprobs": None}
+        usage = {"prompt_tokens": 3, "completion_tokens": b.tokens,
+                 "total_tokens": 3 + b.tokens}
+        return JSONResponse({"id": "fake", "object": "x", "created": 0, "model": b.model,
+                             "choices": [choice], "usage": usage,
+                             "served_by": b.name})
+
+    async def _stream(kind: str, words: list[str]):  # type: ignore[no-untyped-def]
+        for i, word in enumerate(words):
+            if b.die_after is not None and i >= b.die_after:
+                raise UpstreamDied(b.name)
+            if b.delay_s:
+                await asyncio.sleep(b.delay_s)
+            yield f"data: {json.dumps(_chunk(kind, b.model, i, word))}\n\n".encode()
+        yield b"data: [DONE]\n\n"
+
+    return Starlette(routes=[
+        Route("/health", health), Route("/metrics", metrics), Route("/v1/models", models),
+        Route("/v1/completions", generate, methods=["POST"]),
+        Route("/v1/chat/completions", generate, methods=["POST"]),
+    ])

@@ -1,0 +1,50 @@
+"""In-process gateway fixtures: the shipped local config, fake vLLM backends per port."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+from gateway.app import create_app
+from gateway.config import GatewayConfig, load_config
+from gateway.settings import Settings
+from tests.fakes.fake_vllm import FakeBehaviour, create_fake_vllm
+from tests.fakes.transport import BackendsTransport
+
+ROOT = Path(__file__).resolve().parents[2]
+MODEL = "smollm2-135m-instruct"
+
+
+@dataclass
+class InProcess:
+    """A gateway app with its fake backends, and a client talking to it."""
+
+    client: httpx.AsyncClient
+    fakes: dict[str, FakeBehaviour]
+    config: GatewayConfig
+
+
+def local_config() -> GatewayConfig:
+    return load_config(ROOT / "config" / "local.yaml")
+
+
+@pytest.fixture
+async def gw() -> AsyncIterator[InProcess]:
+    config = local_config()
+    fakes = {name: FakeBehaviour(name=name) for name in config.backends}
+    apps = {
+        b.base_url.removeprefix("http://"): create_fake_vllm(fakes[name])
+        for name, b in config.backends.items()
+    }
+    settings = Settings(max_body_bytes=64 * 1024, health_interval_s=60)
+    app = create_app(settings, config=config, transport=BackendsTransport(apps),
+                     rng=random.Random(1))
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://gw") as client:
+            yield InProcess(client, fakes, config)

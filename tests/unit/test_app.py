@@ -1,0 +1,147 @@
+"""The gateway app in process, against fake vLLM backends: routing headers, pass-through,
+error envelopes, failover, admin views."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.unit.conftest import MODEL, InProcess
+
+CODE = {"model": MODEL, "prompt": "def fib(n):\n    ", "max_tokens": 8, "temperature": 0}
+
+
+def assert_envelope(resp, status: int, code: str | None = None) -> dict:  # type: ignore[no-untyped-def]
+    assert resp.status_code == status, resp.text
+    error = resp.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    if code is not None:
+        assert error["code"] == code
+    return error
+
+
+async def test_completion_is_routed_and_forwarded_byte_for_byte(gw: InProcess) -> None:
+    raw = json.dumps(CODE | {"top_k": 5, "return_token_ids": True, "priority": 1}).encode()
+    resp = await gw.client.post("/v1/completions", content=raw,
+                                headers={"content-type": "application/json",
+                                         "x-task-type": "code"})
+    assert resp.status_code == 200
+    backend = resp.headers["x-specgate-backend"]
+    assert backend in {"ngram", "draft"}
+    assert resp.headers["x-specgate-rule"] == "code-rag-speculative"
+    assert resp.headers["x-specgate-task"] == "code"
+    assert resp.json()["served_by"] == backend
+    [received] = gw.fakes[backend].received
+    assert received["body"] == raw
+    assert received["path"] == "/v1/completions"
+
+
+async def test_creative_goes_to_plain(gw: InProcess) -> None:
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "temperature": 1.0}
+    resp = await gw.client.post("/v1/chat/completions", json=body,
+                                headers={"x-task-type": "creative"})
+    assert resp.headers["x-specgate-backend"] == "plain"
+    assert resp.headers["x-specgate-rule"] == "creative-plain"
+
+
+async def test_stream_is_relayed_as_sse(gw: InProcess) -> None:
+    body = CODE | {"stream": True, "stream_options": {"include_usage": True}}
+    resp = await gw.client.post("/v1/completions", json=body, headers={"x-task-type": "code"})
+    assert resp.status_code == 200
+    assert resp.headers["content-type"].startswith("text/event-stream")
+    events = [e for e in resp.text.split("\n\n") if e]
+    assert events[-1] == "data: [DONE]"
+    texts = [json.loads(e.removeprefix("data: "))["choices"][0]["text"] for e in events[:-1]]
+    assert "".join(texts) == " w0 w1 w2 w3 w4 w5 w6 w7"
+
+
+async def test_credentials_are_not_forwarded_and_request_id_round_trips(gw: InProcess) -> None:
+    resp = await gw.client.post(
+        "/v1/completions", json=CODE,
+        headers={"authorization": "Bearer client-secret", "x-request-id": "req-42",
+                 "x-task-type": "chat", "connection": "keep-alive"},
+    )
+    assert resp.headers["x-request-id"] == "req-42"
+    [received] = gw.fakes["plain"].received
+    assert "authorization" not in received["headers"]
+    assert received["headers"]["x-request-id"] == "req-42"
+    generated = await gw.client.post("/v1/completions", json=CODE)
+    assert len(generated.headers["x-request-id"]) == 32
+
+
+@pytest.mark.parametrize(
+    ("content", "param"),
+    [
+        (b"{not json", None),
+        (b"\xff\xfe{}", None),
+        (b"[1, 2]", None),
+        (b"[" * 50_000, None),
+        (json.dumps({"model": MODEL, "prompt": "x", "temperature": "hot"}).encode(), "temperature"),
+        (json.dumps({"model": MODEL, "prompt": "x", "stream": "yes"}).encode(), "stream"),
+        (json.dumps({"prompt": "x"}).encode(), "model"),
+        (json.dumps({"model": 7, "prompt": "x"}).encode(), "model"),
+        (json.dumps({"model": MODEL}).encode(), "prompt"),
+    ],
+)
+async def test_bad_completion_bodies_get_400(gw: InProcess, content: bytes, param: str) -> None:
+    resp = await gw.client.post("/v1/completions", content=content)
+    error = assert_envelope(resp, 400)
+    assert error["param"] == param
+    assert not any(f.received for f in gw.fakes.values())
+
+
+async def test_chat_messages_must_be_a_list(gw: InProcess) -> None:
+    resp = await gw.client.post("/v1/chat/completions", json={"model": MODEL, "messages": {}})
+    assert assert_envelope(resp, 400)["param"] == "messages"
+
+
+async def test_unknown_model_is_404(gw: InProcess) -> None:
+    resp = await gw.client.post("/v1/completions", json=CODE | {"model": "gpt-9"})
+    assert assert_envelope(resp, 404, "model_not_found")["param"] == "model"
+
+
+async def test_body_over_the_limit_is_413(gw: InProcess) -> None:
+    resp = await gw.client.post("/v1/completions", json=CODE | {"prompt": "x" * 70_000})
+    assert_envelope(resp, 413, "request_too_large")
+
+
+async def test_backend_4xx_passes_through_unchanged(gw: InProcess) -> None:
+    gw.fakes["plain"].status = 400
+    resp = await gw.client.post("/v1/completions", json=CODE, headers={"x-task-type": "chat"})
+    assert resp.status_code == 400
+    assert resp.json()["error"]["message"] == "fake 400"
+    assert resp.headers["x-specgate-backend"] == "plain"
+
+
+async def test_503_fails_over_then_all_down_is_503(gw: InProcess) -> None:
+    gw.fakes["ngram"].status = 503
+    gw.fakes["draft"].status = 502
+    resp = await gw.client.post("/v1/completions", json=CODE, headers={"x-task-type": "code"})
+    assert resp.status_code == 200
+    assert resp.headers["x-specgate-backend"] == "plain"
+    gw.fakes["plain"].status = 503
+    resp = await gw.client.post("/v1/completions", json=CODE, headers={"x-task-type": "code"})
+    assert_envelope(resp, 503, "no_healthy_backend")
+    routes = (await gw.client.get("/routes")).json()
+    assert routes["decisions"]["failovers"] == 5
+
+
+async def test_models_health_ready_routes(gw: InProcess) -> None:
+    models = (await gw.client.get("/v1/models")).json()
+    assert [m["id"] for m in models["data"]] == [MODEL]
+    assert (await gw.client.get("/health")).json() == {"status": "ok"}
+    ready = (await gw.client.get("/ready")).json()
+    assert sorted(ready["healthy_backends"]) == ["draft", "ngram", "plain"]
+    await gw.client.post("/v1/completions", json=CODE, headers={"x-task-type": "code"})
+    routes = (await gw.client.get("/routes")).json()
+    assert [b["name"] for b in routes["backends"]] == ["plain", "ngram", "draft"]
+    assert routes["backends"][1]["speculation"]["method"] == "ngram"
+    assert routes["decisions"]["by_rule"] == {"code-rag-speculative": 1}
+    assert sum(routes["decisions"]["by_backend"].values()) == 1
+    assert [r["name"] for r in routes["rules"]][-1] == "default"
+
+
+async def test_unknown_route_and_method_use_the_envelope(gw: InProcess) -> None:
+    assert_envelope(await gw.client.get("/v1/nothing"), 404)
+    assert_envelope(await gw.client.get("/v1/completions"), 405)
