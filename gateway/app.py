@@ -29,7 +29,9 @@ from gateway.upstream.health import HealthPoller
 logger = logging.getLogger(__name__)
 
 
-def build_client(settings: Settings, transport: httpx.AsyncBaseTransport | None) -> httpx.AsyncClient:
+def build_client(
+    settings: Settings, transport: httpx.AsyncBaseTransport | None
+) -> httpx.AsyncClient:
     """The shared upstream client: connect/read/write/pool timeouts from settings (read is
     the wait for the first byte and between chunks; there is no total cap)."""
     timeout = httpx.Timeout(
@@ -65,8 +67,11 @@ def create_app(
         gateway = Gateway(config, rng)
         async with build_client(settings, transport) as client:
             poller = HealthPoller(
-                client, lambda: gateway.config, gateway.registry,
-                interval_s=settings.health_interval_s, timeout_s=settings.health_timeout_s,
+                client,
+                lambda: gateway.config,
+                gateway.registry,
+                interval_s=settings.health_interval_s,
+                timeout_s=settings.health_timeout_s,
             )
             app.state.settings = settings
             app.state.gateway = gateway

@@ -26,8 +26,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_server_args(serve)
     up = sub.add_parser("up", help="prepare models, launch local backends, run the gateway")
     add_server_args(up)
-    up.add_argument("--startup-timeout", type=float, default=600.0,
-                    help="seconds to wait for each backend to become healthy")
+    up.add_argument(
+        "--startup-timeout",
+        type=float,
+        default=600.0,
+        help="seconds to wait for each backend to become healthy",
+    )
 
     models = sub.add_parser("models", help="local model folders")
     models_sub = models.add_subparsers(dest="models_command", required=True)
@@ -51,9 +55,13 @@ def describe(config: GatewayConfig) -> str:
     lines = ["backends:"]
     for name, b in config.backends.items():
         spec = b.spec
-        detail = spec.method if not spec.speculative else (
-            f"{spec.method} k={spec.num_speculative_tokens}"
-            + (f" draft={spec.model}" if spec.model else "")
+        detail = (
+            spec.method
+            if not spec.speculative
+            else (
+                f"{spec.method} k={spec.num_speculative_tokens}"
+                + (f" draft={spec.model}" if spec.model else "")
+            )
         )
         where = "local" if b.local else "remote"
         lines.append(f"  {name:<12} {b.base_url:<28} model={b.served_model} {detail} ({where})")
@@ -89,14 +97,21 @@ def run_gateway(settings: Settings, config: GatewayConfig) -> None:
     from gateway.app import create_app
 
     app = create_app(settings, config=config)
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level,
-                timeout_graceful_shutdown=30)
+    uvicorn.run(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        timeout_graceful_shutdown=30,
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``specgate`` console script; returns the exit code."""
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     if args.command == "config":
         return cmd_config_check(args.file)
     if args.command == "models":

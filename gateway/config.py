@@ -27,7 +27,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from backends.profile import BackendProfile, Speculation
+from backends.launch_profile import BackendProfile, Speculation
 
 Task = Literal["code", "rag", "chat", "creative"]
 

@@ -65,11 +65,14 @@ def up(settings: Settings, config: GatewayConfig, *, startup_timeout_s: float) -
     paths = cache_paths(settings)
     try:
         python = prepare(settings)
-        stack = LocalStack(local_backends(config, paths, python), timeout_s=startup_timeout_s,
-                           log=_say)
+        stack = LocalStack(
+            local_backends(config, paths, python), timeout_s=startup_timeout_s, log=_say
+        )
         with stack:
-            _say(f"all backends healthy {time.monotonic() - started:.1f} s after start; "
-                 f"gateway on http://{settings.host}:{settings.port}")
+            _say(
+                f"all backends healthy {time.monotonic() - started:.1f} s after start; "
+                f"gateway on http://{settings.host}:{settings.port}"
+            )
             run_gateway(settings, config)
     except (BackendError, SetupError) as exc:
         _say(f"cannot start the local stack: {exc}")

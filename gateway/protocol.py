@@ -54,6 +54,4 @@ def validate_fields(
         err = exc.errors()[0]
         param = ".".join(str(p) for p in err["loc"]) or None
         detail = "is required" if err["type"] == "missing" else f"is invalid: {err['msg']}"
-        raise GatewayError(
-            400, f"'{param}' {detail}", param=param, code="invalid_value"
-        ) from None
+        raise GatewayError(400, f"'{param}' {detail}", param=param, code="invalid_value") from None

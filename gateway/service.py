@@ -49,11 +49,19 @@ class Gateway:
         temperature, given = read_temperature(body, self.config.defaults.temperature)
         task = header_task(task_header)
         if task is not None:
-            return RequestFeatures(model, temperature, given, task, 1.0, "header",
-                                   bool(body.get("stream")))
+            return RequestFeatures(
+                model, temperature, given, task, 1.0, "header", bool(body.get("stream"))
+            )
         guess = classify(body, default_task=self.config.defaults.task)
-        return RequestFeatures(model, temperature, given, guess.task, guess.confidence,
-                               "classifier", bool(body.get("stream")))
+        return RequestFeatures(
+            model,
+            temperature,
+            given,
+            guess.task,
+            guess.confidence,
+            "classifier",
+            bool(body.get("stream")),
+        )
 
     def decide(self, features: RequestFeatures) -> RouteDecision:
         """Route one request against the current backend state and count the decision."""

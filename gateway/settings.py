@@ -28,4 +28,6 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
     max_connections: int = Field(default=512, ge=1)
     log_level: str = "info"
-    cache_dir: Path | None = None  # vLLM venv, local models, backend logs; default ~/.cache/specgate
+    cache_dir: Path | None = (
+        None  # vLLM venv, local models, backend logs; default ~/.cache/specgate
+    )

@@ -40,8 +40,9 @@ async def read_body(request: Request, limit: int) -> bytes:
 
 
 def _too_large(limit: int) -> GatewayError:
-    return GatewayError(413, f"The request body is larger than {limit} bytes.",
-                        code="request_too_large")
+    return GatewayError(
+        413, f"The request body is larger than {limit} bytes.", code="request_too_large"
+    )
 
 
 def parse_json(raw: bytes) -> Any:
@@ -76,8 +77,14 @@ async def _proxy(
         gateway.stats.failovers += 1
 
     upstream = await open_upstream(
-        client, gateway.config.backends, gateway.registry.states, decision.backends,
-        path=path, body=raw, headers=headers, stream=bool(fields.stream),
+        client,
+        gateway.config.backends,
+        gateway.registry.states,
+        decision.backends,
+        path=path,
+        body=raw,
+        headers=headers,
+        stream=bool(fields.stream),
         on_failure=count_failover,
     )
     gateway.stats.by_backend[upstream.backend] += 1
@@ -99,8 +106,9 @@ async def completions(
     request: Request, gateway: GatewayDep, client: ClientDep, settings: SettingsDep
 ) -> Response:
     """OpenAI completions, routed to one backend; JSON or SSE as the client asked."""
-    return await _proxy(request, gateway, client, settings.max_body_bytes, CompletionFields,
-                        "/v1/completions")
+    return await _proxy(
+        request, gateway, client, settings.max_body_bytes, CompletionFields, "/v1/completions"
+    )
 
 
 @router.post("/v1/chat/completions", response_model=None)
@@ -108,8 +116,14 @@ async def chat_completions(
     request: Request, gateway: GatewayDep, client: ClientDep, settings: SettingsDep
 ) -> Response:
     """OpenAI chat completions, routed to one backend; JSON or SSE as the client asked."""
-    return await _proxy(request, gateway, client, settings.max_body_bytes,
-                        ChatCompletionFields, "/v1/chat/completions")
+    return await _proxy(
+        request,
+        gateway,
+        client,
+        settings.max_body_bytes,
+        ChatCompletionFields,
+        "/v1/chat/completions",
+    )
 
 
 @router.get("/v1/models")

@@ -82,8 +82,10 @@ class RoutingPolicy:
             reasons = ["no rule matched: default pool"]
         else:
             rule_name, pools = rule.name, [rule.pool, *rule.fallbacks]
-            reasons = [f"rule '{rule.name}' matched (task={features.task}, "
-                       f"temperature={features.temperature:g})"]
+            reasons = [
+                f"rule '{rule.name}' matched (task={features.task}, "
+                f"temperature={features.temperature:g})"
+            ]
         order: list[str] = []
         candidates: list[Candidate] = []
         for pool in pools:

@@ -24,8 +24,16 @@ logger = logging.getLogger(__name__)
 #: RFC 9110 section 7.6.1 hop-by-hop headers, plus those the gateway sets itself.
 HOP_BY_HOP = frozenset(
     {
-        "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
-        "trailer", "trailers", "transfer-encoding", "upgrade", "proxy-connection",
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "trailer",
+        "trailers",
+        "transfer-encoding",
+        "upgrade",
+        "proxy-connection",
     }
 )
 _NOT_FORWARDED = HOP_BY_HOP | {"host", "content-length", "authorization", "cookie", "x-task-type"}
@@ -102,7 +110,10 @@ async def open_upstream(
     for attempt, name in enumerate(order, start=1):
         backend, state = backends[name], states[name]
         request = client.build_request(
-            "POST", backend.base_url + path, content=body, headers=upstream_headers(headers, backend)
+            "POST",
+            backend.base_url + path,
+            content=body,
+            headers=upstream_headers(headers, backend),
         )
         state.inflight += 1
         try:
@@ -148,6 +159,8 @@ async def read_all(upstream: Upstream) -> bytes:
         return b"".join([chunk async for chunk in upstream.body])
     except httpx.HTTPError:
         raise GatewayError(
-            502, "The backend failed while sending its response.", type="server_error",
+            502,
+            "The backend failed while sending its response.",
+            type="server_error",
             code="upstream_error",
         ) from None

@@ -43,10 +43,20 @@ class UpstreamDied(Exception):
 def _chunk(kind: str, model: str, i: int, text: str) -> dict[str, Any]:
     if kind == "chat":
         choice = {"index": 0, "delta": {"content": text}, "finish_reason": None}
-        return {"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": 0,
-                "model": model, "choices": [choice]}
-    return {"id": "cmpl-fake", "object": "text_completion", "created": 0, "model": model,
-            "choices": [{"index": 0, "text": text, "finish_reason": None, "logprobs": None}]}
+        return {
+            "id": "chatcmpl-fake",
+            "object": "chat.completion.chunk",
+            "created": 0,
+            "model": model,
+            "choices": [choice],
+        }
+    return {
+        "id": "cmpl-fake",
+        "object": "text_completion",
+        "created": 0,
+        "model": model,
+        "choices": [{"index": 0, "text": text, "finish_reason": None, "logprobs": None}],
+    }
 
 
 def create_fake_vllm(b: FakeBehaviour) -> Starlette:
@@ -64,11 +74,23 @@ def create_fake_vllm(b: FakeBehaviour) -> Starlette:
     async def generate(request: Request) -> Response:
         raw = await request.body()
         kind = "chat" if request.url.path.endswith("chat/completions") else "text"
-        b.received.append({"path": request.url.path, "headers": dict(request.headers),
-                           "body": raw, "time": time.time()})
+        b.received.append(
+            {
+                "path": request.url.path,
+                "headers": dict(request.headers),
+                "body": raw,
+                "time": time.time(),
+            }
+        )
         if b.status != 200:
-            body = {"error": {"message": f"fake {b.status}", "type": "BadRequestError",
-                              "param": None, "code": b.status}}
+            body = {
+                "error": {
+                    "message": f"fake {b.status}",
+                    "type": "BadRequestError",
+                    "param": None,
+                    "code": b.status,
+                }
+            }
             return JSONResponse(body, status_code=b.status)
         body = json.loads(raw)
         words = [f" w{i}" for i in range(b.tokens)]
@@ -78,15 +100,25 @@ def create_fake_vllm(b: FakeBehaviour) -> Starlette:
             return StreamingResponse(_stream(kind, words), media_type="application/json")
         text = "".join(words)
         if kind == "chat":
-            choice: dict[str, Any] = {"index": 0, "finish_reason": "length",
-                                      "message": {"role": "assistant", "content": text}}
+            choice: dict[str, Any] = {
+                "index": 0,
+                "finish_reason": "length",
+                "message": {"role": "assistant", "content": text},
+            }
         else:
             choice = {"index": 0, "text": text, "finish_reason": "length", "logprobs": None}
-        usage = {"prompt_tokens": 3, "completion_tokens": b.tokens,
-                 "total_tokens": 3 + b.tokens}
-        return JSONResponse({"id": "fake", "object": "x", "created": 0, "model": b.model,
-                             "choices": [choice], "usage": usage,
-                             "served_by": b.name})
+        usage = {"prompt_tokens": 3, "completion_tokens": b.tokens, "total_tokens": 3 + b.tokens}
+        return JSONResponse(
+            {
+                "id": "fake",
+                "object": "x",
+                "created": 0,
+                "model": b.model,
+                "choices": [choice],
+                "usage": usage,
+                "served_by": b.name,
+            }
+        )
 
     async def _stream(kind: str, words: list[str]):  # type: ignore[no-untyped-def]
         for i, word in enumerate(words):
@@ -97,8 +129,12 @@ def create_fake_vllm(b: FakeBehaviour) -> Starlette:
             yield f"data: {json.dumps(_chunk(kind, b.model, i, word))}\n\n".encode()
         yield b"data: [DONE]\n\n"
 
-    return Starlette(routes=[
-        Route("/health", health), Route("/metrics", metrics), Route("/v1/models", models),
-        Route("/v1/completions", generate, methods=["POST"]),
-        Route("/v1/chat/completions", generate, methods=["POST"]),
-    ])
+    return Starlette(
+        routes=[
+            Route("/health", health),
+            Route("/metrics", metrics),
+            Route("/v1/models", models),
+            Route("/v1/completions", generate, methods=["POST"]),
+            Route("/v1/chat/completions", generate, methods=["POST"]),
+        ]
+    )

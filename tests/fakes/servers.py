@@ -26,8 +26,11 @@ def running_server(app: Any, port: int | None = None, **config: Any) -> Iterator
     ``config`` goes to ``uvicorn.Config`` (e.g. ``timeout_graceful_shutdown``).
     """
     port = port or free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
-                                           lifespan="on", **config))
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app, host="127.0.0.1", port=port, log_level="warning", lifespan="on", **config
+        )
+    )
     thread = threading.Thread(target=server.run, name=f"uvicorn-{port}", daemon=True)
     thread.start()
     deadline = time.monotonic() + 30

@@ -42,8 +42,9 @@ async def gw() -> AsyncIterator[InProcess]:
         for name, b in config.backends.items()
     }
     settings = Settings(max_body_bytes=64 * 1024, health_interval_s=60)
-    app = create_app(settings, config=config, transport=BackendsTransport(apps),
-                     rng=random.Random(1))
+    app = create_app(
+        settings, config=config, transport=BackendsTransport(apps), rng=random.Random(1)
+    )
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://gw") as client:

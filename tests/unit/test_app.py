@@ -23,9 +23,11 @@ def assert_envelope(resp, status: int, code: str | None = None) -> dict:  # type
 
 async def test_completion_is_routed_and_forwarded_byte_for_byte(gw: InProcess) -> None:
     raw = json.dumps(CODE | {"top_k": 5, "return_token_ids": True, "priority": 1}).encode()
-    resp = await gw.client.post("/v1/completions", content=raw,
-                                headers={"content-type": "application/json",
-                                         "x-task-type": "code"})
+    resp = await gw.client.post(
+        "/v1/completions",
+        content=raw,
+        headers={"content-type": "application/json", "x-task-type": "code"},
+    )
     assert resp.status_code == 200
     backend = resp.headers["x-specgate-backend"]
     assert backend in {"ngram", "draft"}
@@ -39,8 +41,9 @@ async def test_completion_is_routed_and_forwarded_byte_for_byte(gw: InProcess) -
 
 async def test_creative_goes_to_plain(gw: InProcess) -> None:
     body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "temperature": 1.0}
-    resp = await gw.client.post("/v1/chat/completions", json=body,
-                                headers={"x-task-type": "creative"})
+    resp = await gw.client.post(
+        "/v1/chat/completions", json=body, headers={"x-task-type": "creative"}
+    )
     assert resp.headers["x-specgate-backend"] == "plain"
     assert resp.headers["x-specgate-rule"] == "creative-plain"
 
@@ -58,9 +61,14 @@ async def test_stream_is_relayed_as_sse(gw: InProcess) -> None:
 
 async def test_credentials_are_not_forwarded_and_request_id_round_trips(gw: InProcess) -> None:
     resp = await gw.client.post(
-        "/v1/completions", json=CODE,
-        headers={"authorization": "Bearer client-secret", "x-request-id": "req-42",
-                 "x-task-type": "chat", "connection": "keep-alive"},
+        "/v1/completions",
+        json=CODE,
+        headers={
+            "authorization": "Bearer client-secret",
+            "x-request-id": "req-42",
+            "x-task-type": "chat",
+            "connection": "keep-alive",
+        },
     )
     assert resp.headers["x-request-id"] == "req-42"
     [received] = gw.fakes["plain"].received

@@ -29,7 +29,10 @@ def test_local_config_defines_three_local_backends() -> None:
     assert methods == {"plain": "none", "ngram": "ngram", "draft": "draft_model"}
     assert all(b.local for b in config.backends.values())
     assert {b.base_url for b in config.backends.values()} == {
-        "http://127.0.0.1:8001", "http://127.0.0.1:8002", "http://127.0.0.1:8003"}
+        "http://127.0.0.1:8001",
+        "http://127.0.0.1:8002",
+        "http://127.0.0.1:8003",
+    }
 
 
 def issues_of(data: dict) -> list[tuple[str, str]]:

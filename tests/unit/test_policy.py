@@ -65,8 +65,7 @@ def test_unhealthy_backends_are_skipped_and_fallbacks_follow(policy: RoutingPoli
 
 
 def test_least_outstanding_first(policy: RoutingPolicy) -> None:
-    decision = policy.decide(features("code", 0.0), all_healthy(ngram=3, draft=1),
-                             random.Random(0))
+    decision = policy.decide(features("code", 0.0), all_healthy(ngram=3, draft=1), random.Random(0))
     assert decision.backends == ("draft", "ngram", "plain")
 
 
@@ -78,8 +77,7 @@ def test_no_healthy_backend_gives_empty_try_list(policy: RoutingPolicy) -> None:
 
 
 def test_other_model_is_not_served_by_these_backends(policy: RoutingPolicy) -> None:
-    decision = policy.decide(features("code", 0.0, model="other"), all_healthy(),
-                             random.Random(0))
+    decision = policy.decide(features("code", 0.0, model="other"), all_healthy(), random.Random(0))
     assert decision.backends == ()
     assert all("serves model" in c.why for c in decision.candidates)
 

@@ -33,36 +33,49 @@ def stack() -> Iterator[Stack]:
         running_server(create_fake_vllm(fakes["plain"])) as plain_url,
         running_server(create_fake_vllm(fakes["ngram"])) as ngram_url,
     ):
-        config = parse_config({
-            "defaults": {"pool": "plain"},
-            "backends": {
-                "plain": {"url": plain_url, "model": MODEL},
-                "ngram": {"url": ngram_url, "model": MODEL,
-                          "speculation": {"method": "ngram", "num_speculative_tokens": 4}},
-                "gone": {"url": f"http://127.0.0.1:{free_port()}", "model": MODEL},
-            },
-            "pools": {"plain": ["plain"], "spec": ["gone", "ngram"]},
-            "rules": [{"name": "code", "match": {"tasks": ["code"]}, "pool": "spec",
-                       "fallbacks": ["plain"]}],
-        })
+        config = parse_config(
+            {
+                "defaults": {"pool": "plain"},
+                "backends": {
+                    "plain": {"url": plain_url, "model": MODEL},
+                    "ngram": {
+                        "url": ngram_url,
+                        "model": MODEL,
+                        "speculation": {"method": "ngram", "num_speculative_tokens": 4},
+                    },
+                    "gone": {"url": f"http://127.0.0.1:{free_port()}", "model": MODEL},
+                },
+                "pools": {"plain": ["plain"], "spec": ["gone", "ngram"]},
+                "rules": [
+                    {
+                        "name": "code",
+                        "match": {"tasks": ["code"]},
+                        "pool": "spec",
+                        "fallbacks": ["plain"],
+                    }
+                ],
+            }
+        )
         app = create_app(Settings(health_interval_s=60), config=config)
         with running_server(app) as url:
             yield Stack(url, fakes)
 
 
-def client(stack: Stack) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{stack.url}/v1", api_key="unused", max_retries=0)
+@pytest.fixture
+def client(stack: Stack) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=f"{stack.url}/v1", api_key="unused", max_retries=0) as c:
+        yield c
 
 
-def test_sdk_stream_chunk_by_chunk(stack: Stack) -> None:
-    chunks = list(client(stack).completions.create(model=MODEL, prompt="hi", max_tokens=8,
-                                                   stream=True))
+def test_sdk_stream_chunk_by_chunk(client: openai.OpenAI) -> None:
+    chunks = list(client.completions.create(model=MODEL, prompt="hi", max_tokens=8, stream=True))
     assert [c.choices[0].text for c in chunks] == [f" w{i}" for i in range(8)]
 
 
-def test_stopped_backend_is_skipped(stack: Stack) -> None:
-    resp = client(stack).completions.with_raw_response.create(
-        model=MODEL, prompt="x", max_tokens=4, extra_headers={"X-Task-Type": "code"})
+def test_stopped_backend_is_skipped(client: openai.OpenAI) -> None:
+    resp = client.completions.with_raw_response.create(
+        model=MODEL, prompt="x", max_tokens=4, extra_headers={"X-Task-Type": "code"}
+    )
     assert resp.headers["x-specgate-backend"] == "ngram"
     assert resp.headers["x-specgate-rule"] == "code"
 
@@ -71,9 +84,12 @@ def test_stream_that_dies_midway_ends_with_error_then_done(stack: Stack) -> None
     stack.fakes["plain"].die_after = 3
     import httpx
 
-    with httpx.stream("POST", f"{stack.url}/v1/completions",
-                      json={"model": MODEL, "prompt": "x", "stream": True},
-                      headers={"x-task-type": "chat"}) as resp:
+    with httpx.stream(
+        "POST",
+        f"{stack.url}/v1/completions",
+        json={"model": MODEL, "prompt": "x", "stream": True},
+        headers={"x-task-type": "chat"},
+    ) as resp:
         events = [line for line in resp.iter_lines() if line]
     assert resp.headers["x-specgate-backend"] == "plain"
     assert len(events) == 5
@@ -81,10 +97,11 @@ def test_stream_that_dies_midway_ends_with_error_then_done(stack: Stack) -> None
     assert events[4] == "data: [DONE]"
 
 
-def test_non_streamed_answer_cut_midway_is_502(stack: Stack) -> None:
+def test_non_streamed_answer_cut_midway_is_502(stack: Stack, client: openai.OpenAI) -> None:
     stack.fakes["plain"].die_after = 3
     with pytest.raises(openai.APIStatusError) as info:
-        client(stack).completions.create(model=MODEL, prompt="x", max_tokens=4,
-                                         extra_headers={"X-Task-Type": "chat"})
+        client.completions.create(
+            model=MODEL, prompt="x", max_tokens=4, extra_headers={"X-Task-Type": "chat"}
+        )
     assert info.value.status_code == 502
     assert info.value.body["code"] == "upstream_error"  # type: ignore[index]

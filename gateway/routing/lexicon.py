@@ -1,0 +1,217 @@
+"""Word lists and patterns behind the task classifier's features.
+
+General vocabulary of each task (programming terms, creative-writing genres in many languages,
+retrieval phrasing), not strings taken from any evaluation set. All lower case. Everything is
+immutable and compiled at import; nothing here is mutated.
+"""
+
+from __future__ import annotations
+
+import re
+
+# ASCII punctuation except "_" maps to a space (a bytes table: UTF-8 continuation bytes are
+# >= 0x80, so translating the encoded text never splits a non-ASCII character).
+_PUNCT = b"!\"#$%&'()*+,-./:;<=>?@[\\]^`{|}~"
+_PUNCT_TABLE = bytes.maketrans(_PUNCT, b" " * len(_PUNCT))
+
+
+def words(text: str) -> frozenset[str]:
+    """Distinct whitespace/punctuation-separated tokens of ``text`` (already lower-cased)."""
+    return frozenset(text.encode().translate(_PUNCT_TABLE).decode().split())
+
+
+# --- code -------------------------------------------------------------------------------------
+# Tokens that are rare in prose but common in source text.
+CODE_TOKENS = frozenset(
+    """def elif lambda const var let void struct impl fn println printf cout endl nullptr self
+    async await int bool str len foreach typeof undefined console namespace varchar sudo npm
+    pip kubectl __init__ __name__ __main__ args kwargs argv malloc sizeof std vec usize mut
+    return import isinstance enumerate np pd plt df useeffect usestate jsx tsx stdout stderr
+    stdin println fmt func nil elseif endif endfunction println! dtype tensor config json
+    boolean
+    """.split()
+)
+# Names of languages, frameworks, tools and formats: near-certain evidence of a code task.
+CODE_LANGS = frozenset(
+    """python javascript typescript java kotlin swift rust golang ruby php perl scala haskell
+    lua luau dart elixir clojure matlab julia cpp csharp fortran cobol verilog vhdl solidity
+    sql mysql postgres postgresql sqlite mongodb redis nosql sqlalchemy regex regexp bash
+    powershell zsh html css scss tailwind json yaml toml xml graphql websocket oauth jwt
+    react vue angular svelte nextjs django flask fastapi laravel rails nodejs npm yarn pip
+    conda docker dockerfile kubernetes k8s helm terraform ansible nginx git github gitlab
+    linux ubuntu debian rhel centos wsl busybox systemd cron ssh unity godot roblox pygame
+    flutter android ios xcode swiftui tkinter pyqt electron vba numpy pandas matplotlib
+    pytorch tensorflow keras sklearn opencv dataframe jupyter leetcode jquery unittest pytest
+    jest junit selenium playwright puppeteer opengl cuda arduino esp32 ffmpeg curl grep awk
+    latex gcc cmake makefile gradle maven py js ts ipynb yml exe dll apk
+    """.split()
+)
+# Generic programming vocabulary, weaker evidence on its own.
+CODE_TERMS = frozenset(
+    """api apis sdk endpoint http https function functions method methods code coding codebase
+    program programming bug bugs compile compiler compiling debug debugging exception
+    traceback stacktrace segfault algorithm algorithms implement implementation refactor
+    class classes array arrays integer integers string strings dict dictionary hashmap
+    library libraries framework server servers localhost database query queries variable
+    variables loop loops recursion recursive memoization runtime complexity syntax
+    repository repo commit backend frontend webpage website component module modules package
+    cli gui terminal shell parse parser parsing thread threads multithreading mutex atomic
+    concurrency pointer pointers boolean shader firmware microcontroller embedded
+    kernel driver filesystem excel formula macro spreadsheet binary
+    """.split()
+)
+# Requests to produce code: verb and object both in the instruction window.
+CODE_VERBS = frozenset(
+    "write create implement fix debug refactor optimize optimise generate build make convert "
+    "complete rewrite port translate".split()
+)
+CODE_OBJECTS = frozenset(
+    "function functions program class code query regex method snippet api component app "
+    "application website webpage bot module endpoint algorithm sql program cli game server script "
+    "database extension plugin".split()
+)
+CODE_PREFIXES = (
+    "def ", "class ", "import ", "from ", "#include", "function ", "package ", "using ",
+    "public ", "<?php", "#!/", "const ", "let ", "var ", "fn ", "func ", "select ", "@",
+)  # fmt: skip
+CODE_SUBSTRINGS = ("c++", "c#", ".net", "std::", "=>", "->", "!=", "==", "&&", "||", "();")
+
+# --- retrieval-augmented generation ------------------------------------------------------------
+# Words naming supplied material.
+RAG_TERMS = frozenset(
+    """context contexts passage passages document documents docs retrieved excerpt excerpts
+    snippets sources citation citations cite article articles transcript knowledge
+    contexto documento documentos contexte kontext dokument dokumente fragmento pasaje
+    """.split()
+)
+# Phrases of grounded answering ("answer from the material above"), matched as substrings.
+RAG_PHRASES = (
+    "use the following", "using the following", "based on the", "based only on",
+    "according to the", "answer the question", "answer the following question",
+    "the context", "the passage", "the document", "the article", "the text above",
+    "the above text", "the provided", "provided context", "retrieved", "search results",
+    "don't know", "do not know", "not contain the answer", "make up an answer",
+    "only the information", "using only", "from the context", "in the context",
+    "cite ", "source:", "sources:",
+)  # fmt: skip
+# Passage structure at the start of a line: [1], Document 2:, <document>, ### Source, ...
+DOC_MARKERS = re.compile(
+    r"\n[ \t>*#-]*(?:"
+    r"\[\d{1,3}\]"
+    r"|\[?(?:doc|document|passage|source|chunk|excerpt|article|context|snippet|result)"
+    r"[ _#-]*\d{1,3}\b"
+    r"|<(?:documents?|docs?|contexts?|sources?|passages?|chunks?|search_results?|excerpts?"
+    r"|retrieved|article)\b"
+    r"|(?:title|url|source|doc_id|document_id|page_content)\s*[:=]"
+    r"|(?:documents?|context|sources?|passages?|references?)\s*:"
+    r")"
+)
+QA_LABELS = ("question:", "answer:", "query:", "\nq:", "\na:")
+RAG_NON_LATIN = re.compile(
+    "上下文|参考资料|参考文本|根据以下|根据上述|根据文章|文档|資料|以下の文|文書|本文に|문서|컨텍스트"
+    "|контекст|документ|фрагмент"
+)
+
+# --- creative writing --------------------------------------------------------------------------
+CREATIVE_NOUNS = frozenset(
+    """poem poems poetry poet story stories tale tales song songs lyrics haiku haikus sonnet
+    limerick villanelle quatrain couplet lullaby anthem hymn script screenplay teleplay
+    scene scenes novel novella chapter fanfic fanfiction fic rap ballad fable fables dialogue
+    dialog dialogues monologue soliloquy verse verses narrative riddle riddles sketch skit
+    sitcom comic comics cartoon episode prologue epilogue saga legend myth ode elegy
+    fairytale fiction backstory plot slogan tagline jingle caption captions punchline
+    punchlines joke jokes pun puns roast eulogy toast tribute vows speech letter diary blog
+    advertisement ad ads commercial
+    vignette parody satire rhyme rhymes stanza stanzas acrostic libretto storyboard
+    poema poemas poesía poesia cuento cuentos historia relato novela guion guión canción
+    cancion fábula leyenda escena personaje trama diálogo dialogo poème poeme poésie
+    histoire conte récit recit roman chanson scénario personnage fable gedicht geschichte
+    märchen erzählung kurzgeschichte lied liedtext drehbuch strophe racconto storia
+    romanzo canzone favola fiaba sceneggiatura conto história canção roteiro personagem
+    crônica diário thơ truyện chuyện kịch hát wiersz opowiadanie bajka piosenka
+    scenariusz opowieść şiir hikaye hikâye öykü masal puisi cerita cerpen pantun dongeng
+    sajak syair verhaal sprookje pesmu pjesmu pesma pjesma priču priča pricu prica stihova
+    poezie poveste báseň povídka příběh pohádka scénář dikt digt berättelse sang thoại
+    quảng publicitaria publicitario publicité werbung anuncio
+    """.split()
+)
+CREATIVE_VERBS = frozenset(
+    """write compose craft create generate tell draft continue imagine pen invent rewrite
+    escribe escribir escríbeme redacta crea inventa compón écris ecris écrire rédige
+    compose schreibe schreib verfasse dichte scrivi componi escreva escreve crie viết
+    napisz ułóż yaz tulis buat buatkan karang schrijf napiši napisi sastavi scrie napiš
+    skriv tạo
+    """.split()
+)
+# Verbs that open a request to produce text (first words of the final user message).
+WRITE_VERBS = frozenset(
+    """write compose craft draft create generate imagine pretend invent pen describe
+    escribe escríbeme redacta crea inventa compón imagina écris ecris rédige invente imagine
+    schreibe schreib verfasse dichte stell scrivi componi immagina escreva escreve crie
+    imagine viết tạo hãy napisz ułóż wyobraź yaz tulis buat buatkan karang schrijf napiši
+    napisi sastavi scrie napiš použij skriv
+    """.split()
+)
+WRITE_NON_LATIN = re.compile(
+    "写|寫|書いて|書け|作って|作成|创作|創作|编|напиши|написать|придумай|придумать|сочини"
+    "|представь|опиши|써|작성|만들어|اكتب|लिखो|लिखिए|เขียน|γράψε|כתוב"
+)
+# Fiction and verse vocabulary anywhere in the request.
+FICTION_TERMS = frozenset(
+    """character characters protagonist protagonists villain hero heroine plot fantasy magic
+    magical dragon dragons kingdom wizard narrator pov rhyme rhyming stanza chorus verse
+    roleplay chapter dialogue vivid imagery metaphor fictional tale quest adventure romance
+    romantic comedy horror thriller mystery scifi anime manga fanfic episode sequel genre
+    worldbuilding lore storyline readers reader tone dnd rpg campaign encounter tabletop
+    personaje personnage figur personaggio персонаж
+    """.split()
+)
+# A requested length in words, lines, stanzas... ("in 500 words", "8 lines", "1000字").
+LENGTH_SPEC = re.compile(
+    r"\d[\d,.]*\s*(?:-\s*\d+\s*)?(?:words?\b|слов|palabras|mots|wörter|parole|palavras|từ|字"
+    r"|単語|단어|paragraphs?|stanzas?|lines\b|verses|chapters?|pages\b|scenes?|sentences)"
+)
+# Tone and style words of a writing request.
+STYLE_WORDS = frozenset(
+    """funny vivid emotional dark humorous humor humour creative engaging captivating poetic
+    whimsical hilarious witty heartfelt dramatic epic touching suspenseful lyrical playful
+    quirky eerie melancholic satirical sarcastic comedic imaginative evocative descriptive
+    divertido gracioso emotivo cómico drôle humoristique lustig witzig spannend divertente
+    engraçado cômico hài cảm
+    """.split()
+)
+# Creative nouns and verbs in scripts without spaces between words (or with rich inflection).
+CREATIVE_NON_LATIN = re.compile(
+    "诗|詩|故事|小说|小說|剧本|劇本|续写|續寫|情节|情節|歌词|歌詞|散文|童话|童話|寓言|剧情|劇情"
+    "|创作|創作|台词|对白|對白|主角|玄幻|武侠|科幻|仙侠|对联|押韵|绝句|律诗|物語|小説|俳句|短歌"
+    "|川柳|ポエム|ストーリー|シナリオ|脚本|台本|台詞|セリフ|話を|시를|이야기|소설|동화|가사|대본|시나리오"
+    "|줄거리|стих|поэм|рассказ|сказк|песн|сценари|роман|истори|сочини|сюжет|рифм|вірш"
+    "|оповідан|казк|пісн|баллад|басн|новелл|тост|поздравлен|диалог|قصة|قصيدة|شعر|رواية|حكاية|أغنية|שיר|סיפור"
+    "|कहानी|कविता|गीत|नाटक|शायरी|นิทาน|เรื่องสั้น|บทกวี|กลอน|นิยาย|ποίημα|ιστορία|παραμύθι"
+    "|داستان|风格|風格|スタイル|스타일|幽默|搞笑|感人|смешн|юмор|стиле|стиль|реклам|广告|広告"
+)
+CREATIVE_SUBSTRINGS = (
+    "once upon a time", "in the style of", "short story", "fan fiction", "conversation between",
+    "dialogue between", "debate between", "back and forth", "write like",
+)  # fmt: skip
+
+# Role-play and persona requests (creative, open-ended output).
+ROLEPLAY_WORDS = frozenset("pretend roleplay embody persona impersonate simulate".split())
+ROLEPLAY_PHRASES = (
+    "role play", "role-play", "the role of", "play the part", "in character", "imagine yourself",
+    "imagine you", "you will play", "act like", "speak like",
+)  # fmt: skip
+
+# --- plain chat --------------------------------------------------------------------------------
+QUESTION_STARTS = (
+    "what", "how", "why", "who", "when", "where", "which", "can ", "could ", "is ", "are ",
+    "do ", "does ", "should ", "would ", "explain", "tell me", "give me", "list ", "describe",
+    "summarize", "summarise", "suggest", "i ", "i'm", "my ",
+)  # fmt: skip
+# Verbs of answering, explaining and transforming given text (instruction-following chat).
+CHAT_VERBS = frozenset(
+    """explain summarize summarise list compare calculate solve translate classify identify
+    extract suggest recommend define analyze analyse evaluate correct paraphrase answer name
+    rank rate estimate determine predict outline plan brainstorm proofread
+    """.split()
+)

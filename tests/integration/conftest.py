@@ -1,0 +1,55 @@
+"""Real vLLM CPU backends (plain, ngram, draft_model) from config/local.yaml, on free ports.
+
+The session fixture prepares the vLLM environment and the local models (idempotent, cached
+under SPECGATE_CACHE_DIR or ~/.cache/specgate), launches every local backend with the same
+launcher ``specgate up`` uses, and stops them all at the end of the session.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from backends.launcher import LocalStack
+from gateway.app import create_app
+from gateway.config import GatewayConfig, parse_config
+from gateway.launch import cache_paths, local_backends, prepare
+from gateway.settings import Settings
+from tests.fakes.servers import free_port, running_server
+
+ROOT = Path(__file__).resolve().parents[2]
+MODEL = "smollm2-135m-instruct"
+
+
+def local_config_data() -> dict[str, Any]:
+    """config/local.yaml with each local backend moved to a free port."""
+    data = yaml.safe_load((ROOT / "config" / "local.yaml").read_text())
+    for backend in data["backends"].values():
+        backend["profile"]["port"] = free_port()
+    return data
+
+
+@pytest.fixture(scope="session")
+def stack_config() -> Iterator[GatewayConfig]:
+    """The shipped local config, its three real vLLM servers running."""
+    settings = Settings()
+    python = prepare(settings)
+    config = parse_config(local_config_data(), "config/local.yaml (test ports)")
+    with LocalStack(local_backends(config, cache_paths(settings), python), timeout_s=600):
+        yield config
+
+
+@pytest.fixture(scope="module")
+def gateway_url(stack_config: GatewayConfig) -> Iterator[str]:
+    """A gateway on a free port in front of the real backends (fresh counters per module)."""
+    app = create_app(Settings(health_interval_s=0.5), config=stack_config)
+    with running_server(app) as url:
+        yield url
+
+
+def backend_url(config: GatewayConfig, name: str) -> str:
+    return config.backends[name].base_url
