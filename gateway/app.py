@@ -76,6 +76,7 @@ def create_app(
             app.state.settings = settings
             app.state.gateway = gateway
             app.state.client = client
+            app.state.poller = poller
             await poller.check_all()
             task = asyncio.create_task(poller.run(), name="specgate-health")
             try:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from backends.cli import add_backends_commands, run_backends_command
 from gateway.config import ConfigError, GatewayConfig, load_config
 from gateway.settings import Settings
 
@@ -36,6 +38,14 @@ def build_parser() -> argparse.ArgumentParser:
     models = sub.add_parser("models", help="local model folders")
     models_sub = models.add_subparsers(dest="models_command", required=True)
     models_sub.add_parser("prepare", help="build the local target and draft model folders")
+
+    explain = sub.add_parser(
+        "explain", help="print the routing decision for a request body read on stdin (offline)"
+    )
+    explain.add_argument("--config", type=Path, required=True)
+    explain.add_argument("--task-type", help="as the X-Task-Type header would")
+
+    add_backends_commands(sub)
 
     config = sub.add_parser("config", help="config files")
     config_sub = config.add_subparsers(dest="config_command", required=True)
@@ -90,6 +100,41 @@ def cmd_config_check(path: Path) -> int:
     return 0
 
 
+def cmd_explain(config_path: Path, task_type: str | None) -> int:
+    """Explain the decision for the JSON body on stdin, all backends assumed healthy and idle;
+    prints the decision JSON (exit 0) or the OpenAI error envelope (exit 1)."""
+    from gateway.errors import GatewayError
+    from gateway.service import Gateway
+
+    try:
+        gateway = Gateway(load_config(config_path))
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    try:
+        body = json.loads(sys.stdin.read())
+        result = gateway.explain(body, task_type)
+    except ValueError:
+        print(
+            json.dumps(
+                {
+                    "error": {
+                        "message": "stdin is not valid JSON",
+                        "type": "invalid_request_error",
+                        "param": None,
+                        "code": None,
+                    }
+                }
+            )
+        )
+        return 1
+    except GatewayError as exc:
+        print(json.dumps(exc.envelope()))
+        return 1
+    print(json.dumps(result, indent=2))
+    return 0
+
+
 def run_gateway(settings: Settings, config: GatewayConfig) -> None:
     """Run the gateway in the foreground with uvicorn until SIGINT/SIGTERM."""
     import uvicorn
@@ -114,6 +159,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     if args.command == "config":
         return cmd_config_check(args.file)
+    if args.command == "explain":
+        return cmd_explain(args.config, args.task_type)
+    if args.command == "backends":
+        return run_backends_command(args)
     if args.command == "models":
         from backends.vllm_env import SetupError
         from gateway.launch import prepare

@@ -42,6 +42,11 @@ class BackendConfig(_Strict):
     Either give ``url`` and ``model`` (a server someone else runs), or a launch ``profile``
     (``url``, ``model`` and ``speculation`` then come from it). ``local: true`` makes
     ``specgate up`` launch it from the profile.
+
+    Speculation policy (speculative backends only): above ``max_batch_for_speculation``
+    running + waiting requests the backend is passed over for a plain one (speculation loses
+    at large batch); below ``min_acceptance_rate`` (default ``routing.min_acceptance_rate``)
+    over the acceptance window it is demoted.
     """
 
     url: str | None = None
@@ -50,6 +55,8 @@ class BackendConfig(_Strict):
     local: bool = False
     profile: BackendProfile | None = None
     api_key: str | None = None
+    max_batch_for_speculation: int | None = Field(default=None, ge=0)
+    min_acceptance_rate: float | None = Field(default=None, ge=0, le=1)
 
     @model_validator(mode="after")
     def _fill_from_profile(self) -> BackendConfig:
@@ -76,6 +83,12 @@ class BackendConfig(_Strict):
     def served_model(self) -> str:
         """The model name the backend serves (what clients send as ``model``)."""
         return self.model or ""
+
+    def acceptance_floor(self, default: float) -> float | None:
+        """The demotion threshold for this backend (None for plain backends)."""
+        if not self.spec.speculative:
+            return None
+        return default if self.min_acceptance_rate is None else self.min_acceptance_rate
 
     @property
     def spec(self) -> Speculation:
@@ -124,10 +137,27 @@ class Defaults(_Strict):
     pool: str
 
 
+class RoutingSettings(_Strict):
+    """Live-state policy knobs.
+
+    ``acceptance_window_s``: seconds of scrapes the acceptance rate is computed over;
+    ``min_draft_tokens``: drafted tokens a window needs before it can demote a backend;
+    ``min_acceptance_rate``: the default demotion threshold (the seed's rule of thumb: under
+    0.5 a model draft stops paying); ``probe_share``: share of a demoted backend's eligible
+    traffic it still gets, so its recovery can be seen.
+    """
+
+    acceptance_window_s: float = Field(default=60.0, gt=0)
+    min_draft_tokens: int = Field(default=200, ge=1)
+    min_acceptance_rate: float = Field(default=0.5, ge=0, le=1)
+    probe_share: float = Field(default=0.05, ge=0, le=1)
+
+
 class GatewayConfig(_Strict):
     """The whole routing config (see the module docstring for the YAML shape)."""
 
     defaults: Defaults
+    routing: RoutingSettings = RoutingSettings()
     backends: dict[str, BackendConfig] = Field(min_length=1)
     pools: dict[str, list[str]] = Field(min_length=1)
     rules: list[Rule] = []

@@ -13,7 +13,9 @@ from typing import Any
 
 from gateway.config import GatewayConfig
 from gateway.errors import model_not_found
+from gateway.protocol import ChatCompletionFields, CompletionFields, validate_fields
 from gateway.routing.classifier import classify
+from gateway.routing.explain import decision_json
 from gateway.routing.features import RequestFeatures, header_task, read_temperature
 from gateway.routing.policy import RouteDecision, RoutingPolicy
 from gateway.upstream.state import BackendRegistry, DecisionStats
@@ -62,6 +64,23 @@ class Gateway:
             "classifier",
             bool(body.get("stream")),
         )
+
+    def explain(self, body: Any, task_header: str | None) -> dict[str, Any]:
+        """The decision for a completions or chat body against the current state, without
+        calling a backend or counting it (see :func:`decision_json` for the shape).
+
+        A body with ``messages`` is read as chat, otherwise as completions. Raises
+        :class:`~gateway.errors.GatewayError` 400/404 as the real endpoint would.
+        """
+        kind = (
+            ChatCompletionFields
+            if isinstance(body, dict) and "messages" in body
+            else (CompletionFields)
+        )
+        fields = validate_fields(kind, body)
+        features = self.features(body, fields.model, task_header)
+        decision = self.policy.decide(features, self.registry.snapshot(), random.Random(0))
+        return decision_json(decision)
 
     def decide(self, features: RequestFeatures) -> RouteDecision:
         """Route one request against the current backend state and count the decision."""

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 
-from gateway.api.deps import GatewayDep
+from gateway.api.deps import GatewayDep, SettingsDep
+from gateway.api.openai import parse_json, read_body
 
 router = APIRouter(tags=["admin"])
 
@@ -19,6 +20,7 @@ async def routes(gateway: GatewayDep) -> dict[str, Any]:
     backends = []
     for name, backend in config.backends.items():
         state = gateway.registry.states[name]
+        acceptance = state.acceptance
         backends.append(
             {
                 "name": name,
@@ -28,7 +30,28 @@ async def routes(gateway: GatewayDep) -> dict[str, Any]:
                 "speculation": backend.spec.model_dump(exclude_none=True),
                 "healthy": state.healthy,
                 "last_error": state.last_error,
+                "last_scrape": state.last_scrape,
                 "inflight": state.inflight,
+                "load": {
+                    "running": state.running,
+                    "waiting": state.waiting,
+                    "kv_cache_usage": state.kv_cache_usage,
+                    "max_batch_for_speculation": backend.max_batch_for_speculation,
+                },
+                "acceptance": None
+                if acceptance is None
+                else {
+                    "rate": acceptance.rate,
+                    "mean_length": acceptance.mean_length,
+                    "draft_tokens": acceptance.draft_tokens,
+                    "accepted_tokens": acceptance.accepted_tokens,
+                    "drafts": acceptance.drafts,
+                    "per_position": list(acceptance.per_position),
+                    "window_s": config.routing.acceptance_window_s,
+                },
+                "min_acceptance_rate": backend.acceptance_floor(config.routing.min_acceptance_rate),
+                "demoted": state.demoted,
+                "demotions": state.demotions,
                 "requests": gateway.stats.by_backend[name],
             }
         )
@@ -40,6 +63,7 @@ async def routes(gateway: GatewayDep) -> dict[str, Any]:
         "pools": config.pools,
         "rules": rules,
         "defaults": config.defaults.model_dump(),
+        "routing": config.routing.model_dump(),
         "decisions": {
             "by_rule": dict(stats.by_rule),
             "by_task": dict(stats.by_task),
@@ -48,3 +72,19 @@ async def routes(gateway: GatewayDep) -> dict[str, Any]:
             "rejected": stats.rejected,
         },
     }
+
+
+@router.post("/routes/explain")
+async def explain(request: Request, gateway: GatewayDep, settings: SettingsDep) -> dict[str, Any]:
+    """The routing decision for a completions or chat body, against the live backend state,
+    without calling any backend. The body is the request body itself, or
+    ``{"body": {...}, "headers": {"X-Task-Type": ...}}``; an ``X-Task-Type`` header on this
+    request counts too."""
+    payload = parse_json(await read_body(request, settings.max_body_bytes))
+    headers = {k.lower(): v for k, v in request.headers.items()}
+    if isinstance(payload, dict) and isinstance(payload.get("body"), dict):
+        extra = payload.get("headers")
+        if isinstance(extra, dict):
+            headers |= {str(k).lower(): str(v) for k, v in extra.items()}
+        payload = payload["body"]
+    return gateway.explain(payload, headers.get("x-task-type"))

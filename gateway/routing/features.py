@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 TASKS = ("code", "rag", "chat", "creative")
@@ -15,7 +15,8 @@ class RequestFeatures:
 
     ``temperature`` is the request's own value or the configured default
     (``temperature_given`` says which); ``task`` comes from the ``X-Task-Type`` header
-    (``task_source == "header"``, confidence 1.0) or the classifier.
+    (``task_source == "header"``, confidence 1.0) or the classifier, whose deciding
+    features are in ``task_features``.
     """
 
     model: str
@@ -25,6 +26,7 @@ class RequestFeatures:
     task_confidence: float
     task_source: str
     stream: bool = False
+    task_features: Mapping[str, float] = field(default_factory=dict)
 
 
 def read_temperature(body: Mapping[str, Any], default: float) -> tuple[float, bool]:

@@ -20,6 +20,22 @@ def words(text: str) -> frozenset[str]:
     return frozenset(text.encode().translate(_PUNCT_TABLE).decode().split())
 
 
+PhraseGroups = tuple[tuple[str, tuple[str, ...]], ...]
+
+
+def group_phrases(phrases: tuple[str, ...]) -> PhraseGroups:
+    """Phrases keyed by their longest word, so a phrase is searched only when its key occurs."""
+    groups: dict[str, list[str]] = {}
+    for phrase in phrases:
+        groups.setdefault(max(sorted(words(phrase)), key=len), []).append(phrase)
+    return tuple((key, tuple(group)) for key, group in groups.items())
+
+
+def count_phrases(text: str, tokens: frozenset[str], groups: PhraseGroups) -> int:
+    """How many of the grouped phrases occur in ``text``, whose tokens are ``tokens``."""
+    return sum(p in text for key, group in groups if key in tokens for p in group)
+
+
 # --- code -------------------------------------------------------------------------------------
 # Tokens that are rare in prose but common in source text.
 CODE_TOKENS = frozenset(
@@ -40,7 +56,7 @@ CODE_LANGS = frozenset(
     react vue angular svelte nextjs django flask fastapi laravel rails nodejs npm yarn pip
     conda docker dockerfile kubernetes k8s helm terraform ansible nginx git github gitlab
     linux ubuntu debian rhel centos wsl busybox systemd cron ssh unity godot roblox pygame
-    flutter android ios xcode swiftui tkinter pyqt electron vba numpy pandas matplotlib
+    flutter xcode swiftui tkinter pyqt electron vba numpy pandas matplotlib
     pytorch tensorflow keras sklearn opencv dataframe jupyter leetcode jquery unittest pytest
     jest junit selenium playwright puppeteer opengl cuda arduino esp32 ffmpeg curl grep awk
     latex gcc cmake makefile gradle maven py js ts ipynb yml exe dll apk
@@ -57,7 +73,9 @@ CODE_TERMS = frozenset(
     repository repo commit backend frontend webpage website component module modules package
     cli gui terminal shell parse parser parsing thread threads multithreading mutex atomic
     concurrency pointer pointers boolean shader firmware microcontroller embedded
-    kernel driver filesystem excel formula macro spreadsheet binary
+    kernel driver filesystem excel formula macro spreadsheet binary file files input inputs
+    output outputs element elements index tuple tuples returns test tests true false null
+    android ios
     """.split()
 )
 # Requests to produce code: verb and object both in the instruction window.
@@ -74,7 +92,7 @@ CODE_PREFIXES = (
     "def ", "class ", "import ", "from ", "#include", "function ", "package ", "using ",
     "public ", "<?php", "#!/", "const ", "let ", "var ", "fn ", "func ", "select ", "@",
 )  # fmt: skip
-CODE_SUBSTRINGS = ("c++", "c#", ".net", "std::", "=>", "->", "!=", "==", "&&", "||", "();")
+LANG_SUBSTRINGS = ("c++", "c#", ".net")  # language names that punctuation splitting loses
 
 # --- retrieval-augmented generation ------------------------------------------------------------
 # Words naming supplied material.
@@ -94,22 +112,28 @@ RAG_PHRASES = (
     "only the information", "using only", "from the context", "in the context",
     "cite ", "source:", "sources:",
 )  # fmt: skip
+RAG_PHRASE_GROUPS = group_phrases(RAG_PHRASES)
 # Passage structure at the start of a line: [1], Document 2:, <document>, ### Source, ...
 DOC_MARKERS = re.compile(
     r"\n[ \t>*#-]*(?:"
     r"\[\d{1,3}\]"
     r"|\[?(?:doc|document|passage|source|chunk|excerpt|article|context|snippet|result)"
     r"[ _#-]*\d{1,3}\b"
-    r"|<(?:documents?|docs?|contexts?|sources?|passages?|chunks?|search_results?|excerpts?"
+    r"|</?(?:documents?|docs?|contexts?|sources?|passages?|chunks?|search_results?|excerpts?"
     r"|retrieved|article)\b"
     r"|(?:title|url|source|doc_id|document_id|page_content)\s*[:=]"
     r"|(?:documents?|context|sources?|passages?|references?)\s*:"
     r")"
 )
-QA_LABELS = ("question:", "answer:", "query:", "\nq:", "\na:")
+QA_LABELS = (("question", "question:"), ("answer", "answer:"), ("query", "query:"), ("q", "\nq:"), ("a", "\na:"))
+QA_NON_LATIN = re.compile("问题：|答案：|質問：|回答：|вопрос:|ответ:")
 RAG_NON_LATIN = re.compile(
-    "上下文|参考资料|参考文本|根据以下|根据上述|根据文章|文档|資料|以下の文|文書|本文に|문서|컨텍스트"
-    "|контекст|документ|фрагмент"
+    "上下文|参考资料|参考文本|资料|資料|文档|文檔|材料|原文|文書|本文|문서|컨텍스트|контекст|документ"
+    "|фрагмент|источник"
+)
+RAG_NON_LATIN_PHRASES = re.compile(
+    "根据以下|根據以下|根据上述|根據上述|基于以下|基於以下|根据文章|根据资料|回答问题|回答問題"
+    "|以下の文|に基づいて|を参考に|바탕으로|참고하여|на основе|используя|по тексту|согласно"
 )
 
 # --- creative writing --------------------------------------------------------------------------
@@ -166,16 +190,39 @@ FICTION_TERMS = frozenset(
     personaje personnage figur personaggio персонаж
     """.split()
 )
-# A requested length in words, lines, stanzas... ("in 500 words", "8 lines", "1000字").
-LENGTH_SPEC = re.compile(
-    r"\d[\d,.]*\s*(?:-\s*\d+\s*)?(?:words?\b|слов|palabras|mots|wörter|parole|palavras|từ|字"
-    r"|単語|단어|paragraphs?|stanzas?|lines\b|verses|chapters?|pages\b|scenes?|sentences)"
+# Third-person singular pronouns: a request describing characters (narrative content).
+NARRATIVE_PRONOUNS = frozenset(
+    "he she him her his hers himself herself él ella il elle er sie он она его её ее".split()
 )
+# A requested length: a number just before a unit word ("in 500 words", "8 lines", "1000字").
+LENGTH_UNITS = frozenset(
+    "word words palabras mots wörter parole palavras paragraph paragraphs stanza stanzas lines "
+    "verses chapter chapters pages scene scenes sentences".split()
+)
+_NUMBER_BEFORE = re.compile(r"\d[\d,.]*\s*(?:-\s*\d[\d,.]*\s*)?$")
+_LENGTH_NON_LATIN = re.compile(r"\d\s*(?:字|単語|단어|слов|строк|từ)")
+
+
+def has_length_spec(text: str, tokens: frozenset[str]) -> bool:
+    """True if ``text`` (whose tokens are ``tokens``) asks for a length in words, lines, ..."""
+    for unit in tokens & LENGTH_UNITS:
+        start = 0
+        for _ in range(4):  # a few occurrences per unit word are enough
+            i = text.find(unit, start)
+            if i < 0:
+                break
+            if _NUMBER_BEFORE.search(text, max(i - 16, 0), i):
+                return True
+            start = i + 1
+    return not text.isascii() and _LENGTH_NON_LATIN.search(text) is not None
+
+
 # Tone and style words of a writing request.
 STYLE_WORDS = frozenset(
     """funny vivid emotional dark humorous humor humour creative engaging captivating poetic
     whimsical hilarious witty heartfelt dramatic epic touching suspenseful lyrical playful
     quirky eerie melancholic satirical sarcastic comedic imaginative evocative descriptive
+    detailed verbose lengthy expressive
     divertido gracioso emotivo cómico drôle humoristique lustig witzig spannend divertente
     engraçado cômico hài cảm
     """.split()
@@ -194,13 +241,15 @@ CREATIVE_SUBSTRINGS = (
     "once upon a time", "in the style of", "short story", "fan fiction", "conversation between",
     "dialogue between", "debate between", "back and forth", "write like",
 )  # fmt: skip
+CREATIVE_PHRASE_GROUPS = group_phrases(CREATIVE_SUBSTRINGS)
 
 # Role-play and persona requests (creative, open-ended output).
 ROLEPLAY_WORDS = frozenset("pretend roleplay embody persona impersonate simulate".split())
 ROLEPLAY_PHRASES = (
     "role play", "role-play", "the role of", "play the part", "in character", "imagine yourself",
-    "imagine you", "you will play", "act like", "speak like",
+    "imagine you", "you will play", "speak like", "stay in character",
 )  # fmt: skip
+ROLEPLAY_PHRASE_GROUPS = group_phrases(ROLEPLAY_PHRASES)
 
 # --- plain chat --------------------------------------------------------------------------------
 QUESTION_STARTS = (
@@ -208,10 +257,16 @@ QUESTION_STARTS = (
     "do ", "does ", "should ", "would ", "explain", "tell me", "give me", "list ", "describe",
     "summarize", "summarise", "suggest", "i ", "i'm", "my ",
 )  # fmt: skip
+# Words of information-seeking requests, anywhere in the instruction window.
+INFO_WORDS = frozenset(
+    """information facts explain explanation examples example list tips steps ways recommend
+    recommendations advice pros cons difference differences compare comparison
+    """.split()
+)
 # Verbs of answering, explaining and transforming given text (instruction-following chat).
 CHAT_VERBS = frozenset(
     """explain summarize summarise list compare calculate solve translate classify identify
     extract suggest recommend define analyze analyse evaluate correct paraphrase answer name
-    rank rate estimate determine predict outline plan brainstorm proofread
+    rank rate rating estimate determine predict outline plan brainstorm proofread summary
     """.split()
 )

@@ -82,7 +82,7 @@ def is_structured(body: Mapping[str, Any]) -> bool:
     choice = body.get("tool_choice", body.get("function_call"))
     if isinstance(choice, Mapping) or choice == "required":
         return True
-    if tools and isinstance(tools, Sequence) and choice != "none":
+    if isinstance(tools, list) and tools and choice != "none":
         return True
     fmt = body.get("response_format")
     return isinstance(fmt, Mapping) and fmt.get("type") in ("json_schema", "json_object")

@@ -1,4 +1,4 @@
-"""Background health probing of every backend's ``GET /health``."""
+"""Background polling of every backend: ``GET /health`` and ``GET /metrics``."""
 
 from __future__ import annotations
 
@@ -9,18 +9,21 @@ from collections.abc import Callable
 
 import httpx
 
-from gateway.config import GatewayConfig
-from gateway.upstream.state import BackendRegistry
+from gateway.config import BackendConfig, GatewayConfig
+from gateway.routing.acceptance import is_demoted
+from gateway.upstream.scrape import parse_vllm_metrics
+from gateway.upstream.state import BackendRegistry, BackendState
 
 logger = logging.getLogger(__name__)
 
 
 class HealthPoller:
-    """Probes each backend's ``/health`` every ``interval_s`` seconds (timeout ``timeout_s``).
+    """Every ``interval_s`` seconds, probes each backend's ``/health`` and scrapes its
+    ``/metrics`` (each with timeout ``timeout_s``), concurrently and off the request path.
 
-    A backend is healthy when ``/health`` answers 200. Probes run concurrently and never
-    block requests; a failed probe only flips the state the routing policy reads.
-    ``config`` is a callable so a reloaded config is followed without restarting the poller.
+    A backend is healthy when ``/health`` answers 200. A scrape updates the load figures and,
+    for speculative backends, the acceptance window and demotion; a failed scrape keeps the
+    previous figures. ``config`` is a callable so a reloaded config is followed.
     """
 
     def __init__(
@@ -38,29 +41,71 @@ class HealthPoller:
         self.interval_s = interval_s
         self.timeout_s = timeout_s
 
-    async def check(self, name: str, base_url: str) -> None:
-        """Probe one backend and record the verdict in its state."""
+    async def check(self, name: str, backend: BackendConfig) -> None:
+        """Probe and scrape one backend and record the results in its state."""
         state = self.registry.states.get(name)
         if state is None:
             return
-        try:
-            resp = await self.client.get(f"{base_url}/health", timeout=self.timeout_s)
-            healthy, error = resp.status_code == 200, f"/health answered {resp.status_code}"
-        except httpx.HTTPError as exc:
-            healthy, error = False, type(exc).__name__
+        health, metrics = await asyncio.gather(
+            self._get(f"{backend.base_url}/health"),
+            self._get(f"{backend.base_url}/metrics"),
+        )
+        healthy = isinstance(health, httpx.Response) and health.status_code == 200
         if healthy != state.healthy:
             logger.info("backend %s is now %s", name, "healthy" if healthy else "unhealthy")
         state.healthy = healthy
-        state.last_error = None if healthy else error
+        state.last_error = None if healthy else _describe(health)
         state.last_checked = time.time()
+        if isinstance(metrics, httpx.Response) and metrics.status_code == 200:
+            self._record(name, backend, state, metrics.text)
+
+    async def _get(self, url: str) -> httpx.Response | Exception:
+        try:
+            return await self.client.get(url, timeout=self.timeout_s)
+        except httpx.HTTPError as exc:
+            return exc
+
+    def _record(self, name: str, backend: BackendConfig, state: BackendState, text: str) -> None:
+        try:
+            metrics = parse_vllm_metrics(text)
+        except ValueError:
+            logger.warning("backend %s: unreadable /metrics", name)
+            return
+        now = time.monotonic()
+        state.running, state.waiting = metrics.running, metrics.waiting
+        state.kv_cache_usage = metrics.kv_cache_usage
+        state.last_scrape = time.time()
+        if metrics.spec is None:
+            return
+        routing = self.config().routing
+        state.window.window_s = routing.acceptance_window_s
+        state.window.add(now, metrics.spec)
+        state.acceptance = state.window.stats()
+        floor = backend.acceptance_floor(routing.min_acceptance_rate)
+        demoted = is_demoted(state.acceptance, floor, routing.min_draft_tokens)
+        if demoted and not state.demoted:
+            state.demotions += 1
+            logger.info(
+                "backend %s demoted: acceptance rate %.3f < %s",
+                name,
+                state.acceptance.rate if state.acceptance else 0.0,
+                floor,
+            )
+        state.demoted = demoted
 
     async def check_all(self) -> None:
         """Probe every configured backend once, concurrently."""
         backends = self.config().backends
-        await asyncio.gather(*(self.check(n, b.base_url) for n, b in backends.items()))
+        await asyncio.gather(*(self.check(n, b) for n, b in backends.items()))
 
     async def run(self) -> None:
-        """Probe forever, every ``interval_s`` seconds; cancelled at shutdown."""
+        """Poll forever, every ``interval_s`` seconds; cancelled at shutdown."""
         while True:
-            await self.check_all()
             await asyncio.sleep(self.interval_s)
+            await self.check_all()
+
+
+def _describe(result: httpx.Response | Exception) -> str:
+    if isinstance(result, httpx.Response):
+        return f"/health answered {result.status_code}"
+    return type(result).__name__

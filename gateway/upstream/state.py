@@ -1,4 +1,4 @@
-"""Live per-backend state shared by the health poller, the forwarder and the admin API."""
+"""Live per-backend state shared by the poller, the forwarder and the admin API."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from gateway.routing.acceptance import AcceptanceStats, AcceptanceWindow
 from gateway.routing.policy import BackendSnapshot
 
 
@@ -15,17 +16,35 @@ class BackendState:
 
     ``healthy`` is the last health probe's verdict (``None`` before the first probe, routed
     as healthy so a fresh gateway does not refuse traffic); ``inflight`` counts this
-    gateway's requests currently sent to the backend.
+    gateway's requests currently sent to the backend; ``running``, ``waiting`` and
+    ``kv_cache_usage`` come from the last ``/metrics`` scrape; ``acceptance`` is the
+    windowed acceptance of a speculative backend; ``demotions`` counts how often it fell
+    under its acceptance floor.
     """
 
     healthy: bool | None = None
     inflight: int = 0
     last_error: str | None = None
     last_checked: float | None = None
+    running: float = 0.0
+    waiting: float = 0.0
+    kv_cache_usage: float = 0.0
+    last_scrape: float | None = None
+    window: AcceptanceWindow = field(default_factory=AcceptanceWindow)
+    acceptance: AcceptanceStats | None = None
+    demoted: bool = False
+    demotions: int = 0
 
     def snapshot(self) -> BackendSnapshot:
         """The immutable view the routing policy reads."""
-        return BackendSnapshot(healthy=self.healthy is not False, inflight=self.inflight)
+        return BackendSnapshot(
+            healthy=self.healthy is not False,
+            inflight=self.inflight,
+            running=self.running,
+            waiting=self.waiting,
+            demoted=self.demoted,
+            acceptance_rate=self.acceptance.rate if self.acceptance else None,
+        )
 
 
 @dataclass(slots=True)
@@ -43,7 +62,7 @@ class BackendRegistry:
     """The set of backends' live states, keyed by backend name.
 
     :meth:`sync` follows a config change: new backends get a fresh state, removed ones are
-    dropped, kept ones keep their counters.
+    dropped, kept ones keep their counters and windows.
     """
 
     def __init__(self, names: Iterable[str]) -> None:
@@ -58,7 +77,3 @@ class BackendRegistry:
     def snapshot(self) -> dict[str, BackendSnapshot]:
         """Every backend's :class:`BackendSnapshot`, for one routing decision."""
         return {name: state.snapshot() for name, state in self.states.items()}
-
-    def any_healthy(self) -> bool:
-        """True when at least one backend passed its last health probe."""
-        return any(s.healthy for s in self.states.values())

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from fastapi import FastAPI
 
 from gateway.app import create_app
 from gateway.config import GatewayConfig, load_config
@@ -27,6 +28,11 @@ class InProcess:
     client: httpx.AsyncClient
     fakes: dict[str, FakeBehaviour]
     config: GatewayConfig
+    app: FastAPI
+
+    async def poll(self) -> None:
+        """Run one health and metrics poll now."""
+        await self.app.state.poller.check_all()
 
 
 def local_config() -> GatewayConfig:
@@ -48,4 +54,4 @@ async def gw() -> AsyncIterator[InProcess]:
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://gw") as client:
-            yield InProcess(client, fakes, config)
+            yield InProcess(client, fakes, config, app)

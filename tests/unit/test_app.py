@@ -153,3 +153,79 @@ async def test_models_health_ready_routes(gw: InProcess) -> None:
 async def test_unknown_route_and_method_use_the_envelope(gw: InProcess) -> None:
     assert_envelope(await gw.client.get("/v1/nothing"), 404)
     assert_envelope(await gw.client.get("/v1/completions"), 405)
+
+
+def queue_metrics(running: int, waiting: int) -> str:
+    return (
+        "# TYPE vllm:num_requests_running gauge\n"
+        f'vllm:num_requests_running{{engine="0"}} {running}.0\n'
+        "# TYPE vllm:num_requests_waiting gauge\n"
+        f'vllm:num_requests_waiting{{engine="0"}} {waiting}.0\n'
+    )
+
+
+async def test_long_queue_moves_low_temperature_code_to_plain(gw: InProcess) -> None:
+    for name in ("ngram", "draft"):
+        gw.fakes[name].metrics_text = queue_metrics(running=4, waiting=12)
+    await gw.poll()
+    routes = (await gw.client.get("/routes")).json()
+    loads = {b["name"]: b["load"] for b in routes["backends"]}
+    assert loads["ngram"]["waiting"] == 12 and loads["ngram"]["running"] == 4
+    for _ in range(5):
+        resp = await gw.client.post("/v1/completions", json=CODE, headers={"x-task-type": "code"})
+        assert resp.headers["x-specgate-backend"] == "plain"
+        assert resp.headers["x-specgate-rule"] == "code-rag-speculative"
+    explained = (await gw.client.post("/routes/explain", json=CODE | {"prompt": "def f():"})).json()
+    why = {c["backend"]: c["why"] for c in explained["candidates"] if not c["kept"]}
+    assert why["ngram"] == "batch 16 > max_batch_for_speculation 4: speculation loses"
+    # the queue drains: speculation is back
+    for name in ("ngram", "draft"):
+        gw.fakes[name].metrics_text = queue_metrics(running=1, waiting=0)
+    await gw.poll()
+    resp = await gw.client.post("/v1/completions", json=CODE, headers={"x-task-type": "code"})
+    assert resp.headers["x-specgate-backend"] in {"ngram", "draft"}
+
+
+async def test_unreachable_metrics_keep_previous_figures(gw: InProcess) -> None:
+    gw.fakes["ngram"].metrics_text = queue_metrics(running=2, waiting=1)
+    await gw.poll()
+    gw.fakes["ngram"].metrics_text = "this is { not prometheus"
+    await gw.poll()
+    routes = (await gw.client.get("/routes")).json()
+    [ngram] = [b for b in routes["backends"] if b["name"] == "ngram"]
+    assert ngram["load"]["running"] == 2 and ngram["healthy"] is True
+
+
+def spec_metrics(drafts: int, accepted: int, k: int = 3) -> str:
+    lines = []
+    for name, value in (
+        ("drafts", drafts),
+        ("draft_tokens", drafts * k),
+        ("accepted_tokens", accepted),
+    ):
+        lines.append(f"# TYPE vllm:spec_decode_num_{name} counter")
+        lines.append(f'vllm:spec_decode_num_{name}_total{{engine="0"}} {value}.0')
+    return "\n".join(lines) + "\n"
+
+
+async def test_low_acceptance_demotes_then_recovery_restores(gw: InProcess) -> None:
+    gw.fakes["draft"].metrics_text = spec_metrics(drafts=0, accepted=0)
+    gw.fakes["ngram"].metrics_text = spec_metrics(drafts=0, accepted=0, k=5)
+    await gw.poll()
+    gw.fakes["draft"].metrics_text = spec_metrics(drafts=300, accepted=9)  # 1% acceptance
+    gw.fakes["ngram"].metrics_text = spec_metrics(drafts=100, accepted=150, k=5)  # 30%
+    await gw.poll()
+    routes = {b["name"]: b for b in (await gw.client.get("/routes")).json()["backends"]}
+    assert routes["draft"]["acceptance"]["rate"] == pytest.approx(0.01)
+    assert routes["draft"]["acceptance"]["mean_length"] == pytest.approx(1.03)
+    assert routes["draft"]["demoted"] is True and routes["draft"]["demotions"] == 1
+    assert routes["ngram"]["demoted"] is False  # 0.30 >= its floor of 0.15
+    served = []
+    for _ in range(40):
+        resp = await gw.client.post("/v1/completions", json=CODE, headers={"x-task-type": "code"})
+        served.append(resp.headers["x-specgate-backend"])
+    assert served.count("ngram") >= 35  # draft keeps only its probe share
+    gw.fakes["draft"].metrics_text = spec_metrics(drafts=600, accepted=909)  # recovers
+    await gw.poll()
+    routes = {b["name"]: b for b in (await gw.client.get("/routes")).json()["backends"]}
+    assert routes["draft"]["demoted"] is False

@@ -6,6 +6,8 @@ import random
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from gateway.config import load_config
 from gateway.routing.features import RequestFeatures
@@ -86,3 +88,86 @@ def test_same_state_and_seed_gives_same_decision(policy: RoutingPolicy) -> None:
     a = policy.decide(features("code", 0.1), all_healthy(), random.Random(7))
     b = policy.decide(features("code", 0.1), all_healthy(), random.Random(7))
     assert a == b
+
+
+def test_loaded_speculative_backend_is_passed_over_for_plain(policy: RoutingPolicy) -> None:
+    state = all_healthy() | {"ngram": BackendSnapshot(True, running=3, waiting=2)}
+    decision = policy.decide(features("code", 0.0), state, random.Random(0))
+    assert decision.backends == ("draft", "plain", "ngram")  # ngram stays a last resort
+    [ngram] = [c for c in decision.candidates if c.backend == "ngram"]
+    assert not ngram.kept
+    assert ngram.why == "batch 5 > max_batch_for_speculation 4: speculation loses"
+
+
+def test_gateway_inflight_counts_as_load_before_the_scrape_sees_it(policy: RoutingPolicy) -> None:
+    state = all_healthy() | {
+        "ngram": BackendSnapshot(True, inflight=5),
+        "draft": BackendSnapshot(True, inflight=5),
+    }
+    decision = policy.decide(features("rag", 0.1), state, random.Random(0))
+    assert decision.backends[0] == "plain"
+
+
+def test_demoted_backend_loses_traffic_but_keeps_a_probe_share(policy: RoutingPolicy) -> None:
+    state = all_healthy() | {"draft": BackendSnapshot(True, demoted=True, acceptance_rate=0.01)}
+    rng = random.Random(3)
+    firsts = [policy.decide(features("code", 0.0), state, rng).backend for _ in range(2000)]
+    share = firsts.count("draft") / len(firsts)
+    assert 0.01 < share < 0.05  # probe_share 0.05 of the time it competes with ngram
+    decision = policy.decide(features("code", 0.0), state, random.Random(0))
+    [draft] = [c for c in decision.candidates if c.backend == "draft"]
+    if not draft.kept:
+        assert draft.why == "demoted: acceptance rate 0.01 < min_acceptance_rate 0.5"
+        assert decision.backends[-1] == "draft"
+
+
+def test_all_speculative_passed_over_adds_plain_even_without_fallback() -> None:
+    config = load_config(ROOT / "config" / "local.yaml")
+    config.rules[2].fallbacks = []
+    policy = RoutingPolicy(config)
+    state = {
+        "plain": BackendSnapshot(True),
+        "ngram": BackendSnapshot(True, running=9),
+        "draft": BackendSnapshot(True, running=9),
+    }
+    decision = policy.decide(features("code", 0.0), state, random.Random(0))
+    assert decision.backends[0] == "plain"
+    assert set(decision.backends[1:]) == {"ngram", "draft"}
+
+
+snapshots = st.builds(
+    BackendSnapshot,
+    healthy=st.booleans(),
+    inflight=st.integers(0, 50),
+    running=st.floats(0, 50),
+    waiting=st.floats(0, 50),
+    demoted=st.booleans(),
+    acceptance_rate=st.none() | st.floats(0, 1),
+)
+
+
+@given(
+    task=st.sampled_from(["code", "rag", "chat", "creative"]),
+    temperature=st.none() | st.floats(0, 2),
+    state=st.fixed_dictionaries({n: snapshots for n in ("plain", "ngram", "draft")}),
+    seed=st.integers(0, 2**32),
+    model=st.sampled_from([MODEL, "other"]),
+)
+def test_policy_properties(
+    task: str, temperature: float | None, state: dict, seed: int, model: str
+) -> None:
+    policy = RoutingPolicy(load_config(ROOT / "config" / "local.yaml"))
+    f = features(task, temperature, model)
+    decision = policy.decide(f, state, random.Random(seed))
+    # never an unhealthy or unknown backend, never one twice, always the model's backends
+    assert all(state[b].healthy for b in decision.backends)
+    assert len(set(decision.backends)) == len(decision.backends)
+    if model != MODEL:
+        assert decision.backends == ()
+    else:  # a healthy backend in the decided pools always gets the request
+        rule = next((r for r in policy.config.rules if r.name == decision.rule), None)
+        pools = [rule.pool, *rule.fallbacks] if rule else [policy.config.defaults.pool]
+        allowed = {b for p in pools for b in policy.config.pools[p]}
+        assert bool(decision.backends) == any(state[b].healthy for b in allowed)
+    # deterministic for a given state and seed
+    assert decision == policy.decide(f, state, random.Random(seed))

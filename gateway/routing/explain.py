@@ -1,0 +1,32 @@
+"""A routing decision as the JSON that ``/routes/explain`` and ``specgate explain`` print."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gateway.routing.policy import RouteDecision
+
+
+def decision_json(decision: RouteDecision) -> dict[str, Any]:
+    """``{"task", "task_confidence", "task_source", "task_features", "temperature",
+    "temperature_given", "rule", "pool", "backend", "backends", "candidates": [{"backend",
+    "pool", "kept", "why"}], "reasons": [...]}``; ``backend`` is None when nothing can serve."""
+    f = decision.features
+    return {
+        "task": f.task,
+        "task_confidence": round(f.task_confidence, 4),
+        "task_source": f.task_source,
+        "task_features": dict(f.task_features),
+        "temperature": f.temperature,
+        "temperature_given": f.temperature_given,
+        "model": f.model,
+        "rule": decision.rule,
+        "pool": decision.pool,
+        "backend": decision.backend,
+        "backends": list(decision.backends),
+        "candidates": [
+            {"backend": c.backend, "pool": c.pool, "kept": c.kept, "why": c.why}
+            for c in decision.candidates
+        ],
+        "reasons": list(decision.reasons),
+    }

@@ -1,0 +1,317 @@
+"""Task classifier: real-looking request shapes, malformed bodies, request signals, a floor."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from bench.classify import DEFAULT_DATA, load_rows, scores, to_items
+from gateway.routing.classifier import TASKS, TaskGuess, classify
+
+
+def chat(*turns: str, system: str | None = None) -> dict[str, Any]:
+    """A chat body: ``turns`` alternate user/assistant, starting and ending with the user."""
+    messages = [{"role": "system", "content": system}] if system else []
+    for i, turn in enumerate(turns):
+        messages.append({"role": "user" if i % 2 == 0 else "assistant", "content": turn})
+    return {"model": "m", "messages": messages}
+
+
+PASSAGE = (
+    "The Meridian Line railway opened in 1887 and connected the port of Halvik with the inland "
+    "mining town of Corran. It was built by the Northern Rail Company under its chief engineer "
+    "Edith Marsh, who later designed the Corran viaduct. Passenger services ended in 1962, "
+    "although freight trains carried ore until 1979. Part of the route is now a cycle path. "
+)
+HANDBOOK = (
+    "Section 4.2 Sick leave. Employees accrue one sick day per month of service, up to twelve "
+    "days per calendar year. New hires receive three sick days on their start date. Unused "
+    "days roll over to the next year up to a maximum of twenty. A doctor's note is required "
+    "for absences longer than three consecutive working days. "
+)
+
+RAG = {
+    "context in the system message": chat(
+        "When did passenger services on the Meridian Line end?",
+        system="Answer the user's question using only the reference material below. If the "
+        "material does not contain the answer, say you don't know.\n\n" + PASSAGE * 5,
+    ),
+    "bare documents as the system message": chat(
+        "Who designed the Corran viaduct?", system=(PASSAGE + "\n\n") * 6
+    ),
+    "xml documents": chat(
+        "<documents>\n"
+        + "".join(
+            f'<document index="{i}">\n<source>history_{i}.txt</source>\n'
+            f"<document_content>\n{PASSAGE}\n</document_content>\n</document>\n"
+            for i in range(1, 4)
+        )
+        + "</documents>\n\nUsing the documents above, who built the Meridian Line?"
+    ),
+    "context tags": chat(
+        f"<context>\n{PASSAGE * 3}\n</context>\n\nBased on the context, when did freight stop?"
+    ),
+    "markdown document blocks": chat(
+        f"### Document 1\n{PASSAGE}\n\n### Document 2\n{HANDBOOK}\n\n### Document 3\n{PASSAGE}\n\n"
+        "Answer the question from the documents and cite the document number.\n"
+        "Question: How many sick days do new hires get?"
+    ),
+    "context in an earlier turn": chat(
+        "Here is the leave section of our employee handbook:\n\n" + HANDBOOK * 5,
+        "Thanks, I have read it. What would you like to know?",
+        "How many sick days can roll over?",
+    ),
+    "langchain stuff prompt": chat(
+        "Use the following pieces of context to answer the question at the end. If you don't "
+        "know the answer, just say that you don't know, don't try to make up an answer.\n\n"
+        f"{PASSAGE}\n\n{HANDBOOK}\n\n{PASSAGE}\n\nQuestion: Where did the railway start?\n"
+        "Helpful Answer:"
+    ),
+    "numbered search results": chat(
+        "Search results:\n"
+        + "".join(f"[{i}] {PASSAGE}\n" for i in range(1, 5))
+        + "\nWrite an answer to the query using the search results, citing them like [1].\n"
+        "Query: what is the Meridian Line route used for today?"
+    ),
+    "chinese retrieval prompt": chat(
+        "请根据以下资料回答问题。\n\n资料：\n"
+        + "子午线铁路于1887年通车，连接哈尔维克港和内陆矿业小镇科兰。" * 12
+        + "\n\n问题：这条铁路是哪一年通车的？"
+    ),
+}
+
+CODE = {
+    "function asked for in chat": chat(
+        "write a python function that checks whether a string is a palindrome"
+    ),
+    "pasted code with a question": chat(
+        "Why does this raise a KeyError when the config file is empty?\n\n```python\n"
+        "def load(path):\n    with open(path) as f:\n        cfg = yaml.safe_load(f) or {}\n"
+        "    return cfg['database']['url']\n```"
+    ),
+    "raw completion stub": {
+        "model": "m",
+        "prompt": 'def moving_average(xs: list[float], k: int) -> list[float]:\n    """Return the '
+        "k-point moving averages of xs.\n    >>> moving_average([1, 2, 3, 4], 2)\n"
+        '    [1.5, 2.5, 3.5]\n    """\n',
+    },
+    "unfenced javascript to fix": chat(
+        "fix this, the button never updates:\n\nconst [count, setCount] = useState(0);\n"
+        "function onClick() {\n  count++;\n  setCount(count);\n}\n"
+        "return <button onClick={onClick}>{count}</button>;"
+    ),
+    "sql question": chat(
+        "How do I get the second highest salary per department in PostgreSQL? Table "
+        "employees(id, name, salary, department_id)."
+    ),
+    "traceback": chat(
+        'Traceback (most recent call last):\n  File "app.py", line 12, in <module>\n'
+        '    main()\n  File "app.py", line 8, in main\n    print(items[3])\n'
+        "IndexError: list index out of range\n\nwhat am I doing wrong"
+    ),
+    "rust request": chat("Implement a thread-safe LRU cache in Rust with get and put."),
+    "code review in a later turn": chat(
+        "Can you review my Go handler?\n\nfunc handler(w http.ResponseWriter, r *http.Request) {\n"
+        '\tid := r.URL.Query().Get("id")\n\trow := db.QueryRow("SELECT name FROM users WHERE id='
+        '" + id)\n\tvar name string\n\trow.Scan(&name)\n\tfmt.Fprintf(w, name)\n}',
+        "There are a few problems here, most importantly SQL injection ...",
+        "How would you rewrite it with a prepared statement?",
+    ),
+}
+
+CREATIVE = {
+    "english poem": chat("Write a poem about the sea at dawn."),
+    "screenplay scene": chat(
+        "Write a short screenplay scene where two astronauts argue about who forgot the coffee."
+    ),
+    "vietnamese poem": chat("Hãy viết một bài thơ về mùa thu Hà Nội."),
+    "chinese short story": chat("帮我写一个科幻短篇小说，主角是一名在火星上迷路的宇航员。"),
+    "chinese poem": chat("写一首关于春天的诗"),
+    "russian story": chat("Напиши рассказ о коте, который умел говорить."),
+    "spanish tale": chat("Escribe un cuento corto sobre un dragón que tenía miedo al fuego."),
+    "french poem": chat("Écris un poème sur la pluie à Paris."),
+    "german story": chat("Schreibe eine Kurzgeschichte über einen Leuchtturmwärter."),
+    "japanese haiku": chat("猫についての俳句を作ってください"),
+    "portuguese lyrics": chat("Escreva uma letra de canção sobre saudade e o mar."),
+    "korean poem": chat("바다에 관한 시를 써줘"),
+    "roleplay": chat(
+        "Let's role-play: you are a grumpy dragon guarding a bridge and I am a traveller. "
+        "Stay in character."
+    ),
+}
+
+CHAT = {
+    "factual question": chat("What's the capital of Australia?"),
+    "advice": chat("How can I get better at falling asleep earlier?"),
+    "explanation behind a generic system prompt": chat(
+        "Explain the difference between a virus and a bacterium.",
+        system="You are a helpful assistant.",
+    ),
+    "follow-up after a long answer": chat(
+        "What should I pack for a week of hiking in Iceland in June?",
+        "Here is a packing list. " + "Bring layers, a waterproof shell and good boots. " * 60,
+        "Do I really need gaiters?",
+    ),
+    "long persona prompt": chat(
+        "What can you help me with?",
+        system="You are Sunny, the friendly assistant of a garden centre. You always greet "
+        "the customer warmly, you keep your answers short, you never discuss competitors and "
+        "you suggest seasonal plants when you can. " * 6,
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    ("task", "body"),
+    [
+        pytest.param(task, body, id=f"{task}: {name}")
+        for task, table in (("rag", RAG), ("code", CODE), ("creative", CREATIVE), ("chat", CHAT))
+        for name, body in table.items()
+    ],
+)
+def test_real_request_shapes(task: str, body: dict[str, Any]) -> None:
+    guess = classify(body)
+    assert guess.task == task, guess.features
+    assert 0.0 <= guess.confidence <= 1.0
+    json.dumps(guess.features)  # serialisable for logs and /routes
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {},
+        {"messages": None},
+        {"messages": "hello"},
+        {"messages": []},
+        {"messages": [1, None, "x", []]},
+        {"messages": [{"role": ["user"], "content": {"text": "hi"}}]},
+        {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+        {"messages": [{"role": "user", "content": [None, 3, {"text": 5}]}]},
+        {"messages": [{"role": "user"}], "tools": "nope", "response_format": ["json"]},
+        {"prompt": None},
+        {"prompt": 5},
+        {"prompt": ""},
+        {"prompt": [None]},
+        {"prompt": {"text": "hi"}},
+        {"prompt": b"bytes"},
+    ],
+)
+def test_malformed_bodies_fall_back(body: dict[str, Any]) -> None:
+    assert classify(body) == TaskGuess("chat", 0.25, {})
+    assert classify(body, default_task="creative").task == "creative"
+
+
+@pytest.mark.parametrize("body", [None, [], "text", 3])
+def test_non_mapping_bodies_fall_back(body: Any) -> None:
+    assert classify(body).task == "chat"
+
+
+@pytest.mark.parametrize("prompt", [[1, 2, 3], [[101, 2023], [101, 2003]], [[]]])
+def test_token_id_prompts_use_the_default(prompt: list[Any]) -> None:
+    assert classify({"prompt": prompt}).task == "chat"
+    guess = classify({"prompt": prompt}, default_task="code")
+    assert guess.task == "code"
+    assert guess.confidence < 0.5
+
+
+def test_completions_batch_uses_first_prompt() -> None:
+    assert classify({"prompt": ["Write a limerick about a cat.", "def f(x):"]}).task == "creative"
+
+
+def test_content_parts_are_read() -> None:
+    body = {
+        "messages": [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
+                    {"type": "text", "text": "Write a haiku about this photo."},
+                ],
+            }
+        ]
+    }
+    assert classify(body).task == "creative"
+
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+        },
+    }
+]
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"tools": TOOLS},
+        {"tools": TOOLS, "tool_choice": "auto"},
+        {"tool_choice": {"type": "function", "function": {"name": "get_weather"}}},
+        {"response_format": {"type": "json_object"}},
+        {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}},
+        {"functions": [{"name": "f", "parameters": {}}]},
+    ],
+)
+def test_structured_output_pushes_to_code(extra: dict[str, Any]) -> None:
+    for body in (chat("What's the weather in Paris today?"), chat("Write a poem about rain.")):
+        assert classify({**body, **extra}).task == "code"
+    assert classify({"prompt": [1, 2, 3], **extra}).task == "code"
+
+
+def test_tools_disabled_or_text_format_do_not_push() -> None:
+    body = chat("What's the weather in Paris today?")
+    assert classify({**body, "tools": TOOLS, "tool_choice": "none"}).task == "chat"
+    assert classify({**body, "response_format": {"type": "text"}}).task == "chat"
+
+
+def test_huge_bodies_return() -> None:
+    big = ("All work and no play makes Jack a dull boy. " * 25_000)[:1_000_000]
+    assert classify({"messages": [{"role": "user", "content": big}]}).task in TASKS
+    assert classify({"prompt": big}).task in TASKS
+    parts = [{"type": "text", "text": big}] * 1000
+    assert classify({"messages": [{"role": "user", "content": parts}]}).task in TASKS
+    many = [{"role": "user", "content": "hi"}] * 10_000 + [{"role": "user", "content": big}]
+    assert classify({"messages": many}).task in TASKS
+
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+    lambda kids: (
+        st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=8), kids, max_size=4)
+    ),
+    max_leaves=20,
+)
+_keys = st.sampled_from(
+    ["messages", "prompt", "tools", "tool_choice", "response_format", "functions", "role"]
+)
+_message = st.fixed_dictionaries(
+    {}, optional={"role": _json | st.sampled_from(["user", "system", "tool"]), "content": _json}
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    body=st.dictionaries(_keys, _json, max_size=5)
+    | st.fixed_dictionaries({"messages": st.lists(_message | _json, max_size=5)})
+)
+def test_arbitrary_json_never_raises(body: dict[str, Any]) -> None:
+    guess = classify(body)
+    assert guess.task in TASKS
+    assert 0.0 <= guess.confidence <= 1.0
+
+
+@pytest.mark.skipif(
+    not DEFAULT_DATA.is_dir(), reason=f"prompt dataset not present at {DEFAULT_DATA}"
+)
+def test_dataset_macro_f1_floor() -> None:
+    items = to_items(load_rows(DEFAULT_DATA))
+    truth = [task for _, task, _ in items]
+    result = scores(truth, [classify(body).task for _, _, body in items])
+    assert result["macro_f1"] >= 0.90, result["per"]

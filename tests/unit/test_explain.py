@@ -1,0 +1,66 @@
+"""POST /routes/explain and `specgate explain`: the decision without calling a backend."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from gateway.cli import main
+from tests.unit.conftest import MODEL, InProcess
+
+ROOT = Path(__file__).resolve().parents[2]
+CODE_CHAT = {
+    "model": MODEL,
+    "temperature": 0.2,
+    "messages": [{"role": "user", "content": "Write a Python function that reverses a list."}],
+}
+
+
+async def test_explain_over_http(gw: InProcess) -> None:
+    resp = await gw.client.post("/routes/explain", json=CODE_CHAT)
+    assert resp.status_code == 200
+    out = resp.json()
+    assert out["task"] == "code"
+    assert 0 < out["task_confidence"] <= 1
+    assert out["task_source"] == "classifier"
+    assert out["temperature"] == 0.2
+    assert out["rule"] == "code-rag-speculative"
+    assert out["backend"] in {"ngram", "draft"}
+    kept = {c["backend"] for c in out["candidates"] if c["kept"]}
+    assert kept == {"ngram", "draft", "plain"}
+    assert out["reasons"][0].startswith("rule 'code-rag-speculative' matched")
+    assert not any(f.received for f in gw.fakes.values())  # no backend was called
+    routes = (await gw.client.get("/routes")).json()
+    assert routes["decisions"]["by_rule"] == {}  # explain is not counted
+
+
+async def test_explain_with_headers_and_live_state(gw: InProcess) -> None:
+    wrapped = {"body": CODE_CHAT | {"temperature": 1.0}, "headers": {"X-Task-Type": "creative"}}
+    out = (await gw.client.post("/routes/explain", json=wrapped)).json()
+    assert (out["task"], out["task_source"], out["rule"], out["backend"]) == (
+        "creative",
+        "header",
+        "creative-plain",
+        "plain",
+    )
+
+
+async def test_explain_errors_use_the_envelope(gw: InProcess) -> None:
+    resp = await gw.client.post("/routes/explain", json={"model": "nope", "prompt": "x"})
+    assert resp.status_code == 404
+    assert resp.json()["error"]["code"] == "model_not_found"
+    resp = await gw.client.post("/routes/explain", content=b"{")
+    assert resp.status_code == 400
+
+
+def test_explain_cli(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr("sys.stdin", io.StringIO(json.dumps(CODE_CHAT)))
+    assert main(["explain", "--config", str(ROOT / "config" / "local.yaml")]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["rule"] == "code-rag-speculative" and out["task"] == "code"
+    monkeypatch.setattr("sys.stdin", io.StringIO('{"model": "x", "prompt": "y"}'))
+    assert main(["explain", "--config", str(ROOT / "config" / "local.yaml")]) == 1
+    assert json.loads(capsys.readouterr().out)["error"]["code"] == "model_not_found"
