@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from gateway.config import GatewayConfig
@@ -18,6 +18,7 @@ from gateway.routing.classifier import classify
 from gateway.routing.explain import decision_json
 from gateway.routing.features import RequestFeatures, header_task, read_temperature
 from gateway.routing.policy import RouteDecision, RoutingPolicy
+from gateway.trace import RequestTrace
 from gateway.upstream.state import BackendRegistry, DecisionStats
 
 
@@ -34,6 +35,12 @@ class Gateway:
         self.stats = DecisionStats()
         self.rng = rng or random.Random()
         self.started_at = time.time()
+        self.observers: list[Callable[[RequestTrace], None]] = []
+
+    def new_trace(self, request_id: str, path: str) -> RequestTrace:
+        """A :class:`RequestTrace` for one request, wired to the registered observers."""
+        endpoint = path.removeprefix("/v1/")
+        return RequestTrace(request_id, endpoint, stream=False, observers=self.observers)
 
     def served_models(self) -> list[str]:
         """The distinct model names the backends serve, in config order."""

@@ -8,7 +8,6 @@ receives; the response carries ``x-specgate-backend``, ``x-specgate-rule``,
 from __future__ import annotations
 
 import json
-import time
 import uuid
 from typing import Any
 
@@ -19,6 +18,7 @@ from gateway.api.deps import ClientDep, GatewayDep, SettingsDep
 from gateway.errors import GatewayError, bad_request, no_backend
 from gateway.protocol import ChatCompletionFields, CompletionFields, validate_fields
 from gateway.service import Gateway
+from gateway.trace import RequestTrace
 from gateway.upstream.forward import open_upstream, read_all
 
 router = APIRouter(tags=["openai"])
@@ -61,17 +61,35 @@ async def _proxy(
     kind: type[CompletionFields] | type[ChatCompletionFields],
     path: str,
 ) -> Response:
-    started = time.perf_counter()
+    request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
+    trace = gateway.new_trace(request_id, path)
+    try:
+        return await _route_and_forward(request, gateway, client, limit, kind, path, trace)
+    except GatewayError as exc:
+        trace.finish(exc.status, exc.code)
+        raise
+
+
+async def _route_and_forward(
+    request: Request,
+    gateway: Gateway,
+    client: Any,
+    limit: int,
+    kind: type[CompletionFields] | type[ChatCompletionFields],
+    path: str,
+    trace: RequestTrace,
+) -> Response:
     raw = await read_body(request, limit)
     body = parse_json(raw)
     fields = validate_fields(kind, body)
+    trace.stream = bool(fields.stream)
     features = gateway.features(body, fields.model, request.headers.get("x-task-type"))
     decision = gateway.decide(features)
+    trace.task, trace.rule = features.task, decision.rule
     if not decision.backends:
         gateway.stats.rejected += 1
         raise no_backend()
-    request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
-    headers = dict(request.headers) | {"x-request-id": request_id}
+    headers = dict(request.headers) | {"x-request-id": trace.request_id}
 
     def count_failover(_backend: str, _why: str) -> None:
         gateway.stats.failovers += 1
@@ -84,7 +102,7 @@ async def _proxy(
         path=path,
         body=raw,
         headers=headers,
-        stream=bool(fields.stream),
+        trace=trace,
         on_failure=count_failover,
     )
     gateway.stats.by_backend[upstream.backend] += 1
@@ -92,10 +110,9 @@ async def _proxy(
         "x-specgate-backend": upstream.backend,
         "x-specgate-rule": decision.rule,
         "x-specgate-task": features.task,
-        "x-request-id": request_id,
-        "x-specgate-route-ms": f"{(time.perf_counter() - started) * 1000:.2f}",
+        "x-request-id": trace.request_id,
     }
-    if fields.stream:
+    if trace.stream:
         return StreamingResponse(upstream.body, status_code=upstream.status, headers=out_headers)
     content = await read_all(upstream)
     return Response(content, status_code=upstream.status, headers=out_headers)

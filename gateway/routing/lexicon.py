@@ -125,7 +125,13 @@ DOC_MARKERS = re.compile(
     r"|(?:documents?|context|sources?|passages?|references?)\s*:"
     r")"
 )
-QA_LABELS = (("question", "question:"), ("answer", "answer:"), ("query", "query:"), ("q", "\nq:"), ("a", "\na:"))
+QA_LABELS = (
+    ("question", "question:"),
+    ("answer", "answer:"),
+    ("query", "query:"),
+    ("q", "\nq:"),
+    ("a", "\na:"),
+)
 QA_NON_LATIN = re.compile("问题：|答案：|質問：|回答：|вопрос:|ответ:")
 RAG_NON_LATIN = re.compile(
     "上下文|参考资料|参考文本|资料|資料|文档|文檔|材料|原文|文書|本文|문서|컨텍스트|контекст|документ"

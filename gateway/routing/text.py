@@ -61,9 +61,10 @@ def clip(s: str, head: int, tail: int) -> str:
 
 
 def _content(content: Any, head: int, tail: int) -> tuple[str, int]:
-    """Clipped text of a message ``content`` (string or list of parts) and its true length."""
+    """Clipped, lower-cased text of a message ``content`` (string or list of parts) and its
+    true length."""
     if isinstance(content, str):
-        return clip(content, head, tail), len(content)
+        return clip(content, head, tail).lower(), len(content)
     if not isinstance(content, Sequence) or isinstance(content, bytes | bytearray):
         return "", 0
     pieces: list[str] = []
@@ -73,7 +74,7 @@ def _content(content: Any, head: int, tail: int) -> tuple[str, int]:
         if isinstance(text, str):
             pieces.append(clip(text, head, tail))
             total += len(text)
-    return clip("\n".join(pieces), head, tail), total
+    return clip("\n".join(pieces), head, tail).lower(), total
 
 
 def is_structured(body: Mapping[str, Any]) -> bool:
@@ -93,7 +94,7 @@ def _from_prompt(prompt: Any) -> tuple[str, int] | None:
     if isinstance(prompt, list) and prompt:
         prompt = prompt[0]  # a batch: the first prompt stands for the rest
     if isinstance(prompt, str):
-        return clip(prompt, *LAST_SLICE), len(prompt)
+        return clip(prompt, *LAST_SLICE).lower(), len(prompt)
     return None
 
 
@@ -174,10 +175,10 @@ def read_request(body: Mapping[str, Any]) -> RequestText | None:
     if not text.strip():
         return None
     return RequestText(
-        text=text.lower(),
-        instr=instr.lower(),
-        head=last[:EDGE].lower(),
-        tail=last[-EDGE:].lower(),
+        text=text,
+        instr=instr,
+        head=last[:EDGE],
+        tail=last[-EDGE:],
         last_chars=last_chars,
         context_chars=context_chars,
         n_messages=n,

@@ -17,6 +17,7 @@ import httpx
 
 from gateway.config import BackendConfig
 from gateway.errors import GatewayError, no_backend, sse_error_event, upstream_timeout
+from gateway.trace import RequestTrace
 from gateway.upstream.state import BackendState
 
 logger = logging.getLogger(__name__)
@@ -72,19 +73,26 @@ class Upstream:
 
 
 async def _relay(
-    response: httpx.Response, state: BackendState, backend: str, stream: bool
+    response: httpx.Response, state: BackendState, trace: RequestTrace
 ) -> AsyncIterator[bytes]:
+    status, error = response.status_code, None
     try:
         async for chunk in response.aiter_raw():
+            trace.on_chunk(chunk)
             yield chunk
     except httpx.HTTPError as exc:
-        logger.warning("backend %s failed mid-response: %s", backend, type(exc).__name__)
-        if not stream:
+        logger.warning("backend %s failed mid-response: %s", trace.backend, type(exc).__name__)
+        status, error = 502, "upstream_error"
+        if not trace.stream:
             raise
         yield sse_error_event("The backend failed while streaming the response.")
+    except BaseException:  # the client went away (cancelled) or the app is shutting down
+        status, error = 499, "client_closed"
+        raise
     finally:
         state.inflight -= 1
         await response.aclose()
+        trace.finish(status, error)
 
 
 async def open_upstream(
@@ -96,12 +104,13 @@ async def open_upstream(
     path: str,
     body: bytes,
     headers: Mapping[str, str],
-    stream: bool,
+    trace: RequestTrace,
     on_failure: Callable[[str, str], None] | None = None,
 ) -> Upstream:
     """Try ``order`` until one backend answers with a non-retryable status.
 
-    Returns the settled :class:`Upstream`. Raises :class:`GatewayError` 503 when every
+    Returns the settled :class:`Upstream`; ``trace`` learns the backend and attempts, and
+    is finished when the body ends. Raises :class:`GatewayError` 503 when every
     backend failed before answering, 504 when the chosen backend timed out before its first
     byte (not retried: the request may be running there). ``on_failure(backend, why)`` is told
     about each failover.
@@ -136,11 +145,12 @@ async def open_upstream(
             last_why = f"{name}: HTTP {response.status_code}"
             _report(on_failure, name, last_why)
             continue
+        trace.backend, trace.attempts = name, attempt
         return Upstream(
             backend=name,
             status=response.status_code,
             headers=client_headers(response.headers),
-            body=_relay(response, state, name, stream),
+            body=_relay(response, state, trace),
             attempts=attempt,
         )
     logger.warning("no backend could serve the request (last: %s)", last_why)

@@ -1,0 +1,77 @@
+"""One proxied request's timeline, handed to observers (metrics, request log) when it ends."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+_USAGE_MARK = b'"completion_tokens"'
+
+
+@dataclass(slots=True)
+class RequestTrace:
+    """What happened to one request, in seconds from ``started`` (``time.perf_counter``).
+
+    ``ttft_s`` is the time to the first relayed chunk (time to first token as the client
+    sees it); ``gaps_s`` are the inter-chunk intervals of a stream (inter-token latency
+    between relayed chunks; with speculation one chunk can carry several tokens);
+    ``duration_s`` is end to end. ``usage_bytes`` keeps the last chunk that carried a
+    ``usage`` object, read by :meth:`completion_tokens`. Never holds prompt text.
+    """
+
+    request_id: str
+    endpoint: str
+    stream: bool
+    started: float = field(default_factory=time.perf_counter)
+    task: str | None = None
+    rule: str | None = None
+    backend: str | None = None
+    attempts: int = 0
+    status: int | None = None
+    error: str | None = None
+    ttft_s: float | None = None
+    duration_s: float | None = None
+    gaps_s: list[float] = field(default_factory=list)
+    chunks: int = 0
+    usage_bytes: bytes | None = None
+    _last: float | None = None
+    observers: list[Callable[[RequestTrace], None]] = field(default_factory=list)
+
+    def on_chunk(self, chunk: bytes) -> None:
+        """Record one chunk relayed to the client."""
+        now = time.perf_counter()
+        if self._last is None:
+            self.ttft_s = now - self.started
+        else:
+            self.gaps_s.append(now - self._last)
+        self._last = now
+        self.chunks += 1
+        if _USAGE_MARK in chunk:
+            self.usage_bytes = chunk
+
+    def finish(self, status: int, error: str | None = None) -> None:
+        """Close the trace (once) and hand it to every observer."""
+        if self.duration_s is not None:
+            return
+        self.duration_s = time.perf_counter() - self.started
+        self.status, self.error = status, error
+        for observe in self.observers:
+            observe(self)
+
+    def completion_tokens(self) -> int | None:
+        """``usage.completion_tokens`` from the response (None when it carried no usage)."""
+        raw = self.usage_bytes
+        if raw is None:
+            return None
+        for part in raw.split(b"\n"):
+            part = part.removeprefix(b"data: ").strip()
+            if _USAGE_MARK not in part:
+                continue
+            try:
+                usage = json.loads(part).get("usage") or {}
+                return int(usage["completion_tokens"])
+            except (ValueError, KeyError, TypeError, AttributeError):
+                return None
+        return None
