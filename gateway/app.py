@@ -24,7 +24,9 @@ from gateway.config import GatewayConfig, load_config
 from gateway.errors import GatewayError, error_envelope
 from gateway.service import Gateway
 from gateway.settings import Settings
+from gateway.upstream.forward import Forwarder
 from gateway.upstream.health import HealthPoller
+from gateway.upstream.state import BackendRegistry
 
 logger = logging.getLogger(__name__)
 
@@ -32,12 +34,13 @@ logger = logging.getLogger(__name__)
 def build_client(
     settings: Settings, transport: httpx.AsyncBaseTransport | None
 ) -> httpx.AsyncClient:
-    """The shared upstream client: connect/read/write/pool timeouts from settings (read is
-    the wait for the first byte and between chunks; there is no total cap)."""
+    """The shared upstream client: connect and pool timeouts from settings, read timeout the
+    idle gap between chunks (the forwarder widens it to ``first_byte_timeout_s`` until the
+    response headers arrive); there is no total cap."""
     timeout = httpx.Timeout(
         connect=settings.connect_timeout_s,
-        read=settings.read_timeout_s,
-        write=settings.read_timeout_s,
+        read=settings.idle_timeout_s,
+        write=settings.idle_timeout_s,
         pool=settings.connect_timeout_s,
     )
     limits = httpx.Limits(
@@ -64,7 +67,12 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        gateway = Gateway(config, rng)
+        registry = BackendRegistry(
+            config.backends,
+            circuit_failures=settings.circuit_failures,
+            circuit_cooldown_s=settings.circuit_cooldown_s,
+        )
+        gateway = Gateway(config, rng, registry)
         async with build_client(settings, transport) as client:
             poller = HealthPoller(
                 client,
@@ -76,6 +84,12 @@ def create_app(
             app.state.settings = settings
             app.state.gateway = gateway
             app.state.client = client
+            app.state.forwarder = Forwarder(
+                client,
+                max_attempts=settings.max_attempts,
+                first_byte_timeout_s=settings.first_byte_timeout_s,
+                idle_timeout_s=settings.idle_timeout_s,
+            )
             app.state.poller = poller
             await poller.check_all()
             task = asyncio.create_task(poller.run(), name="specgate-health")

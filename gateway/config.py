@@ -46,7 +46,8 @@ class BackendConfig(_Strict):
     Speculation policy (speculative backends only): above ``max_batch_for_speculation``
     running + waiting requests the backend is passed over for a plain one (speculation loses
     at large batch); below ``min_acceptance_rate`` (default ``routing.min_acceptance_rate``)
-    over the acceptance window it is demoted.
+    over the acceptance window it is demoted. ``max_inflight`` caps this gateway's
+    requests in flight to the backend (backpressure: past every candidate's cap, 429).
     """
 
     url: str | None = None
@@ -55,6 +56,7 @@ class BackendConfig(_Strict):
     local: bool = False
     profile: BackendProfile | None = None
     api_key: str | None = None
+    max_inflight: int | None = Field(default=None, ge=1)
     max_batch_for_speculation: int | None = Field(default=None, ge=0)
     min_acceptance_rate: float | None = Field(default=None, ge=0, le=1)
 

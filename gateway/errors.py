@@ -85,3 +85,14 @@ def upstream_timeout() -> GatewayError:
     return GatewayError(
         504, "The backend did not answer in time.", type="server_error", code="upstream_timeout"
     )
+
+
+def too_busy(message: str, retry_after_s: int = 1) -> GatewayError:
+    """429 with ``Retry-After`` when in-flight caps are reached (backpressure)."""
+    return GatewayError(
+        429,
+        message,
+        type="rate_limit_error",
+        code="too_many_requests",
+        headers={"Retry-After": str(retry_after_s)},
+    )

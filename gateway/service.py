@@ -28,14 +28,24 @@ class Gateway:
     ``rng`` breaks routing ties; pass a seeded ``random.Random`` for reproducible decisions.
     """
 
-    def __init__(self, config: GatewayConfig, rng: random.Random | None = None) -> None:
+    def __init__(
+        self,
+        config: GatewayConfig,
+        rng: random.Random | None = None,
+        registry: BackendRegistry | None = None,
+    ) -> None:
         self.config = config
         self.policy = RoutingPolicy(config)
-        self.registry = BackendRegistry(config.backends)
+        self.registry = registry or BackendRegistry(config.backends)
+        self.inflight = 0
         self.stats = DecisionStats()
         self.rng = rng or random.Random()
         self.started_at = time.time()
         self.observers: list[Callable[[RequestTrace], None]] = []
+
+    def on_request_done(self, _trace: RequestTrace) -> None:
+        """Observer: a request counted in :attr:`inflight` has ended."""
+        self.inflight -= 1
 
     def new_trace(self, request_id: str, path: str) -> RequestTrace:
         """A :class:`RequestTrace` for one request, wired to the registered observers."""

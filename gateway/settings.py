@@ -4,16 +4,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
 class Settings(BaseSettings):
-    """Where the gateway listens, which config it routes by, and its upstream timeouts.
+    """Where the gateway listens, which config it routes by, timeouts, limits and keys.
 
     Every field reads ``SPECGATE_<NAME>`` (e.g. ``SPECGATE_PORT=8000``). Durations are seconds.
-    There is no total-duration cap on a generation: long generations are legitimate; the
-    read timeout bounds the wait for the first byte and the gap between stream chunks.
+    There is no total-duration cap on a stream: ``first_byte_timeout_s`` bounds the wait for
+    the response headers (for a non-streamed request vLLM sends them with the finished
+    answer, so there it bounds the generation) and ``idle_timeout_s`` the gap between
+    stream chunks. Client API keys come from ``SPECGATE_API_KEYS`` (comma-separated) and/or
+    ``SPECGATE_API_KEYS_FILE`` (one per line); without any, no client key is required.
     """
 
     model_config = SettingsConfigDict(env_prefix="SPECGATE_", extra="ignore")
@@ -22,7 +25,17 @@ class Settings(BaseSettings):
     port: int = Field(default=8000, ge=0, le=65535)
     config: Path = Path("config/local.yaml")
     connect_timeout_s: float = Field(default=3.0, gt=0)
-    read_timeout_s: float = Field(default=120.0, gt=0)
+    first_byte_timeout_s: float = Field(default=900.0, gt=0)
+    idle_timeout_s: float = Field(default=60.0, gt=0)
+    max_attempts: int = Field(default=3, ge=1)
+    max_inflight: int = Field(default=1024, ge=1)
+    circuit_failures: int = Field(default=5, ge=1)
+    circuit_cooldown_s: float = Field(default=10.0, gt=0)
+    shutdown_grace_s: float = Field(default=30.0, ge=0)
+    api_keys: SecretStr | None = None
+    api_keys_file: Path | None = None
+    admin_token: SecretStr | None = None
+    admin_enabled: bool = True
     health_interval_s: float = Field(default=2.0, gt=0)
     health_timeout_s: float = Field(default=1.0, gt=0)
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)

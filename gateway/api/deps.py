@@ -9,6 +9,7 @@ from fastapi import Depends, Request
 
 from gateway.service import Gateway
 from gateway.settings import Settings
+from gateway.upstream.forward import Forwarder
 
 
 def get_gateway(request: Request) -> Gateway:
@@ -21,6 +22,11 @@ def get_client(request: Request) -> httpx.AsyncClient:
     return request.app.state.client  # type: ignore[no-any-return]
 
 
+def get_forwarder(request: Request) -> Forwarder:
+    """The app's :class:`~gateway.upstream.forward.Forwarder` (upstream client + limits)."""
+    return request.app.state.forwarder  # type: ignore[no-any-return]
+
+
 def get_settings(request: Request) -> Settings:
     """The process :class:`Settings` the app was created with."""
     return request.app.state.settings  # type: ignore[no-any-return]
@@ -29,3 +35,4 @@ def get_settings(request: Request) -> Settings:
 GatewayDep = Annotated[Gateway, Depends(get_gateway)]
 ClientDep = Annotated[httpx.AsyncClient, Depends(get_client)]
 SettingsDep = Annotated[Settings, Depends(get_settings)]
+ForwarderDep = Annotated[Forwarder, Depends(get_forwarder)]

@@ -7,19 +7,23 @@ receives; the response carries ``x-specgate-backend``, ``x-specgate-rule``,
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import uuid
+from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 
-from gateway.api.deps import ClientDep, GatewayDep, SettingsDep
-from gateway.errors import GatewayError, bad_request, no_backend
+from gateway.api.deps import ForwarderDep, GatewayDep, SettingsDep
+from gateway.errors import GatewayError, bad_request, no_backend, too_busy
 from gateway.protocol import ChatCompletionFields, CompletionFields, validate_fields
 from gateway.service import Gateway
+from gateway.settings import Settings
 from gateway.trace import RequestTrace
-from gateway.upstream.forward import open_upstream, read_all
+from gateway.upstream.forward import Forwarder, Upstream, read_all
 
 router = APIRouter(tags=["openai"])
 
@@ -56,15 +60,19 @@ def parse_json(raw: bytes) -> Any:
 async def _proxy(
     request: Request,
     gateway: Gateway,
-    client: Any,
-    limit: int,
+    forwarder: Forwarder,
+    settings: Settings,
     kind: type[CompletionFields] | type[ChatCompletionFields],
     path: str,
 ) -> Response:
     request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
     trace = gateway.new_trace(request_id, path)
     try:
-        return await _route_and_forward(request, gateway, client, limit, kind, path, trace)
+        if gateway.inflight >= settings.max_inflight:
+            raise too_busy(f"The gateway has {settings.max_inflight} requests in flight.")
+        gateway.inflight += 1
+        trace.observers = [*trace.observers, gateway.on_request_done]
+        return await _route_and_forward(request, gateway, forwarder, settings, kind, path, trace)
     except GatewayError as exc:
         trace.finish(exc.status, exc.code)
         raise
@@ -73,13 +81,13 @@ async def _proxy(
 async def _route_and_forward(
     request: Request,
     gateway: Gateway,
-    client: Any,
-    limit: int,
+    forwarder: Forwarder,
+    settings: Settings,
     kind: type[CompletionFields] | type[ChatCompletionFields],
     path: str,
     trace: RequestTrace,
 ) -> Response:
-    raw = await read_body(request, limit)
+    raw = await read_body(request, settings.max_body_bytes)
     body = parse_json(raw)
     fields = validate_fields(kind, body)
     trace.stream = bool(fields.stream)
@@ -88,14 +96,15 @@ async def _route_and_forward(
     trace.task, trace.rule = features.task, decision.rule
     if not decision.backends:
         gateway.stats.rejected += 1
+        if decision.saturated:
+            raise too_busy("Every backend for this request is at its in-flight cap.")
         raise no_backend()
     headers = dict(request.headers) | {"x-request-id": trace.request_id}
 
     def count_failover(_backend: str, _why: str) -> None:
         gateway.stats.failovers += 1
 
-    upstream = await open_upstream(
-        client,
+    upstream = await forwarder.open(
         gateway.config.backends,
         gateway.registry.states,
         decision.backends,
@@ -113,33 +122,74 @@ async def _route_and_forward(
         "x-request-id": trace.request_id,
     }
     if trace.stream:
-        return StreamingResponse(upstream.body, status_code=upstream.status, headers=out_headers)
-    content = await read_all(upstream)
+        body_iter = await started(upstream.body)
+        return StreamingResponse(body_iter, status_code=upstream.status, headers=out_headers)
+    content = await read_unless_disconnected(request, upstream)
     return Response(content, status_code=upstream.status, headers=out_headers)
+
+
+async def started(body: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """Start ``body`` now (its first chunk is awaited here) and return an iterator that
+    yields that chunk then the rest.
+
+    A started async generator is closed by the event loop when dropped, so a client that
+    leaves before the response starts still closes the upstream (an unstarted one would
+    never run its ``finally``).
+    """
+    try:
+        first = await anext(body)
+    except StopAsyncIteration:
+        first = b""
+
+    async def chain() -> AsyncIterator[bytes]:
+        try:
+            if first:
+                yield first
+            async for chunk in body:
+                yield chunk
+        finally:
+            await body.aclose()  # type: ignore[attr-defined]
+
+    return chain()
+
+
+async def read_unless_disconnected(request: Request, upstream: Upstream) -> bytes:
+    """Read a non-streamed answer whole while watching the client; if the client leaves
+    first, the upstream response is closed (vLLM aborts the generation) and a 499 is
+    recorded. Raises :class:`GatewayError` 502 if the backend fails part-way."""
+    reader = asyncio.ensure_future(read_all(upstream))
+    watcher = asyncio.ensure_future(_disconnected(request))
+    done, _ = await asyncio.wait({reader, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    if reader in done:
+        watcher.cancel()
+        return reader.result()
+    reader.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await reader
+    await upstream.body.aclose()  # type: ignore[attr-defined]
+    return b""
+
+
+async def _disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 @router.post("/v1/completions", response_model=None)
 async def completions(
-    request: Request, gateway: GatewayDep, client: ClientDep, settings: SettingsDep
+    request: Request, gateway: GatewayDep, forwarder: ForwarderDep, settings: SettingsDep
 ) -> Response:
     """OpenAI completions, routed to one backend; JSON or SSE as the client asked."""
-    return await _proxy(
-        request, gateway, client, settings.max_body_bytes, CompletionFields, "/v1/completions"
-    )
+    return await _proxy(request, gateway, forwarder, settings, CompletionFields, "/v1/completions")
 
 
 @router.post("/v1/chat/completions", response_model=None)
 async def chat_completions(
-    request: Request, gateway: GatewayDep, client: ClientDep, settings: SettingsDep
+    request: Request, gateway: GatewayDep, forwarder: ForwarderDep, settings: SettingsDep
 ) -> Response:
     """OpenAI chat completions, routed to one backend; JSON or SSE as the client asked."""
     return await _proxy(
-        request,
-        gateway,
-        client,
-        settings.max_body_bytes,
-        ChatCompletionFields,
-        "/v1/chat/completions",
+        request, gateway, forwarder, settings, ChatCompletionFields, "/v1/chat/completions"
     )
 
 

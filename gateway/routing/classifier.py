@@ -27,6 +27,7 @@ from gateway.routing.text import is_structured
 __all__ = ["FEATURES", "TASKS", "TaskGuess", "classify", "extract_features", "probabilities"]
 
 TASKS = ("code", "rag", "chat", "creative")
+_PROB_KEYS = tuple((task, f"p_{task}") for task in TASKS)
 
 # Hand-set rag column. The development set has a single RAG template, so a fitted rag column
 # would learn that template's conjunction of cues; here each cue can carry much of the decision.
@@ -52,33 +53,33 @@ HAND_WEIGHTS: dict[str, tuple[float, float]] = {
     "context_turn": (-1.0, -1.0),
 }
 # Fitted by `python -m bench.classify --fit`: feature -> (code, creative) log-odds vs chat.
-BIAS: tuple[float, float] = (-2.208, -0.599)
+BIAS: tuple[float, float] = (-2.021, -0.581)
 WEIGHTS: dict[str, tuple[float, float]] = {
-    "syntax": (2.240, -0.955),
-    "indent": (1.577, 0.115),
-    "fence": (-0.797, -0.000),
-    "code_tokens": (1.208, 0.244),
-    "code_terms": (0.826, -1.241),
-    "stub": (1.550, -0.098),
-    "doc_markers": (-0.032, -0.653),
-    "rag_terms": (-0.270, 0.012),
-    "rag_phrases": (-0.249, -0.608),
-    "qa_labels": (-0.313, 0.124),
-    "length": (1.908, 0.701),
-    "tail_question": (-0.276, 0.153),
-    "write_verb": (0.210, 0.473),
-    "roleplay": (0.243, 1.348),
-    "creative_nouns": (-0.151, 1.547),
-    "creative_ask": (-0.388, 0.747),
-    "fiction": (-0.778, 0.815),
-    "style": (0.027, 0.463),
-    "length_spec": (0.269, 0.811),
-    "narrative": (-0.430, 0.434),
-    "info_words": (0.255, -1.017),
-    "chat_verb": (-1.128, -1.396),
-    "question_start": (0.419, -1.940),
-    "question_mark": (-0.545, -0.872),
-    "short": (-0.679, -0.311),
+    "syntax": (2.649, -1.059),
+    "indent": (1.873, -0.024),
+    "fence": (-0.778, -0.001),
+    "code_tokens": (0.490, 0.564),
+    "code_terms": (0.849, -1.235),
+    "stub": (1.799, -0.131),
+    "doc_markers": (0.013, -0.586),
+    "rag_terms": (-0.690, -0.270),
+    "rag_phrases": (-0.236, -0.625),
+    "qa_labels": (-0.316, -0.063),
+    "length": (1.826, 0.909),
+    "tail_question": (-0.172, 0.012),
+    "write_verb": (0.103, 0.489),
+    "roleplay": (-0.171, 1.515),
+    "creative_nouns": (-0.228, 1.567),
+    "creative_ask": (-0.246, 0.674),
+    "fiction": (-0.533, 0.577),
+    "style": (0.006, 0.559),
+    "length_spec": (0.294, 0.835),
+    "narrative": (-0.558, 0.485),
+    "info_words": (0.308, -1.042),
+    "chat_verb": (-1.114, -1.372),
+    "question_start": (0.394, -1.906),
+    "question_mark": (-0.593, -0.923),
+    "short": (-0.789, -0.315),
 }
 
 
@@ -137,5 +138,6 @@ def classify(body: Mapping[str, Any], *, default_task: str = "chat") -> TaskGues
     probs = probabilities(feats)
     task = max(TASKS, key=probs.__getitem__)
     shown = {name: round(value, 3) for name, value in feats.items() if value}
-    shown.update({f"p_{t}": round(p, 3) for t, p in probs.items()})
+    for t, key in _PROB_KEYS:
+        shown[key] = round(probs[t], 3)
     return TaskGuess(task, round(probs[task], 4), shown)

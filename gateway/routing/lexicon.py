@@ -92,7 +92,8 @@ CODE_PREFIXES = (
     "def ", "class ", "import ", "from ", "#include", "function ", "package ", "using ",
     "public ", "<?php", "#!/", "const ", "let ", "var ", "fn ", "func ", "select ", "@",
 )  # fmt: skip
-LANG_SUBSTRINGS = ("c++", "c#", ".net")  # language names that punctuation splitting loses
+# Language names that punctuation splitting loses (searched only when "c" / "net" is a token).
+LANG_PHRASE_GROUPS = (("c", ("c++", "c#")), ("net", (".net",)))
 
 # --- retrieval-augmented generation ------------------------------------------------------------
 # Words naming supplied material.
@@ -123,7 +124,8 @@ DOC_MARKERS = re.compile(
     r"|retrieved|article)\b"
     r"|(?:title|url|source|doc_id|document_id|page_content)\s*[:=]"
     r"|(?:documents?|context|sources?|passages?|references?)\s*:"
-    r")"
+    r")",
+    re.IGNORECASE,
 )
 QA_LABELS = (
     ("question", "question:"),
@@ -132,14 +134,15 @@ QA_LABELS = (
     ("q", "\nq:"),
     ("a", "\na:"),
 )
-QA_NON_LATIN = re.compile("问题：|答案：|質問：|回答：|вопрос:|ответ:")
-RAG_NON_LATIN = re.compile(
-    "上下文|参考资料|参考文本|资料|資料|文档|文檔|材料|原文|文書|本文|문서|컨텍스트|контекст|документ"
-    "|фрагмент|источник"
-)
-RAG_NON_LATIN_PHRASES = re.compile(
+# Cues in scripts without spaces between words, or with rich inflection (substring matches).
+_QA_NON_LATIN = "问题：|答案：|質問：|回答：|вопрос:|ответ:"
+_RAG_PHRASES_NON_LATIN = (
     "根据以下|根據以下|根据上述|根據上述|基于以下|基於以下|根据文章|根据资料|回答问题|回答問題"
     "|以下の文|に基づいて|を参考に|바탕으로|참고하여|на основе|используя|по тексту|согласно"
+)
+_RAG_TERMS_NON_LATIN = (
+    "上下文|参考资料|参考文本|资料|資料|文档|文檔|材料|原文|文書|本文|문서|컨텍스트|контекст|документ"
+    "|фрагмент|источник"
 )
 
 # --- creative writing --------------------------------------------------------------------------
@@ -206,7 +209,7 @@ LENGTH_UNITS = frozenset(
     "verses chapter chapters pages scene scenes sentences".split()
 )
 _NUMBER_BEFORE = re.compile(r"\d[\d,.]*\s*(?:-\s*\d[\d,.]*\s*)?$")
-_LENGTH_NON_LATIN = re.compile(r"\d\s*(?:字|単語|단어|слов|строк|từ)")
+_UNITS_NON_LATIN = re.compile("字|単語|단어|слов|строк|từ")
 
 
 def has_length_spec(text: str, tokens: frozenset[str]) -> bool:
@@ -220,7 +223,11 @@ def has_length_spec(text: str, tokens: frozenset[str]) -> bool:
             if _NUMBER_BEFORE.search(text, max(i - 16, 0), i):
                 return True
             start = i + 1
-    return not text.isascii() and _LENGTH_NON_LATIN.search(text) is not None
+    if not text.isascii():
+        for match in _UNITS_NON_LATIN.finditer(text):
+            if text[max(match.start() - 2, 0) : match.start()].strip()[-1:].isdigit():
+                return True
+    return False
 
 
 # Tone and style words of a writing request.
@@ -233,8 +240,7 @@ STYLE_WORDS = frozenset(
     engraçado cômico hài cảm
     """.split()
 )
-# Creative nouns and verbs in scripts without spaces between words (or with rich inflection).
-CREATIVE_NON_LATIN = re.compile(
+_CREATIVE_NON_LATIN = (
     "诗|詩|故事|小说|小說|剧本|劇本|续写|續寫|情节|情節|歌词|歌詞|散文|童话|童話|寓言|剧情|劇情"
     "|创作|創作|台词|对白|對白|主角|玄幻|武侠|科幻|仙侠|对联|押韵|绝句|律诗|物語|小説|俳句|短歌"
     "|川柳|ポエム|ストーリー|シナリオ|脚本|台本|台詞|セリフ|話を|시를|이야기|소설|동화|가사|대본|시나리오"
@@ -276,3 +282,26 @@ CHAT_VERBS = frozenset(
     rank rate rating estimate determine predict outline plan brainstorm proofread summary
     """.split()
 )
+
+# One scan for all non-Latin cues: a plain alternation of literals (so the regex engine can
+# skip ahead on their first characters), each literal mapped to the feature it counts for.
+_NON_LATIN_KIND = {
+    literal: kind
+    for kind, literals in (
+        ("creative_nouns", _CREATIVE_NON_LATIN),
+        ("rag_terms", _RAG_TERMS_NON_LATIN),
+        ("rag_phrases", _RAG_PHRASES_NON_LATIN),
+        ("qa_labels", _QA_NON_LATIN),
+    )
+    for literal in literals.split("|")
+}
+NON_LATIN = re.compile("|".join(sorted(_NON_LATIN_KIND, key=len, reverse=True)))
+
+
+def count_non_latin(text: str) -> dict[str, int]:
+    """Matches of the non-Latin cues in ``text`` per feature name (ASCII text: all zero)."""
+    counts = dict.fromkeys(("qa_labels", "rag_phrases", "rag_terms", "creative_nouns"), 0)
+    if not text.isascii():
+        for literal in NON_LATIN.findall(text):
+            counts[_NON_LATIN_KIND[literal]] += 1
+    return counts

@@ -23,12 +23,15 @@ PLAIN_FALLBACK = "plain (speculation passed over)"
 class BackendSnapshot:
     """A backend's live state as routing sees it.
 
-    ``inflight``: this gateway's requests in flight there; ``running``/``waiting``: the
-    backend's own queue from its last ``/metrics`` scrape; ``demoted``: its windowed
-    acceptance rate is under its floor; ``acceptance_rate``: that rate (None if unknown).
+    ``circuit_open``: its circuit breaker refuses requests now (open, or half-open with the
+    probe under way); ``inflight``: this gateway's requests in flight there;
+    ``running``/``waiting``: the backend's own queue from its last ``/metrics`` scrape;
+    ``demoted``: its windowed acceptance rate is under its floor; ``acceptance_rate``: that
+    rate (None if unknown).
     """
 
     healthy: bool
+    circuit_open: bool = False
     inflight: int = 0
     running: float = 0.0
     waiting: float = 0.0
@@ -63,7 +66,9 @@ class RouteDecision:
 
     ``backends`` is the ordered try list (the first is the choice, the rest are failover
     targets, used only before any byte reaches the client); ``candidates`` lists every backend
-    considered with the reason it was kept or passed over; ``reasons`` explains the choice.
+    considered with the reason it was kept or passed over; ``reasons`` explains the choice;
+    ``saturated`` says a backend was left out only for being at its ``max_inflight`` cap
+    (with an empty try list the caller answers 429 rather than 503).
     """
 
     rule: str
@@ -72,6 +77,7 @@ class RouteDecision:
     backends: tuple[str, ...]
     candidates: tuple[Candidate, ...]
     reasons: tuple[str, ...] = field(default=())
+    saturated: bool = False
 
     @property
     def backend(self) -> str | None:
@@ -86,6 +92,7 @@ class _Plan:
     candidates: list[Candidate] = field(default_factory=list)
     reasons: list[str] = field(default_factory=list)
     seen: set[str] = field(default_factory=set)
+    saturated: bool = False
 
 
 class RoutingPolicy:
@@ -140,6 +147,7 @@ class RoutingPolicy:
             backends=tuple(order),
             candidates=tuple(plan.candidates),
             reasons=tuple(plan.reasons),
+            saturated=plan.saturated,
         )
 
     def _consider(
@@ -160,6 +168,11 @@ class RoutingPolicy:
             why = f"serves model '{backend.served_model}', not '{features.model}'"
         elif not snap.healthy:
             why = "unhealthy"
+        elif snap.circuit_open:
+            why = "circuit open"
+        elif backend.max_inflight is not None and snap.inflight >= backend.max_inflight:
+            why = f"at its max_inflight of {backend.max_inflight}"
+            plan.saturated = True
         else:
             why = None
         if why is not None or backend is None or snap is None:
@@ -210,6 +223,8 @@ class RoutingPolicy:
                 or backend.served_model != features.model
                 or snap is None
                 or not snap.healthy
+                or snap.circuit_open
+                or (backend.max_inflight is not None and snap.inflight >= backend.max_inflight)
             ):
                 continue
             found.append((snap.outstanding, rng.random(), name))

@@ -45,9 +45,9 @@ def _code(rt: RequestText, words: frozenset[str]) -> dict[str, float]:
     syntax = (n - len(raw.translate(None, _SYNTAX))) / n
     lines = raw.count(b"\n") + 1
     indent = (raw.count(b"\n    ") + raw.count(b"\n\t")) / lines if lines >= 3 else 0.0
-    langs = len(words & lx.CODE_LANGS) + sum(s in rt.instr for s in lx.LANG_SUBSTRINGS)
+    langs = len(words & lx.CODE_LANGS) + lx.count_phrases(rt.instr, words, lx.LANG_PHRASE_GROUPS)
     objects = words & lx.CODE_OBJECTS if langs else words & lx.CODE_OBJECTS - {"script"}
-    stub = _STUB.match(rt.head) is not None or b'"""' in raw or b">>> " in raw
+    stub = _STUB.match(rt.head) or raw.find(b'"""', 0, 1500) >= 0 or raw.find(b">>> ", 0, 1500) >= 0
     return {
         "syntax": min(10.0 * syntax, 3.0),
         "indent": indent,
@@ -68,18 +68,16 @@ def _is_context(rt: RequestText) -> bool:
     """
     if rt.context_chars < 1000 or rt.last_chars > 600 or rt.split < 500:
         return False
-    return rt.text.count("you", 0, rt.split) * 1000 < 4 * rt.split
+    text, end = rt.text, rt.split
+    return (text.count("you", 0, end) + text.count("You", 0, end)) * 1000 < 4 * end
 
 
-def _rag(rt: RequestText, words: frozenset[str]) -> dict[str, float]:
+def _rag(rt: RequestText, words: frozenset[str], other: dict[str, int]) -> dict[str, float]:
     instr = rt.instr
-    phrases = lx.count_phrases(instr, words, lx.RAG_PHRASE_GROUPS)
-    terms = len(words & lx.RAG_TERMS)
+    phrases = lx.count_phrases(instr, words, lx.RAG_PHRASE_GROUPS) + other["rag_phrases"]
+    terms = len(words & lx.RAG_TERMS) + other["rag_terms"]
     labels = sum(instr.count(label) for key, label in lx.QA_LABELS if key in words)
-    if not instr.isascii():
-        terms += len(lx.RAG_NON_LATIN.findall(instr))
-        phrases += len(lx.RAG_NON_LATIN_PHRASES.findall(instr))
-        labels += len(lx.QA_NON_LATIN.findall(instr))
+    labels += other["qa_labels"]
     kilochars = rt.last_chars / 1000
     tail_q = rt.last_chars + rt.context_chars >= 1000 and ("?" in rt.tail or "question" in rt.tail)
     last_q = "?" in rt.tail or rt.head.startswith(lx.QUESTION_STARTS)
@@ -94,14 +92,14 @@ def _rag(rt: RequestText, words: frozenset[str]) -> dict[str, float]:
     }
 
 
-def _creative(rt: RequestText, words: frozenset[str], opening: frozenset[str]) -> dict[str, float]:
+def _creative(
+    rt: RequestText, words: frozenset[str], opening: frozenset[str], other: dict[str, int]
+) -> dict[str, float]:
     instr = rt.instr
-    nouns = len(words & lx.CREATIVE_NOUNS)
+    nouns = len(words & lx.CREATIVE_NOUNS) + other["creative_nouns"]
     nouns += lx.count_phrases(instr, words, lx.CREATIVE_PHRASE_GROUPS)
     if "script" in words and words & lx.CODE_LANGS:
         nouns -= 1  # "a python script" is code, "a script where ..." is a screenplay
-    if not instr.isascii():
-        nouns += len(lx.CREATIVE_NON_LATIN.findall(instr))
     write = bool(opening & lx.WRITE_VERBS)
     if not write and not rt.head.isascii():
         write = lx.WRITE_NON_LATIN.search(rt.head) is not None
@@ -142,9 +140,10 @@ def extract_features(body: Mapping[str, Any]) -> dict[str, float] | None:
         return None
     words = lx.words(rt.instr)
     opening = lx.words(rt.head[:60])
+    other = lx.count_non_latin(rt.instr)
     feats = _code(rt, words)
-    feats.update(_rag(rt, words))
-    feats.update(_creative(rt, words, opening))
+    feats.update(_rag(rt, words, other))
+    feats.update(_creative(rt, words, opening, other))
     feats.update(_chat(rt, words, opening))
     feats["structured"] = 1.0 if rt.structured else 0.0
     return feats

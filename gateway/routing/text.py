@@ -9,37 +9,37 @@ untouched strings is taken, which is O(1).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 # Messages looked at: the first few (system prompts) and the last few (the live exchange).
 HEAD_MESSAGES = 2
 TAIL_MESSAGES = 8
 MAX_PARTS = 8  # content parts read per message
 # Characters kept from the final user message (head, tail) and from every other message.
-LAST_SLICE = (1500, 500)
+LAST_SLICE = (1000, 400)
 OTHER_SLICE = (600, 200)
 OTHER_BUDGET = 2400  # total characters kept from non-final messages
 # The "instruction window": where requests such as "write a poem" are phrased.
-INSTR_SLICE = (400, 300)
+INSTR_SLICE = (300, 200)
 INSTR_OTHER = 400  # head characters of the system prompt and earlier user turns
 EDGE = 300  # characters of the final user message's own head and tail
 
 _CONTEXT_ROLES = frozenset({"system", "developer"})
 
 
-@dataclass(frozen=True, slots=True)
-class RequestText:
-    """Bounded, lower-cased views of a request's text.
+class RequestText(NamedTuple):
+    """Bounded views of a request's text.
 
     ``text``: slices of the examined messages, final user message last (at most ~4,400
-    characters). ``instr``: the instruction window (head and tail of the final user message,
-    heads of the system prompt and of recent earlier user turns). ``head``/``tail``: up to 300
-    characters from each end of the final user message. ``last_chars``: true length in
+    characters, original case). ``instr``: the lower-cased instruction window (head and tail
+    of the final user message, heads of the system prompt and of recent earlier user turns).
+    ``head``/``tail``: up to 300 lower-cased characters from each end of the final user
+    message. ``last_chars``: true length in
     characters of the final user message; ``context_chars``: of the other examined messages
     except assistant turns (system prompts, earlier user turns, tool results). ``structured``:
     tools or a JSON response format are requested. ``text[:split]`` is the part of ``text``
-    taken from messages other than the final user message.
+    taken from messages other than the final user message. (A NamedTuple: immutable and,
+    unlike a frozen dataclass, cheap to build on the hot path.)
     """
 
     text: str
@@ -61,10 +61,9 @@ def clip(s: str, head: int, tail: int) -> str:
 
 
 def _content(content: Any, head: int, tail: int) -> tuple[str, int]:
-    """Clipped, lower-cased text of a message ``content`` (string or list of parts) and its
-    true length."""
+    """Clipped text of a message ``content`` (string or list of parts) and its true length."""
     if isinstance(content, str):
-        return clip(content, head, tail).lower(), len(content)
+        return clip(content, head, tail), len(content)
     if not isinstance(content, Sequence) or isinstance(content, bytes | bytearray):
         return "", 0
     pieces: list[str] = []
@@ -74,7 +73,7 @@ def _content(content: Any, head: int, tail: int) -> tuple[str, int]:
         if isinstance(text, str):
             pieces.append(clip(text, head, tail))
             total += len(text)
-    return clip("\n".join(pieces), head, tail).lower(), total
+    return clip("\n".join(pieces), head, tail), total
 
 
 def is_structured(body: Mapping[str, Any]) -> bool:
@@ -94,7 +93,7 @@ def _from_prompt(prompt: Any) -> tuple[str, int] | None:
     if isinstance(prompt, list) and prompt:
         prompt = prompt[0]  # a batch: the first prompt stands for the rest
     if isinstance(prompt, str):
-        return clip(prompt, *LAST_SLICE).lower(), len(prompt)
+        return clip(prompt, *LAST_SLICE), len(prompt)
     return None
 
 
@@ -121,8 +120,11 @@ def _last_user_index(messages: list[Mapping[str, Any]]) -> int:
     return len(messages) - 1
 
 
-def _from_messages(messages: Sequence[Any]) -> tuple[str, str, str, int, int, int] | None:
-    """(text, instr, last, last_chars, context_chars, n_messages) of a chat request, or None.
+def _from_messages(
+    messages: Sequence[Any],
+) -> tuple[str, list[str], str, int, int, int] | None:
+    """(text, instruction heads of other messages, last, last_chars, context_chars,
+    n_messages) of a chat request, or None.
 
     The character budget goes to system prompts first, then to the most recent turns.
     ``context_chars`` counts supplied material only: assistant turns are the model's own output.
@@ -146,10 +148,9 @@ def _from_messages(messages: Sequence[Any]) -> tuple[str, str, str, int, int, in
             kept[i] = piece[: OTHER_BUDGET - budget]
             budget += len(kept[i])
         if role in _CONTEXT_ROLES or (role == "user" and i > last_i - 4):
-            heads[i] = piece[:INSTR_OTHER]
+            heads[i] = piece[:INSTR_OTHER].lower()
     text = "\n".join([*(kept[i] for i in sorted(kept)), last])  # last starts at len - len(last)
-    instr = "\n".join([*(heads[i] for i in sorted(heads)), clip(last, *INSTR_SLICE)])
-    return text, instr, last, last_chars, context_chars, len(messages)
+    return text, [heads[i] for i in sorted(heads)], last, last_chars, context_chars, len(messages)
 
 
 def read_request(body: Mapping[str, Any]) -> RequestText | None:
@@ -165,20 +166,21 @@ def read_request(body: Mapping[str, Any]) -> RequestText | None:
         got = _from_messages(messages)
         if got is None:
             return None
-        text, instr, last, last_chars, context_chars, n = got
+        text, heads, last, last_chars, context_chars, n = got
     else:
         prompt = _from_prompt(body.get("prompt"))
         if prompt is None:
             return None
         text, last_chars = prompt
-        last, instr, context_chars, n = text, clip(text, *INSTR_SLICE), 0, 1
+        heads, last, context_chars, n = [], text, 0, 1
     if not text.strip():
         return None
+    window = clip(last, *INSTR_SLICE).lower()
     return RequestText(
         text=text,
-        instr=instr,
-        head=last[:EDGE],
-        tail=last[-EDGE:],
+        instr="\n".join([*heads, window]),
+        head=window[:EDGE],
+        tail=window[-EDGE:],
         last_chars=last_chars,
         context_chars=context_chars,
         n_messages=n,

@@ -10,6 +10,7 @@ iterator, so a client that goes away closes the upstream connection and vLLM abo
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 
@@ -80,7 +81,7 @@ async def _relay(
         async for chunk in response.aiter_raw():
             trace.on_chunk(chunk)
             yield chunk
-    except httpx.HTTPError as exc:
+    except httpx.HTTPError as exc:  # reset, or idle longer than idle_timeout_s
         logger.warning("backend %s failed mid-response: %s", trace.backend, type(exc).__name__)
         status, error = 502, "upstream_error"
         if not trace.stream:
@@ -95,66 +96,83 @@ async def _relay(
         trace.finish(status, error)
 
 
-async def open_upstream(
-    client: httpx.AsyncClient,
-    backends: Mapping[str, BackendConfig],
-    states: Mapping[str, BackendState],
-    order: tuple[str, ...],
-    *,
-    path: str,
-    body: bytes,
-    headers: Mapping[str, str],
-    trace: RequestTrace,
-    on_failure: Callable[[str, str], None] | None = None,
-) -> Upstream:
-    """Try ``order`` until one backend answers with a non-retryable status.
+@dataclass(slots=True)
+class Forwarder:
+    """Sends requests upstream with failover, for one app.
 
-    Returns the settled :class:`Upstream`; ``trace`` learns the backend and attempts, and
-    is finished when the body ends. Raises :class:`GatewayError` 503 when every
-    backend failed before answering, 504 when the chosen backend timed out before its first
-    byte (not retried: the request may be running there). ``on_failure(backend, why)`` is told
-    about each failover.
+    ``max_attempts`` bounds the backends tried per request; ``first_byte_timeout_s`` bounds
+    the wait for response headers, after which the client's read timeout (the idle gap
+    between chunks) applies again. Each backend's circuit breaker hears of every outcome.
     """
-    last_why = "no candidate backend"
-    for attempt, name in enumerate(order, start=1):
-        backend, state = backends[name], states[name]
-        request = client.build_request(
-            "POST",
-            backend.base_url + path,
-            content=body,
-            headers=upstream_headers(headers, backend),
-        )
-        state.inflight += 1
-        try:
-            response = await client.send(request, stream=True)
-        except httpx.TimeoutException as exc:
-            state.inflight -= 1
-            if isinstance(exc, httpx.ConnectTimeout | httpx.PoolTimeout):
+
+    client: httpx.AsyncClient
+    max_attempts: int
+    first_byte_timeout_s: float
+    idle_timeout_s: float
+    clock: Callable[[], float] = time.monotonic
+
+    async def open(
+        self,
+        backends: Mapping[str, BackendConfig],
+        states: Mapping[str, BackendState],
+        order: tuple[str, ...],
+        *,
+        path: str,
+        body: bytes,
+        headers: Mapping[str, str],
+        trace: RequestTrace,
+        on_failure: Callable[[str, str], None] | None = None,
+    ) -> Upstream:
+        """Try ``order`` (at most ``max_attempts`` backends, one at a time) until one answers
+        with a status other than 502/503.
+
+        Returns the settled :class:`Upstream`; ``trace`` learns the backend and attempts and
+        is finished when the body ends. Raises :class:`GatewayError` 503 when every tried
+        backend failed before answering, 504 when the chosen backend sent no headers within
+        ``first_byte_timeout_s`` (not retried: the request may be running there).
+        """
+        last_why = "no candidate backend"
+        for attempt, name in enumerate(order[: self.max_attempts], start=1):
+            backend, state = backends[name], states[name]
+            request = self.client.build_request(
+                "POST",
+                backend.base_url + path,
+                content=body,
+                headers=upstream_headers(headers, backend),
+            )
+            timeouts = request.extensions["timeout"]
+            timeouts["read"] = self.first_byte_timeout_s
+            state.inflight += 1
+            state.circuit.on_attempt(self.clock())
+            try:
+                response = await self.client.send(request, stream=True)
+            except httpx.HTTPError as exc:
+                state.inflight -= 1
+                state.circuit.on_failure(self.clock())
+                if isinstance(exc, httpx.ReadTimeout):
+                    raise upstream_timeout() from None
                 last_why = f"{name}: {type(exc).__name__}"
                 _report(on_failure, name, last_why)
                 continue
-            raise upstream_timeout() from None
-        except httpx.HTTPError as exc:  # connect refused, reset before the response
-            state.inflight -= 1
-            last_why = f"{name}: {type(exc).__name__}"
-            _report(on_failure, name, last_why)
-            continue
-        if response.status_code in RETRYABLE_STATUS:
-            state.inflight -= 1
-            await response.aclose()
-            last_why = f"{name}: HTTP {response.status_code}"
-            _report(on_failure, name, last_why)
-            continue
-        trace.backend, trace.attempts = name, attempt
-        return Upstream(
-            backend=name,
-            status=response.status_code,
-            headers=client_headers(response.headers),
-            body=_relay(response, state, trace),
-            attempts=attempt,
-        )
-    logger.warning("no backend could serve the request (last: %s)", last_why)
-    raise no_backend()
+            if response.status_code in RETRYABLE_STATUS:
+                state.inflight -= 1
+                state.circuit.on_failure(self.clock())
+                await response.aclose()
+                last_why = f"{name}: HTTP {response.status_code}"
+                _report(on_failure, name, last_why)
+                continue
+            state.circuit.on_success()
+            timeouts["read"] = self.idle_timeout_s  # httpcore reads it when the body starts
+            trace.backend, trace.attempts = name, attempt
+            return Upstream(
+                backend=name,
+                status=response.status_code,
+                headers=client_headers(response.headers),
+                body=_relay(response, state, trace),
+                attempts=attempt,
+            )
+        logger.warning("no backend could serve the request (last: %s)", last_why)
+        raise no_backend()
 
 
 def _report(on_failure: Callable[[str, str], None] | None, name: str, why: str) -> None:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from gateway.routing.acceptance import AcceptanceStats, AcceptanceWindow
 from gateway.routing.policy import BackendSnapshot
+from gateway.upstream.circuit import CircuitBreaker
 
 
 @dataclass(slots=True)
@@ -34,11 +36,13 @@ class BackendState:
     acceptance: AcceptanceStats | None = None
     demoted: bool = False
     demotions: int = 0
+    circuit: CircuitBreaker = field(default_factory=CircuitBreaker)
 
-    def snapshot(self) -> BackendSnapshot:
-        """The immutable view the routing policy reads."""
+    def snapshot(self, now: float) -> BackendSnapshot:
+        """The immutable view the routing policy reads (``now``: ``time.monotonic()``)."""
         return BackendSnapshot(
             healthy=self.healthy is not False,
+            circuit_open=not self.circuit.routable(now),
             inflight=self.inflight,
             running=self.running,
             waiting=self.waiting,
@@ -62,18 +66,33 @@ class BackendRegistry:
     """The set of backends' live states, keyed by backend name.
 
     :meth:`sync` follows a config change: new backends get a fresh state, removed ones are
-    dropped, kept ones keep their counters and windows.
+    dropped, kept ones keep their counters and windows. New states get a circuit breaker
+    opening after ``circuit_failures`` consecutive failures for ``circuit_cooldown_s``.
     """
 
-    def __init__(self, names: Iterable[str]) -> None:
+    def __init__(
+        self,
+        names: Iterable[str],
+        *,
+        circuit_failures: int = 5,
+        circuit_cooldown_s: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.states: dict[str, BackendState] = {}
+        self.circuit_failures = circuit_failures
+        self.circuit_cooldown_s = circuit_cooldown_s
+        self.clock = clock
         self.sync(names)
 
     def sync(self, names: Iterable[str]) -> None:
         """Make the registry hold exactly ``names``."""
-        wanted = list(names)
-        self.states = {n: self.states.get(n) or BackendState() for n in wanted}
+        self.states = {n: self.states.get(n) or self._new_state() for n in names}
+
+    def _new_state(self) -> BackendState:
+        breaker = CircuitBreaker(self.circuit_failures, self.circuit_cooldown_s)
+        return BackendState(circuit=breaker)
 
     def snapshot(self) -> dict[str, BackendSnapshot]:
         """Every backend's :class:`BackendSnapshot`, for one routing decision."""
-        return {name: state.snapshot() for name, state in self.states.items()}
+        now = self.clock()
+        return {name: state.snapshot(now) for name, state in self.states.items()}

@@ -28,7 +28,9 @@ def features(task: str, temperature: float | None, model: str = MODEL) -> Reques
 
 
 def all_healthy(**inflight: int) -> dict[str, BackendSnapshot]:
-    return {n: BackendSnapshot(True, inflight.get(n, 0)) for n in ("plain", "ngram", "draft")}
+    return {
+        n: BackendSnapshot(True, inflight=inflight.get(n, 0)) for n in ("plain", "ngram", "draft")
+    }
 
 
 @pytest.mark.parametrize(
