@@ -19,9 +19,10 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from gateway.api import admin, health, openai
+from gateway.api import admin, health, metrics, openai, status
 from gateway.config import GatewayConfig, load_config
 from gateway.errors import GatewayError, error_envelope
+from gateway.observability import observability
 from gateway.service import Gateway
 from gateway.settings import Settings
 from gateway.upstream.forward import Forwarder
@@ -94,7 +95,8 @@ def create_app(
             await poller.check_all()
             task = asyncio.create_task(poller.run(), name="specgate-health")
             try:
-                yield
+                async with observability(app, gateway, settings):
+                    yield
             finally:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -104,6 +106,8 @@ def create_app(
     app.include_router(openai.router)
     app.include_router(health.router)
     app.include_router(admin.router)
+    app.include_router(metrics.router)
+    app.include_router(status.router)
     install_error_handlers(app)
     return app
 

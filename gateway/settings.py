@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -41,6 +42,8 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
     max_connections: int = Field(default=512, ge=1)
     log_level: str = "info"
+    log_format: Literal["text", "json"] = "text"  # access log: key=value pairs or JSON lines
+    status_history_s: float = Field(default=600.0, gt=0)  # acceptance chart span on /status
     cache_dir: Path | None = (
         None  # vLLM venv, local models, backend logs; default ~/.cache/specgate
     )

@@ -6,8 +6,11 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
+from backends.launch_profile import Speculation
 from gateway.api.deps import GatewayDep, SettingsDep
 from gateway.api.openai import parse_json, read_body
+from gateway.routing.acceptance import AcceptanceStats
+from gateway.routing.advisor import advise
 
 router = APIRouter(tags=["admin"])
 
@@ -50,9 +53,15 @@ async def routes(gateway: GatewayDep) -> dict[str, Any]:
                     "window_s": config.routing.acceptance_window_s,
                 },
                 "min_acceptance_rate": backend.acceptance_floor(config.routing.min_acceptance_rate),
+                "circuit": {
+                    "state": state.circuit.state(gateway.registry.clock()),
+                    "consecutive_failures": state.circuit.failures,
+                    "opened": state.circuit.opened_count,
+                },
                 "demoted": state.demoted,
                 "demotions": state.demotions,
                 "requests": gateway.stats.by_backend[name],
+                "advice": _advice(backend.spec, acceptance),
             }
         )
     rules = [rule.model_dump(exclude_none=True) for rule in config.rules]
@@ -72,6 +81,12 @@ async def routes(gateway: GatewayDep) -> dict[str, Any]:
             "rejected": stats.rejected,
         },
     }
+
+
+def _advice(spec: Speculation, acceptance: AcceptanceStats | None) -> dict[str, Any] | None:
+    """The tuning advisor's recommendation for a speculative backend (None for plain)."""
+    tip = advise(spec, acceptance)
+    return None if tip is None else tip.to_json()
 
 
 @router.post("/routes/explain")

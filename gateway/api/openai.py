@@ -8,7 +8,6 @@ receives; the response carries ``x-specgate-backend``, ``x-specgate-rule``,
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import uuid
 from collections.abc import AsyncIterator
@@ -20,10 +19,11 @@ from fastapi.responses import Response, StreamingResponse
 from gateway.api.deps import ForwarderDep, GatewayDep, SettingsDep
 from gateway.errors import GatewayError, bad_request, no_backend, too_busy
 from gateway.protocol import ChatCompletionFields, CompletionFields, validate_fields
+from gateway.routing.policy import RouteDecision
 from gateway.service import Gateway
 from gateway.settings import Settings
 from gateway.trace import RequestTrace
-from gateway.upstream.forward import Forwarder, Upstream, read_all
+from gateway.upstream.forward import Forwarder, read_all
 
 router = APIRouter(tags=["openai"])
 
@@ -100,7 +100,33 @@ async def _route_and_forward(
             raise too_busy("Every backend for this request is at its in-flight cap.")
         raise no_backend()
     headers = dict(request.headers) | {"x-request-id": trace.request_id}
+    # Forward inline (the in-flight count moves in the same step as the decision), while a
+    # watcher cancels this task if the client leaves before the answer starts: closing the
+    # upstream request then makes vLLM abort the generation.
+    task = asyncio.current_task()
+    assert task is not None
+    watcher = asyncio.ensure_future(_cancel_on_disconnect(request, task))
+    try:
+        return await _forward(gateway, forwarder, decision, path, raw, headers, trace)
+    except asyncio.CancelledError:
+        if not watcher.done() or watcher.cancelled():
+            raise  # cancelled from outside (shutdown), not by the client leaving
+        task.uncancel()
+        trace.finish(499, "client_closed")
+        return Response(status_code=499)
+    finally:
+        watcher.cancel()
 
+
+async def _forward(
+    gateway: Gateway,
+    forwarder: Forwarder,
+    decision: RouteDecision,
+    path: str,
+    raw: bytes,
+    headers: dict[str, str],
+    trace: RequestTrace,
+) -> Response:
     def count_failover(_backend: str, _why: str) -> None:
         gateway.stats.failovers += 1
 
@@ -118,13 +144,17 @@ async def _route_and_forward(
     out_headers = upstream.headers | {
         "x-specgate-backend": upstream.backend,
         "x-specgate-rule": decision.rule,
-        "x-specgate-task": features.task,
+        "x-specgate-task": decision.features.task,
         "x-request-id": trace.request_id,
     }
-    if trace.stream:
-        body_iter = await started(upstream.body)
-        return StreamingResponse(body_iter, status_code=upstream.status, headers=out_headers)
-    content = await read_unless_disconnected(request, upstream)
+    try:
+        if trace.stream:
+            body_iter = await started(upstream.body)
+            return StreamingResponse(body_iter, status_code=upstream.status, headers=out_headers)
+        content = await read_all(upstream)
+    except BaseException:
+        await upstream.body.aclose()  # type: ignore[attr-defined]
+        raise
     return Response(content, status_code=upstream.status, headers=out_headers)
 
 
@@ -153,26 +183,11 @@ async def started(body: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
     return chain()
 
 
-async def read_unless_disconnected(request: Request, upstream: Upstream) -> bytes:
-    """Read a non-streamed answer whole while watching the client; if the client leaves
-    first, the upstream response is closed (vLLM aborts the generation) and a 499 is
-    recorded. Raises :class:`GatewayError` 502 if the backend fails part-way."""
-    reader = asyncio.ensure_future(read_all(upstream))
-    watcher = asyncio.ensure_future(_disconnected(request))
-    done, _ = await asyncio.wait({reader, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    if reader in done:
-        watcher.cancel()
-        return reader.result()
-    reader.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await reader
-    await upstream.body.aclose()  # type: ignore[attr-defined]
-    return b""
-
-
-async def _disconnected(request: Request) -> None:
+async def _cancel_on_disconnect(request: Request, task: asyncio.Task[Any]) -> None:
+    """Cancel ``task`` when the client goes away (its body was already read)."""
     while (await request.receive())["type"] != "http.disconnect":
         pass
+    task.cancel()
 
 
 @router.post("/v1/completions", response_model=None)

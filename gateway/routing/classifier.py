@@ -53,33 +53,33 @@ HAND_WEIGHTS: dict[str, tuple[float, float]] = {
     "context_turn": (-1.0, -1.0),
 }
 # Fitted by `python -m bench.classify --fit`: feature -> (code, creative) log-odds vs chat.
-BIAS: tuple[float, float] = (-2.021, -0.581)
+BIAS: tuple[float, float] = (-1.848, -0.537)
 WEIGHTS: dict[str, tuple[float, float]] = {
-    "syntax": (2.649, -1.059),
-    "indent": (1.873, -0.024),
-    "fence": (-0.778, -0.001),
-    "code_tokens": (0.490, 0.564),
-    "code_terms": (0.849, -1.235),
-    "stub": (1.799, -0.131),
-    "doc_markers": (0.013, -0.586),
-    "rag_terms": (-0.690, -0.270),
-    "rag_phrases": (-0.236, -0.625),
-    "qa_labels": (-0.316, -0.063),
-    "length": (1.826, 0.909),
-    "tail_question": (-0.172, 0.012),
-    "write_verb": (0.103, 0.489),
-    "roleplay": (-0.171, 1.515),
-    "creative_nouns": (-0.228, 1.567),
-    "creative_ask": (-0.246, 0.674),
-    "fiction": (-0.533, 0.577),
-    "style": (0.006, 0.559),
-    "length_spec": (0.294, 0.835),
-    "narrative": (-0.558, 0.485),
-    "info_words": (0.308, -1.042),
-    "chat_verb": (-1.114, -1.372),
-    "question_start": (0.394, -1.906),
-    "question_mark": (-0.593, -0.923),
-    "short": (-0.789, -0.315),
+    "syntax": (2.599, -0.984),
+    "indent": (1.845, 0.018),
+    "fence": (-0.778, -0.000),
+    "code_tokens": (0.484, -0.163),
+    "code_terms": (0.802, -1.240),
+    "stub": (1.731, -0.071),
+    "doc_markers": (0.034, -0.591),
+    "rag_terms": (-0.792, -0.294),
+    "rag_phrases": (-0.410, -0.606),
+    "qa_labels": (-0.338, -0.040),
+    "length": (1.880, 0.882),
+    "tail_question": (-0.194, 0.025),
+    "write_verb": (0.206, 0.466),
+    "roleplay": (-0.184, 1.507),
+    "creative_nouns": (-0.517, 1.615),
+    "creative_ask": (-0.110, 0.597),
+    "fiction": (-0.430, 0.521),
+    "style": (-0.110, 0.573),
+    "length_spec": (0.150, 0.932),
+    "narrative": (-0.640, 0.411),
+    "info_words": (0.332, -1.052),
+    "chat_verb": (-0.887, -1.456),
+    "question_start": (0.306, -1.915),
+    "question_mark": (-0.657, -0.876),
+    "short": (-0.887, -0.354),
 }
 
 
@@ -93,6 +93,23 @@ class TaskGuess:
     features: dict[str, float]
 
 
+def _table(
+    weights: Mapping[str, tuple[float, float]],
+) -> dict[str, tuple[float, float, float]]:
+    """feature -> (code, creative, rag) weights: fitted or hand code/creative, hand rag."""
+    names = {*weights, *HAND_WEIGHTS, *RAG_WEIGHTS}
+    return {
+        name: (
+            *(weights.get(name) or HAND_WEIGHTS.get(name) or (0.0, 0.0)),
+            RAG_WEIGHTS.get(name, 0.0),
+        )
+        for name in names
+    }
+
+
+_SHIPPED = _table(WEIGHTS)
+
+
 def probabilities(
     feats: Mapping[str, float],
     weights: Mapping[str, tuple[float, float]] | None = None,
@@ -103,21 +120,22 @@ def probabilities(
     ``weights``/``bias``: the fitted (code, creative) columns, default the shipped ones; the
     rag column and the hand weights are fixed.
     """
-    weights = WEIGHTS if weights is None else weights
+    table = _SHIPPED if weights is None else _table(weights)
     code, creative = BIAS if bias is None else bias
     rag = RAG_BIAS
     for name, value in feats.items():
         if value:
-            wt = weights.get(name) or HAND_WEIGHTS.get(name)
+            wt = table.get(name)
             if wt is not None:
                 code += wt[0] * value
                 creative += wt[1] * value
-            rag += RAG_WEIGHTS.get(name, 0.0) * value
-    scores = {"code": code, "rag": rag, "chat": 0.0, "creative": creative}
-    top = max(scores.values())
-    exp = {task: math.exp(s - top) for task, s in scores.items()}
-    total = sum(exp.values())
-    return {task: e / total for task, e in exp.items()}
+                rag += wt[2] * value
+    top = max(code, rag, 0.0, creative)
+    e_code, e_rag = math.exp(code - top), math.exp(rag - top)
+    e_chat, e_creative = math.exp(-top), math.exp(creative - top)
+    total = e_code + e_rag + e_chat + e_creative
+    return {"code": e_code / total, "rag": e_rag / total, "chat": e_chat / total,
+            "creative": e_creative / total}  # fmt: skip
 
 
 def classify(body: Mapping[str, Any], *, default_task: str = "chat") -> TaskGuess:
@@ -137,7 +155,7 @@ def classify(body: Mapping[str, Any], *, default_task: str = "chat") -> TaskGues
         return TaskGuess(default_task, 0.25, {})
     probs = probabilities(feats)
     task = max(TASKS, key=probs.__getitem__)
-    shown = {name: round(value, 3) for name, value in feats.items() if value}
+    shown = {name: value for name, value in feats.items() if value}
     for t, key in _PROB_KEYS:
         shown[key] = round(probs[t], 3)
     return TaskGuess(task, round(probs[task], 4), shown)

@@ -33,18 +33,23 @@ def group_phrases(phrases: tuple[str, ...]) -> PhraseGroups:
 
 def count_phrases(text: str, tokens: frozenset[str], groups: PhraseGroups) -> int:
     """How many of the grouped phrases occur in ``text``, whose tokens are ``tokens``."""
-    return sum(p in text for key, group in groups if key in tokens for p in group)
+    n = 0
+    for key, group in groups:
+        if key in tokens:
+            for phrase in group:
+                if phrase in text:
+                    n += 1
+    return n
 
 
 # --- code -------------------------------------------------------------------------------------
 # Tokens that are rare in prose but common in source text.
 CODE_TOKENS = frozenset(
-    """def elif lambda const var let void struct impl fn println printf cout endl nullptr self
-    async await int bool str len foreach typeof undefined console namespace varchar sudo npm
-    pip kubectl __init__ __name__ __main__ args kwargs argv malloc sizeof std vec usize mut
-    return import isinstance enumerate np pd plt df useeffect usestate jsx tsx stdout stderr
-    stdin println fmt func nil elseif endif endfunction println! dtype tensor config json
-    boolean
+    """def elif lambda const var void struct impl fn println printf cout endl nullptr async
+    await int bool str len foreach typeof undefined console namespace varchar sudo npm pip
+    kubectl __init__ __name__ __main__ args kwargs argv malloc sizeof std vec usize mut import
+    isinstance enumerate np pd plt df useeffect usestate jsx tsx stdout stderr stdin fmt func
+    nil elseif endif endfunction dtype tensor config json boolean
     """.split()
 )
 # Names of languages, frameworks, tools and formats: near-certain evidence of a code task.
@@ -84,14 +89,10 @@ CODE_VERBS = frozenset(
     "complete rewrite port translate".split()
 )
 CODE_OBJECTS = frozenset(
-    "function functions program class code query regex method snippet api component app "
-    "application website webpage bot module endpoint algorithm sql program cli game server script "
-    "database extension plugin".split()
+    "function functions program programs code query regex snippet api component app "
+    "application website webpage bot endpoint algorithm sql cli server script database "
+    "extension plugin".split()
 )
-CODE_PREFIXES = (
-    "def ", "class ", "import ", "from ", "#include", "function ", "package ", "using ",
-    "public ", "<?php", "#!/", "const ", "let ", "var ", "fn ", "func ", "select ", "@",
-)  # fmt: skip
 # Language names that punctuation splitting loses (searched only when "c" / "net" is a token).
 LANG_PHRASE_GROUPS = (("c", ("c++", "c#")), ("net", (".net",)))
 
@@ -158,7 +159,7 @@ CREATIVE_NOUNS = frozenset(
     vignette parody satire rhyme rhymes stanza stanzas acrostic libretto storyboard
     poema poemas poesía poesia cuento cuentos historia relato novela guion guión canción
     cancion fábula leyenda escena personaje trama diálogo dialogo poème poeme poésie
-    histoire conte récit recit roman chanson scénario personnage fable gedicht geschichte
+    histoire conte récit recit chanson scénario personnage fable gedicht geschichte
     märchen erzählung kurzgeschichte lied liedtext drehbuch strophe racconto storia
     romanzo canzone favola fiaba sceneggiatura conto história canção roteiro personagem
     crônica diário thơ truyện chuyện kịch hát wiersz opowiadanie bajka piosenka
@@ -201,7 +202,7 @@ FICTION_TERMS = frozenset(
 )
 # Third-person singular pronouns: a request describing characters (narrative content).
 NARRATIVE_PRONOUNS = frozenset(
-    "he she him her his hers himself herself él ella il elle er sie он она его её ее".split()
+    "he she him her his hers himself herself él ella elle er он она его её ее".split()
 )
 # A requested length: a number just before a unit word ("in 500 words", "8 lines", "1000字").
 LENGTH_UNITS = frozenset(
@@ -237,7 +238,7 @@ STYLE_WORDS = frozenset(
     quirky eerie melancholic satirical sarcastic comedic imaginative evocative descriptive
     detailed verbose lengthy expressive
     divertido gracioso emotivo cómico drôle humoristique lustig witzig spannend divertente
-    engraçado cômico hài cảm
+    engraçado cômico hài
     """.split()
 )
 _CREATIVE_NON_LATIN = (
@@ -282,6 +283,17 @@ CHAT_VERBS = frozenset(
     rank rate rating estimate determine predict outline plan brainstorm proofread summary
     """.split()
 )
+
+# Every token any feature looks up: intersecting a request's tokens with this first leaves a
+# handful of hits, so the per-feature intersections below it cost almost nothing.
+VOCABULARY = frozenset().union(
+    CODE_TOKENS, CODE_LANGS, CODE_TERMS, CODE_VERBS, CODE_OBJECTS, RAG_TERMS, CREATIVE_NOUNS,
+    CREATIVE_VERBS, WRITE_VERBS, FICTION_TERMS, NARRATIVE_PRONOUNS, LENGTH_UNITS, STYLE_WORDS,
+    ROLEPLAY_WORDS, INFO_WORDS, CHAT_VERBS, (key for key, _ in QA_LABELS),
+    *((key for key, _ in groups) for groups in (
+        LANG_PHRASE_GROUPS, RAG_PHRASE_GROUPS, CREATIVE_PHRASE_GROUPS, ROLEPLAY_PHRASE_GROUPS
+    )),
+)  # fmt: skip
 
 # One scan for all non-Latin cues: a plain alternation of literals (so the regex engine can
 # skip ahead on their first characters), each literal mapped to the feature it counts for.

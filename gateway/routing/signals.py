@@ -32,6 +32,7 @@ FEATURES = (
 )  # fmt: skip
 
 _SYNTAX = b"{}();=<>[]_"  # bytes frequent in source code, rare in prose
+_SQL = (b"SELECT ", b" FROM ", b" WHERE ", b"JOIN ", b"GROUP BY", b"INSERT INTO")  # upper case
 _STUB = re.compile(
     r"\s*(?:def \w+\s*\(|class \w+\s*[:(]|import \w|from [\w.]+ import |#include|package \w"
     r"|<\?php|#!/|(?:const|let|var) \w+\s*=|fn \w+\s*\(|func \w+\s*\(|public (?:class|static)"
@@ -52,7 +53,7 @@ def _code(rt: RequestText, words: frozenset[str]) -> dict[str, float]:
         "syntax": min(10.0 * syntax, 3.0),
         "indent": indent,
         "fence": 1.0 if b"```" in raw else 0.0,
-        "code_tokens": math.log1p(len(words & lx.CODE_TOKENS)),
+        "code_tokens": math.log1p(len(words & lx.CODE_TOKENS) + sum(k in raw for k in _SQL)),
         "code_langs": min(float(langs), 2.0),
         "code_terms": math.log1p(len(words & lx.CODE_TERMS)),
         "code_ask": 1.0 if words & lx.CODE_VERBS and (langs or objects) else 0.0,
@@ -76,8 +77,10 @@ def _rag(rt: RequestText, words: frozenset[str], other: dict[str, int]) -> dict[
     instr = rt.instr
     phrases = lx.count_phrases(instr, words, lx.RAG_PHRASE_GROUPS) + other["rag_phrases"]
     terms = len(words & lx.RAG_TERMS) + other["rag_terms"]
-    labels = sum(instr.count(label) for key, label in lx.QA_LABELS if key in words)
-    labels += other["qa_labels"]
+    labels = other["qa_labels"]
+    for key, label in lx.QA_LABELS:
+        if key in words:
+            labels += instr.count(label)
     kilochars = rt.last_chars / 1000
     tail_q = rt.last_chars + rt.context_chars >= 1000 and ("?" in rt.tail or "question" in rt.tail)
     last_q = "?" in rt.tail or rt.head.startswith(lx.QUESTION_STARTS)
@@ -133,13 +136,13 @@ def extract_features(body: Mapping[str, Any]) -> dict[str, float] | None:
     ``body``: a parsed ``/v1/completions`` or ``/v1/chat/completions`` JSON body. Reads at
     most a few thousand characters whatever the body's size. Word features come from the
     instruction window (see ``RequestText.instr``), which keeps document and code bodies from
-    voting with their incidental vocabulary.
+    voting with their incidental vocabulary; only tokens of ``lexicon.VOCABULARY`` matter.
     """
     rt = read_request(body)
     if rt is None:
         return None
-    words = lx.words(rt.instr)
-    opening = lx.words(rt.head[:60])
+    words = lx.words(rt.instr) & lx.VOCABULARY
+    opening = lx.words(rt.head[:60]) & lx.VOCABULARY
     other = lx.count_non_latin(rt.instr)
     feats = _code(rt, words)
     feats.update(_rag(rt, words, other))

@@ -20,7 +20,7 @@ LAST_SLICE = (1000, 400)
 OTHER_SLICE = (600, 200)
 OTHER_BUDGET = 2400  # total characters kept from non-final messages
 # The "instruction window": where requests such as "write a poem" are phrased.
-INSTR_SLICE = (300, 200)
+INSTR_SLICE = (400, 300)
 INSTR_OTHER = 400  # head characters of the system prompt and earlier user turns
 EDGE = 300  # characters of the final user message's own head and tail
 
@@ -28,18 +28,17 @@ _CONTEXT_ROLES = frozenset({"system", "developer"})
 
 
 class RequestText(NamedTuple):
-    """Bounded views of a request's text.
+    """Bounded views of a request's text (a NamedTuple: immutable, and cheaper to build on
+    the hot path than a frozen dataclass).
 
-    ``text``: slices of the examined messages, final user message last (at most ~4,400
-    characters, original case). ``instr``: the lower-cased instruction window (head and tail
-    of the final user message, heads of the system prompt and of recent earlier user turns).
-    ``head``/``tail``: up to 300 lower-cased characters from each end of the final user
-    message. ``last_chars``: true length in
-    characters of the final user message; ``context_chars``: of the other examined messages
-    except assistant turns (system prompts, earlier user turns, tool results). ``structured``:
-    tools or a JSON response format are requested. ``text[:split]`` is the part of ``text``
-    taken from messages other than the final user message. (A NamedTuple: immutable and,
-    unlike a frozen dataclass, cheap to build on the hot path.)
+    ``text``: slices of the examined messages in their order, final user message last, original
+    case, at most about 3,800 characters; ``text[:split]`` comes from the other messages.
+    ``instr``: the lower-cased instruction window (head and tail of the final user message,
+    heads of the system prompt and of recent earlier user turns). ``head``/``tail``: up to
+    300 lower-cased characters from each end of the final user message. ``last_chars``: true
+    length in characters of the final user message; ``context_chars``: of the other examined
+    messages except assistant turns (system prompts, earlier user turns, tool results).
+    ``structured``: tools or a JSON response format are requested.
     """
 
     text: str

@@ -154,6 +154,10 @@ class Forwarder:
                 last_why = f"{name}: {type(exc).__name__}"
                 _report(on_failure, name, last_why)
                 continue
+            except BaseException:  # cancelled: the client left while we waited for headers
+                state.inflight -= 1
+                state.circuit.probing = False
+                raise
             if response.status_code in RETRYABLE_STATUS:
                 state.inflight -= 1
                 state.circuit.on_failure(self.clock())

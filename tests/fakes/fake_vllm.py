@@ -33,7 +33,9 @@ class FakeBehaviour:
     delay_s: float = 0.0
     die_after: int | None = None
     metrics_text: str = ""
+    first_delay_s: float = 0.0
     received: list[dict[str, Any]] = field(default_factory=list)
+    closed_early: int = 0
 
 
 class UpstreamDied(Exception):
@@ -82,6 +84,8 @@ def create_fake_vllm(b: FakeBehaviour) -> Starlette:
                 "time": time.time(),
             }
         )
+        if b.first_delay_s:
+            await asyncio.sleep(b.first_delay_s)
         if b.status != 200:
             body = {
                 "error": {
@@ -121,13 +125,19 @@ def create_fake_vllm(b: FakeBehaviour) -> Starlette:
         )
 
     async def _stream(kind: str, words: list[str]):  # type: ignore[no-untyped-def]
-        for i, word in enumerate(words):
-            if b.die_after is not None and i >= b.die_after:
-                raise UpstreamDied(b.name)
-            if b.delay_s:
-                await asyncio.sleep(b.delay_s)
-            yield f"data: {json.dumps(_chunk(kind, b.model, i, word))}\n\n".encode()
-        yield b"data: [DONE]\n\n"
+        finished = False
+        try:
+            for i, word in enumerate(words):
+                if b.die_after is not None and i >= b.die_after:
+                    raise UpstreamDied(b.name)
+                if b.delay_s:
+                    await asyncio.sleep(b.delay_s)
+                yield f"data: {json.dumps(_chunk(kind, b.model, i, word))}\n\n".encode()
+            yield b"data: [DONE]\n\n"
+            finished = True
+        finally:
+            if not finished:
+                b.closed_early += 1
 
     return Starlette(
         routes=[

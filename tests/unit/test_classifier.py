@@ -105,8 +105,9 @@ CODE = {
         "return <button onClick={onClick}>{count}</button>;"
     ),
     "sql question": chat(
-        "How do I get the second highest salary per department in PostgreSQL? Table "
-        "employees(id, name, salary, department_id)."
+        "How do I get the second highest salary per department in PostgreSQL? I tried "
+        "`SELECT department_id, MAX(salary) FROM employees GROUP BY department_id` but that "
+        "only gives the highest."
     ),
     "traceback": chat(
         'Traceback (most recent call last):\n  File "app.py", line 12, in <module>\n'

@@ -175,6 +175,10 @@ def test_plan_8b_target_with_1b_draft_in_fp16_is_about_22_gib(lookup: ModelLooku
     }
     assert 21.5 < memory.need_gib < 23.0  # ~22 GiB (23.9 GB)
     assert memory.budget_gib == pytest.approx(22.8)
+    text = render_plan(plan_profiles({"draft": p}, lookup=lookup))
+    assert (
+        "total              22.26   of 22.80 = 24 GiB x gpu_memory_utilization 0.95: fits" in text
+    )
     tight = p.model_copy(update={"gpu_memory_utilization": 0.9})
     memory, problems = estimate_memory("draft", tight, lookup)
     assert [(x.field, x.severity) for x in problems] == [("expected_concurrency", "warning")]

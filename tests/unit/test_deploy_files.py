@@ -1,0 +1,197 @@
+"""docker/compose.gpu.yaml and docker/k8s/specgate.yaml: current, schema-valid, consistent.
+
+Validators run offline: the compose file against the compose-spec JSON schema that
+check-jsonschema vendors (``--builtin-schema vendor.compose-spec``), the manifests against the
+Kubernetes JSON schemas that kubernetes-validate ships (strict: unknown fields are errors).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from backends.compose import build_compose
+from backends.k8s import build_manifests
+from backends.stack import GATEWAY_CONFIG_PATH, StackError
+from gateway.cli import main
+from gateway.config import load_config, parse_config
+
+ROOT = Path(__file__).resolve().parents[2]
+SOURCE = "config/production.example.yaml"
+COMPOSE = ROOT / "docker" / "compose.gpu.yaml"
+MANIFESTS = ROOT / "docker" / "k8s" / "specgate.yaml"
+KUBERNETES_VERSION = "1.30"
+REGENERATE = "regenerate: specgate backends {} --config config/production.example.yaml -o {}"
+
+
+def production() -> Any:
+    return load_config(ROOT / SOURCE)
+
+
+def load_all(text: str) -> list[dict[str, Any]]:
+    return [doc for doc in yaml.safe_load_all(text) if doc]
+
+
+def check_compose_schema(path: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "check_jsonschema", "--builtin-schema", "vendor.compose-spec"]
+        + [str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_committed_compose_file_is_current() -> None:
+    expected = build_compose(production(), SOURCE)
+    assert COMPOSE.read_text() == expected, REGENERATE.format("compose", "docker/compose.gpu.yaml")
+
+
+def test_committed_manifests_are_current() -> None:
+    expected = build_manifests(production(), SOURCE)
+    assert MANIFESTS.read_text() == expected, REGENERATE.format("k8s", "docker/k8s/")
+
+
+def test_compose_file_matches_the_compose_spec(tmp_path: Path) -> None:
+    proc = check_compose_schema(COMPOSE)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    data = yaml.safe_load(COMPOSE.read_text())
+    data["services"]["vllm-plain"]["deploy"]["resources"]["reservations"]["devices"][0].pop(
+        "capabilities"
+    )
+    broken = tmp_path / "broken.yaml"
+    broken.write_text(yaml.safe_dump(data))
+    proc = check_compose_schema(broken)  # the validator is live: a required key is missing
+    assert proc.returncode == 1 and "capabilities" in proc.stdout
+
+
+def test_compose_services() -> None:
+    data = yaml.safe_load(COMPOSE.read_text())
+    services = data["services"]
+    config = production()
+    assert set(services) == {f"vllm-{name}" for name in config.backends} | {"gateway"}
+    seen_gpus: list[str] = []
+    for name, backend in config.backends.items():
+        service = services[f"vllm-{name}"]
+        assert service["image"].startswith("vllm/vllm-openai:")
+        assert service["entrypoint"] == ["vllm", "serve"]
+        command = service["command"]
+        assert command[0] == backend.profile.model and "--model" not in command
+        assert not any(a.startswith(("--speculative-model", "--num-speculative")) for a in command)
+        if backend.spec.speculative:
+            spec = json.loads(command[command.index("--speculative-config") + 1])
+            assert spec == backend.spec.to_config()
+        (device,) = service["deploy"]["resources"]["reservations"]["devices"]
+        assert device["capabilities"] == ["gpu"] and device["driver"] == "nvidia"
+        seen_gpus += device["device_ids"]
+        assert "/health" in " ".join(service["healthcheck"]["test"])
+        assert services["gateway"]["depends_on"][f"vllm-{name}"] == {"condition": "service_healthy"}
+    assert sorted(seen_gpus) == ["0", "1", "2", "3"]  # one GPU each, none shared
+    gateway = services["gateway"]
+    assert gateway["configs"] == [{"source": "specgate", "target": GATEWAY_CONFIG_PATH}]
+    assert gateway["environment"]["SPECGATE_CONFIG"] == GATEWAY_CONFIG_PATH
+    mounted = parse_config(yaml.safe_load(data["configs"]["specgate"]["content"]))
+    assert {n: b.base_url for n, b in mounted.backends.items()} == {
+        n: f"http://vllm-{n}:8000" for n in config.backends
+    }
+
+
+def test_manifests_validate_against_kubernetes_schemas() -> None:
+    docs = load_all(MANIFESTS.read_text())
+    for doc in docs:
+        kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
+    broken = docs[0] | {"spec": docs[0]["spec"] | {"replicas": "one"}}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(broken, KUBERNETES_VERSION, strict=True)
+
+
+def test_manifest_contents() -> None:
+    docs = load_all(MANIFESTS.read_text())
+    by_kind: dict[str, dict[str, dict[str, Any]]] = {}
+    for doc in docs:
+        by_kind.setdefault(doc["kind"], {})[doc["metadata"]["name"]] = doc
+    config = production()
+    for name in config.backends:
+        deployment = by_kind["Deployment"][f"vllm-{name}"]
+        (container,) = deployment["spec"]["template"]["spec"]["containers"]
+        resources = container["resources"]
+        assert resources["requests"]["nvidia.com/gpu"] == resources["limits"]["nvidia.com/gpu"]
+        assert container["readinessProbe"]["httpGet"]["path"] == "/health"
+        service = by_kind["Service"][f"vllm-{name}"]
+        assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
+    gateway = by_kind["Deployment"]["specgate-gateway"]
+    assert gateway["spec"]["replicas"] >= 2
+    (container,) = gateway["spec"]["template"]["spec"]["containers"]
+    assert container["readinessProbe"]["httpGet"]["path"] == "/ready"
+    assert container["livenessProbe"]["httpGet"]["path"] == "/health"
+    assert "specgate-gateway" in by_kind["Service"]
+    text = by_kind["ConfigMap"]["specgate-config"]["data"]["specgate.yaml"]
+    mounted = parse_config(yaml.safe_load(text))
+    for backend in mounted.backends.values():
+        host = re.match(r"http://([^:]+):", backend.base_url)
+        assert host is not None and host.group(1) in by_kind["Service"]
+        assert not backend.local
+
+
+def test_local_models_cannot_become_containers() -> None:
+    with pytest.raises(StackError, match="built on this machine"):
+        build_compose(load_config(ROOT / "config" / "local.yaml"), "config/local.yaml")
+
+
+def test_cli_writes_files(tmp_path: Path) -> None:
+    args = ["backends", "compose", "--config", str(ROOT / SOURCE), "-o", str(tmp_path / "c.yaml")]
+    assert main(args) == 0
+    assert "vllm-draft" in yaml.safe_load((tmp_path / "c.yaml").read_text())["services"]
+    (tmp_path / "k8s").mkdir()
+    args = ["backends", "k8s", "--config", str(ROOT / SOURCE), "-o", str(tmp_path / "k8s")]
+    assert main([*args, "--replicas", "3"]) == 0
+    docs = load_all((tmp_path / "k8s" / "specgate.yaml").read_text())
+    (gateway,) = [d for d in docs if d["kind"] == "Deployment" and "gateway" in str(d["metadata"])]
+    assert gateway["spec"]["replicas"] == 3
+    assert main(["backends", "compose", "--config", str(ROOT / "config" / "local.yaml")]) == 1
+
+
+def test_dockerfile_copies_existing_paths_and_runs_unprivileged() -> None:
+    text = (ROOT / "docker" / "Dockerfile").read_text()
+    for line in text.splitlines():
+        if line.startswith("COPY ") and "--from" not in line:
+            for source in line.split()[1:-1]:
+                assert (ROOT / source).exists(), source
+    assert "USER 10001" in text
+    assert re.search(r"HEALTHCHECK .*\n.*/health", text)
+
+
+def test_compose_assigns_free_gpus_and_needs_one_node() -> None:
+    def backend(port: int, **fields: Any) -> dict[str, Any]:
+        profile = {"model": "org/m", "served_model_name": "m", "port": port, **fields}
+        return {"profile": profile}
+
+    data: dict[str, Any] = {
+        "defaults": {"pool": "all"},
+        "backends": {
+            "a": backend(8001, tensor_parallel_size=2),
+            "b": backend(8002, gpus=[1]),
+            "c": backend(8003),
+        },
+        "pools": {"all": ["a", "b", "c"]},
+    }
+    services = yaml.safe_load(build_compose(parse_config(data), "x.yaml"))["services"]
+    ids = {
+        name: s["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"]
+        for name, s in services.items()
+        if name != "gateway"
+    }
+    assert ids == {"vllm-a": ["0", "2"], "vllm-b": ["1"], "vllm-c": ["3"]}
+    data["backends"]["b"]["profile"]["node"] = "other"
+    data["backends"]["c"]["profile"]["node"] = "elsewhere"
+    with pytest.raises(StackError, match="one machine"):
+        build_compose(parse_config(data), "x.yaml")
