@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 SpeculationMethod = Literal["none", "ngram", "draft_model", "eagle", "eagle3", "mtp", "suffix"]
 
@@ -40,6 +40,7 @@ class Speculation(BaseModel):
     model: str | None = None
     draft_tensor_parallel_size: int | None = Field(default=None, ge=1)
     quantization: str | None = None
+    max_model_len: int | None = Field(default=None, ge=1)
 
     @model_validator(mode="after")
     def _check_method_fields(self) -> Speculation:
@@ -86,6 +87,13 @@ class BackendProfile(BaseModel):
     ``model`` is a local folder, a Hugging Face id, or ``local:NAME`` for a model that
     ``specgate models prepare`` builds (resolved by the caller before :func:`build_argv`).
     ``extra_args`` are appended verbatim; ``env`` is added to the server's environment.
+
+    Deployment fields (never rendered as vLLM flags): ``gpus`` are the GPU indices the server
+    uses on its ``node`` (``CUDA_VISIBLE_DEVICES`` for a local launch, device reservations in
+    compose); backends without a ``node`` share one machine. ``gpu_memory_gb`` is the memory
+    of each of those GPUs in GiB and ``expected_concurrency`` the number of full-length
+    (``max_model_len``) sequences the KV cache should hold, both for ``specgate backends
+    plan``. ``allow_vocab_mismatch`` turns the draft/target vocabulary check into a warning.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -99,14 +107,41 @@ class BackendProfile(BaseModel):
     tensor_parallel_size: int | None = Field(default=None, ge=1)
     gpu_memory_utilization: float | None = Field(default=None, gt=0, le=1)
     max_model_len: int | None = Field(default=None, ge=16)
+    quantization: str | None = None
     extra_args: list[str] = []
     env: dict[str, str] = {}
+    gpus: list[int] | None = Field(default=None, min_length=1)
+    node: str | None = None
+    gpu_memory_gb: float | None = Field(default=None, gt=0)
+    expected_concurrency: int | None = Field(default=None, ge=1)
+    allow_vocab_mismatch: bool = False
+
+    @field_validator("gpus")
+    @classmethod
+    def _check_gpus(cls, gpus: list[int] | None) -> list[int] | None:
+        if gpus is not None:
+            if any(g < 0 for g in gpus):
+                raise ValueError("GPU indices are >= 0")
+            if len(set(gpus)) != len(gpus):
+                raise ValueError(f"GPU indices repeat: {gpus}")
+        return gpus
 
     @property
     def url(self) -> str:
         """Base URL of the server, e.g. ``http://127.0.0.1:8101``."""
         host = "127.0.0.1" if self.host in ("0.0.0.0", "::") else self.host
         return f"http://{host}:{self.port}"
+
+    @property
+    def launch_env(self) -> dict[str, str]:
+        """Environment to add for a local launch: ``env`` plus ``CUDA_VISIBLE_DEVICES`` from
+        ``gpus`` (e.g. ``{"CUDA_VISIBLE_DEVICES": "0,1"}``); ``env`` wins if it sets it too."""
+        devices = {} if self.gpus is None else {"CUDA_VISIBLE_DEVICES": _join(self.gpus)}
+        return devices | self.env
+
+
+def _join(gpus: list[int]) -> str:
+    return ",".join(str(g) for g in gpus)
 
 
 def build_argv(profile: BackendProfile, python: str = "python") -> list[str]:
@@ -128,7 +163,19 @@ def build_argv(profile: BackendProfile, python: str = "python") -> list[str]:
         argv += ["--gpu-memory-utilization", str(profile.gpu_memory_utilization)]
     if profile.max_model_len:
         argv += ["--max-model-len", str(profile.max_model_len)]
+    if profile.quantization:
+        argv += ["--quantization", profile.quantization]
     spec = profile.speculation.to_config()
     if spec is not None:
         argv += ["--speculative-config", json.dumps(spec, separators=(",", ":"))]
     return argv + list(profile.extra_args)
+
+
+def build_serve_args(profile: BackendProfile) -> list[str]:
+    """The arguments of ``vllm serve`` for ``profile``: ``[model, *flags]``.
+
+    The same flags as :func:`build_argv` with the model positional, as the ``vllm/vllm-openai``
+    container image expects them after its ``vllm serve`` entrypoint.
+    """
+    flags = build_argv(profile)[5:]  # drop [python, -m, module, --model, model]
+    return [profile.model, *flags]

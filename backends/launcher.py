@@ -131,7 +131,7 @@ class LocalBackend:
         return self._proc.pid if self._proc else None
 
     def start(self) -> None:
-        """Spawn the server with ``os.environ | profile.env``, output to :attr:`log_path`.
+        """Spawn the server with ``os.environ | profile.launch_env``, output to :attr:`log_path`.
 
         Raises BackendError if already started or the port already answers (another server
         there would pass our health checks), OSError if the program cannot be run.
@@ -141,7 +141,7 @@ class LocalBackend:
         if _port_open(httpx.URL(self.url).host, self.profile.port):
             raise BackendError(self.name, f"port {self.profile.port} is already in use")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.profile.env}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.profile.launch_env}
         with self.log_path.open("wb") as log:
             log.write(f"# specgate: {shlex.join(self.argv)}\n".encode())
             log.flush()

@@ -23,8 +23,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from backends.paths import CachePaths
 from backends.launch_profile import BackendProfile
+from backends.paths import CachePaths
 from backends.vllm_env import SetupError, run_command
 
 LogFn = Callable[[str], None]

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from types import FrameType
 
+from backends.checks import check_profiles
 from backends.launcher import BackendError, LocalBackend, LocalStack
 from backends.models import prepare_models, resolve_profile
 from backends.paths import CachePaths, default_cache_dir
@@ -46,6 +47,15 @@ def local_backends(config: GatewayConfig, paths: CachePaths, python: Path) -> li
             profile = resolve_profile(backend.profile, paths)
             out.append(LocalBackend(name, profile, python, paths.logs / f"{name}.log"))
     return out
+
+
+def preflight(backends: list[LocalBackend]) -> bool:
+    """Run the pre-launch checks (shared vocabulary, draft tensor-parallel size, EAGLE heads,
+    GPU collisions) on the resolved local profiles; print each finding; False on errors."""
+    problems = check_profiles({b.name: b.profile for b in backends})
+    for p in problems:
+        _say(f"{p.severity}: backend '{p.backend}': {p.field}: {p.message}")
+    return not any(p.severity == "error" for p in problems)
 
 
 def _interrupt(signum: int, _frame: FrameType | None) -> None:

@@ -1,0 +1,163 @@
+"""``specgate backends ...``: plan, migrate and generate deployments from a config.
+
+- ``plan --config FILE`` (or ``--profile FILE ...``): per backend the vLLM command, GPUs,
+  memory estimate and pre-launch checks; exit 1 when there are errors.
+- ``migrate -- OLD COMMAND``: a 2024-style command in the ``--speculative-config`` form, and
+  as a backend profile.
+- ``compose --config FILE [-o FILE]`` and ``k8s --config FILE [-o DIR|FILE]``: deployments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from backends.launch_profile import BackendProfile
+from backends.stack import GATEWAY_IMAGE, VLLM_IMAGE, StackError
+from gateway.config import ConfigError, GatewayConfig, load_config
+
+
+def add_backends_commands(sub: Any) -> None:
+    """Register ``specgate backends`` and its subcommands on the top-level subparsers."""
+    backends = sub.add_parser("backends", help="vLLM backend deployments")
+    commands = backends.add_subparsers(dest="backends_command", required=True)
+
+    plan = commands.add_parser("plan", help="commands, GPUs, memory and checks per backend")
+    source = plan.add_mutually_exclusive_group(required=True)
+    source.add_argument("--config", type=Path, help="gateway config YAML")
+    source.add_argument(
+        "--profile", type=Path, nargs="+", help="backend profile YAML files (one per backend)"
+    )
+    plan.add_argument(
+        "--gpu-memory-gb", type=float, default=80.0, help="GiB per GPU where a profile says none"
+    )
+    plan.add_argument(
+        "--concurrency",
+        type=int,
+        default=4,
+        help="full-length sequences the KV cache should hold, where a profile says none",
+    )
+    plan.add_argument("--python", default="python", help="interpreter shown in the commands")
+
+    migrate = commands.add_parser("migrate", help="convert a 2024-style vLLM command")
+    migrate.add_argument("old", nargs=argparse.REMAINDER, help="-- the old command")
+
+    for name, what in (("compose", "a Docker Compose file"), ("k8s", "Kubernetes manifests")):
+        gen = commands.add_parser(name, help=f"{what} for the config's GPU stack")
+        gen.add_argument("--config", type=Path, required=True, help="gateway config YAML")
+        gen.add_argument("-o", "--output", type=Path, help="write here instead of stdout")
+        gen.add_argument("--vllm-image", default=VLLM_IMAGE)
+        gen.add_argument("--gateway-image", default=GATEWAY_IMAGE)
+        if name == "k8s":
+            gen.add_argument("--replicas", type=int, default=2, help="gateway replicas")
+
+
+def run_backends_command(args: argparse.Namespace) -> int:
+    """Run the ``specgate backends`` subcommand in ``args``; returns the exit code."""
+    if args.backends_command == "plan":
+        return _plan(args)
+    if args.backends_command == "migrate":
+        return _migrate(args.old)
+    if args.backends_command in ("compose", "k8s"):
+        return _generate(args)
+    raise SystemExit(f"unknown backends command {args.backends_command!r}")
+
+
+def load_profile(path: Path) -> BackendProfile:
+    """Read one profile YAML; raises ValueError naming the file and the problem."""
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        return BackendProfile.model_validate(data)
+    except (OSError, yaml.YAMLError) as exc:
+        raise ValueError(f"{path}: {exc}") from None
+    except ValidationError as exc:
+        issues = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        raise ValueError(f"{path}: {issues}") from None
+
+
+def _load_config(path: Path) -> GatewayConfig | None:
+    try:
+        return load_config(path)
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return None
+
+
+def _plan(args: argparse.Namespace) -> int:
+    from backends.plan import plan_profiles, render_plan
+
+    if args.config is not None:
+        config = _load_config(args.config)
+        if config is None:
+            return 1
+        profiles = {n: b.profile for n, b in config.backends.items() if b.profile is not None}
+    else:
+        try:
+            profiles = {p.stem: load_profile(p) for p in args.profile}
+        except ValueError as exc:
+            print(exc, file=sys.stderr)
+            return 1
+    plan = plan_profiles(
+        profiles, gpu_memory_gb=args.gpu_memory_gb, concurrency=args.concurrency, python=args.python
+    )
+    print(render_plan(plan))
+    return 1 if plan.errors else 0
+
+
+def _migrate(old: list[str]) -> int:
+    from backends.migrate import MigrationError, migrate, profile_yaml
+
+    tokens = old[1:] if old[:1] == ["--"] else old
+    if len(tokens) == 1:
+        tokens = shlex.split(tokens[0])
+    try:
+        result = migrate(tokens)
+    except MigrationError as exc:
+        print(f"specgate backends migrate: {exc}", file=sys.stderr)
+        return 1
+    print("# current vLLM command (--speculative-config)")
+    print(shlex.join(result.argv))
+    print("\n# specgate backend profile (backends.NAME.profile in a gateway config)")
+    print(profile_yaml(result.profile), end="")
+    print("\n# what changed")
+    for change in result.changes:
+        print(f"# {change}")
+    for warning in result.warnings:
+        print(f"# warning: {warning}")
+    return 0
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from backends.compose import build_compose
+    from backends.k8s import build_manifests
+
+    config = _load_config(args.config)
+    if config is None:
+        return 1
+    images = {"vllm_image": args.vllm_image, "gateway_image": args.gateway_image}
+    try:
+        if args.backends_command == "compose":
+            text = build_compose(config, str(args.config), **images)
+        else:
+            text = build_manifests(
+                config, str(args.config), gateway_replicas=args.replicas, **images
+            )
+    except StackError as exc:
+        print(f"specgate backends {args.backends_command}: {exc}", file=sys.stderr)
+        return 1
+    out: Path | None = args.output
+    if out is None:
+        print(text, end="")
+        return 0
+    if args.backends_command == "k8s" and (out.is_dir() or str(out).endswith("/")):
+        out = out / "specgate.yaml"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text, encoding="utf-8")
+    print(f"wrote {out}", file=sys.stderr)
+    return 0

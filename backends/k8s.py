@@ -1,0 +1,227 @@
+"""``specgate backends k8s``: Kubernetes manifests for the GPU stack of a config.
+
+Per backend with a launch profile, a Deployment (one replica, ``Recreate`` so a rollout never
+asks for twice the GPUs) running ``vllm serve`` with ``nvidia.com/gpu`` requested and limited
+(NVIDIA device plugin), a startup probe that allows 30 minutes for download and load, and
+readiness and liveness on ``/health``; plus a ClusterIP Service of the same name. The gateway
+is a stateless Deployment (2 replicas by default, spread over nodes, a PodDisruptionBudget
+keeping one up) behind a Service, ready on ``/ready`` (a healthy backend exists) and alive on
+``/health``, its config from a ConfigMap whose backend URLs point at the Service names (same
+namespace). Nothing here talks to a cluster; apply with ``kubectl apply -n NS -f FILE``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from backends.stack import (
+    GATEWAY_CONFIG_PATH,
+    GATEWAY_IMAGE,
+    GATEWAY_PORT,
+    HF_CACHE_IN_CONTAINER,
+    VLLM_IMAGE,
+    StackBackend,
+    dump_yaml,
+    dump_yaml_all,
+    gateway_config_data,
+    stack_backends,
+)
+from gateway.config import GatewayConfig
+
+PART_OF = "specgate"
+GATEWAY = "specgate-gateway"
+CONFIG_MAP = "specgate-config"
+HF_SECRET = "hf-token"
+
+
+def _labels(component: str, instance: str) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/name": component,
+        "app.kubernetes.io/instance": instance,
+        "app.kubernetes.io/part-of": PART_OF,
+    }
+
+
+def _meta(name: str, labels: dict[str, str]) -> dict[str, Any]:
+    return {"name": name, "labels": labels}
+
+
+def _probe(path: str, period: int, failures: int) -> dict[str, Any]:
+    return {
+        "httpGet": {"path": path, "port": "http"},
+        "periodSeconds": period,
+        "timeoutSeconds": 5,
+        "failureThreshold": failures,
+    }
+
+
+def _service(name: str, labels: dict[str, str], port: int) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _meta(name, labels),
+        "spec": {
+            "type": "ClusterIP",
+            "selector": labels,
+            "ports": [{"name": "http", "port": port, "targetPort": "http"}],
+        },
+    }
+
+
+def _vllm_container(b: StackBackend, image: str) -> dict[str, Any]:
+    gpus = str(b.gpu_count)
+    token = {"secretKeyRef": {"name": HF_SECRET, "key": "token", "optional": True}}
+    return {
+        "name": "vllm",
+        "image": image,
+        "command": ["vllm", "serve"],
+        "args": b.args,
+        "env": [{"name": "HF_TOKEN", "valueFrom": token}]
+        + [{"name": k, "value": v} for k, v in b.profile.env.items()],
+        "ports": [{"name": "http", "containerPort": b.port}],
+        "resources": {"requests": {"nvidia.com/gpu": gpus}, "limits": {"nvidia.com/gpu": gpus}},
+        "startupProbe": _probe("/health", 10, 180),
+        "readinessProbe": _probe("/health", 10, 3),
+        "livenessProbe": _probe("/health", 30, 3),
+        "volumeMounts": [
+            {"name": "hf-cache", "mountPath": HF_CACHE_IN_CONTAINER},
+            {"name": "shm", "mountPath": "/dev/shm"},
+        ],
+    }
+
+
+def backend_manifests(b: StackBackend, image: str = VLLM_IMAGE) -> list[dict[str, Any]]:
+    """The Deployment and Service of one vLLM backend."""
+    labels = _labels("vllm", b.service)
+    pod: dict[str, Any] = {
+        "containers": [_vllm_container(b, image)],
+        "volumes": [
+            {"name": "hf-cache", "emptyDir": {}},  # swap for a PersistentVolumeClaim to keep
+            {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}},
+        ],
+    }
+    if b.profile.node:
+        pod["nodeSelector"] = {"kubernetes.io/hostname": b.profile.node}
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _meta(b.service, labels),
+        "spec": {
+            "replicas": 1,
+            "strategy": {"type": "Recreate"},
+            "selector": {"matchLabels": labels},
+            "template": {"metadata": {"labels": labels}, "spec": pod},
+        },
+    }
+    return [deployment, _service(b.service, labels, b.port)]
+
+
+def _gateway_pod(config_sha: str, labels: dict[str, str], image: str) -> dict[str, Any]:
+    container = {
+        "name": "gateway",
+        "image": image,
+        "env": [
+            {"name": "SPECGATE_CONFIG", "value": GATEWAY_CONFIG_PATH},
+            {"name": "SPECGATE_HOST", "value": "0.0.0.0"},
+            {"name": "SPECGATE_PORT", "value": str(GATEWAY_PORT)},
+        ],
+        "ports": [{"name": "http", "containerPort": GATEWAY_PORT}],
+        "readinessProbe": _probe("/ready", 5, 2),
+        "livenessProbe": _probe("/health", 10, 3),
+        "resources": {
+            "requests": {"cpu": "250m", "memory": "256Mi"},
+            "limits": {"memory": "512Mi"},
+        },
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": 10001,
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"]},
+        },
+        "volumeMounts": [
+            {"name": "config", "mountPath": "/etc/specgate", "readOnly": True},
+            {"name": "tmp", "mountPath": "/tmp"},
+        ],
+    }
+    spread = {
+        "weight": 100,
+        "podAffinityTerm": {
+            "topologyKey": "kubernetes.io/hostname",
+            "labelSelector": {"matchLabels": labels},
+        },
+    }
+    return {
+        "metadata": {"labels": labels, "annotations": {"specgate/config-sha256": config_sha}},
+        "spec": {
+            "containers": [container],
+            "affinity": {
+                "podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [spread]}
+            },
+            "volumes": [
+                {"name": "config", "configMap": {"name": CONFIG_MAP}},
+                {"name": "tmp", "emptyDir": {}},
+            ],
+        },
+    }
+
+
+def gateway_manifests(
+    config_text: str, image: str = GATEWAY_IMAGE, replicas: int = 2
+) -> list[dict[str, Any]]:
+    """ConfigMap, Deployment, PodDisruptionBudget and Service of the gateway.
+
+    The pod template carries the config's sha256, so a changed config rolls the pods.
+    """
+    labels = _labels("specgate-gateway", GATEWAY)
+    sha = hashlib.sha256(config_text.encode()).hexdigest()
+    config_map = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _meta(CONFIG_MAP, labels),
+        "data": {"specgate.yaml": config_text},
+    }
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _meta(GATEWAY, labels),
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": labels},
+            "template": _gateway_pod(sha, labels, image),
+        },
+    }
+    budget = {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": _meta(GATEWAY, labels),
+        "spec": {"minAvailable": 1, "selector": {"matchLabels": labels}},
+    }
+    return [config_map, deployment, budget, _service(GATEWAY, labels, GATEWAY_PORT)]
+
+
+def build_manifests(
+    config: GatewayConfig,
+    source: str,
+    *,
+    vllm_image: str = VLLM_IMAGE,
+    gateway_image: str = GATEWAY_IMAGE,
+    gateway_replicas: int = 2,
+) -> str:
+    """Every manifest for ``config`` (read from ``source``) as one multi-document YAML.
+
+    Raises :class:`~backends.stack.StackError` when the config cannot run as containers.
+    """
+    backends = stack_backends(config)
+    docs: list[dict[str, Any]] = []
+    for b in backends:
+        docs += backend_manifests(b, vllm_image)
+    config_text = dump_yaml(gateway_config_data(config, backends))
+    docs += gateway_manifests(config_text, gateway_image, gateway_replicas)
+    header = (
+        f"# Generated by `specgate backends k8s --config {source}`: do not edit, regenerate.\n"
+        f"# Apply with: kubectl apply -n NAMESPACE -f docker/k8s/specgate.yaml\n"
+        f"# Gated models: kubectl create secret generic {HF_SECRET} --from-literal=token=...\n"
+    )
+    return header + dump_yaml_all(docs)

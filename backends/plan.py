@@ -1,0 +1,129 @@
+"""``specgate backends plan``: per backend, the exact command, its GPUs, memory and problems.
+
+:func:`plan_profiles` gathers, for each named profile, the shell-quoted vLLM command line
+(``CUDA_VISIBLE_DEVICES`` and ``env`` first, then :func:`build_argv`), the GPUs it uses,
+the per-GPU :class:`~backends.memory.MemoryEstimate`, and every
+:class:`~backends.checks.Problem` of :func:`~backends.checks.check_profiles` plus memory.
+:func:`render_plan` formats the result as text. No model is downloaded and nothing starts.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from backends.checks import ModelLookup, Problem, check_profiles
+from backends.launch_profile import BackendProfile, build_argv
+from backends.memory import MemoryEstimate, estimate_memory
+from backends.models import resolve_model, resolve_profile
+from backends.paths import CachePaths
+
+
+@dataclass
+class BackendPlan:
+    """What one backend will run and need; ``memory`` is None for an unknown architecture."""
+
+    name: str
+    profile: BackendProfile
+    command: str
+    gpus: str
+    memory: MemoryEstimate | None
+
+
+@dataclass
+class Plan:
+    """Every backend's plan and every problem found (checks first, then memory)."""
+
+    backends: list[BackendPlan]
+    problems: list[Problem]
+
+    @property
+    def errors(self) -> list[Problem]:
+        return [p for p in self.problems if p.severity == "error"]
+
+
+def command_line(profile: BackendProfile, python: str = "python") -> str:
+    """The shell command that launches ``profile``: ``K=V ... python -m vllm... --model ...``."""
+    env = [f"{k}={shlex.quote(v)}" for k, v in profile.launch_env.items()]
+    return " ".join([*env, shlex.join(build_argv(profile, python))])
+
+
+def describe_gpus(profile: BackendProfile) -> str:
+    """E.g. ``"0,1 on node 'default'"`` or ``"unset: the first 2 visible GPU(s)"``."""
+    if profile.gpus is None:
+        return f"unset: the first {profile.tensor_parallel_size or 1} visible GPU(s)"
+    return f"{','.join(map(str, profile.gpus))} on node '{profile.node or 'default'}'"
+
+
+def plan_profiles(
+    profiles: Mapping[str, BackendProfile],
+    *,
+    paths: CachePaths | None = None,
+    lookup: ModelLookup | None = None,
+    gpu_memory_gb: float = 80.0,
+    concurrency: int = 4,
+    python: str = "python",
+) -> Plan:
+    """Plan every profile; ``local:NAME`` models resolve against ``paths`` (default cache).
+
+    ``gpu_memory_gb`` (GiB per GPU) and ``concurrency`` (full-length sequences) apply where a
+    profile does not set ``gpu_memory_gb`` / ``expected_concurrency``.
+    """
+    paths = paths or CachePaths.default()
+    look = lookup or ModelLookup(resolve=lambda ref: resolve_model(ref, paths))
+    problems = check_profiles(profiles, look)
+    plans = []
+    for name, profile in profiles.items():
+        resolved = resolve_profile(profile, paths)
+        memory, found = estimate_memory(
+            name, profile, look, gpu_memory_gb=gpu_memory_gb, concurrency=concurrency
+        )
+        problems += found
+        plans.append(
+            BackendPlan(
+                name, profile, command_line(resolved, python), describe_gpus(profile), memory
+            )
+        )
+    return Plan(plans, problems)
+
+
+def _describe_backend(b: BackendPlan) -> str:
+    spec = b.profile.speculation
+    how = "plain" if not spec.speculative else f"{spec.method} k={spec.num_speculative_tokens}"
+    if spec.model:
+        how += f" with {spec.model}"
+    return f"backend {b.name}: {b.profile.model} as '{b.profile.served_model_name}', {how}"
+
+
+def _render_memory(m: MemoryEstimate) -> list[str]:
+    lines = ["  memory per GPU (GiB):"]
+    lines += [f"    {x.label:<16} {x.gib:7.2f}   {x.detail}" for x in m.lines]
+    verdict = "fits" if m.need_gib <= m.budget_gib else "DOES NOT FIT"
+    lines.append(
+        f"    {'total':<16} {m.need_gib:7.2f}   of {m.budget_gib:.2f} = {m.gpu_memory_gib:g} GiB"
+        f" x gpu_memory_utilization {m.utilization:g}: {verdict}"
+        f" (headroom {m.budget_gib - m.need_gib:+.2f})"
+    )
+    lines += [f"    note: {n}" for n in m.notes]
+    return lines
+
+
+def render_plan(plan: Plan) -> str:
+    """The plan as text: one block per backend, then the problems and a summary line."""
+    out: list[str] = []
+    for b in plan.backends:
+        out += [_describe_backend(b), f"  command: {b.command}", f"  gpus:    {b.gpus}"]
+        out += _render_memory(b.memory) if b.memory else ["  memory:  not estimated"]
+        out.append("")
+    if plan.problems:
+        out.append("problems:")
+        out += [f"  {p}" for p in plan.problems]
+        out.append("")
+    errors = len(plan.errors)
+    warnings = len(plan.problems) - errors
+    out.append(f"{len(plan.backends)} backend(s), {errors} error(s), {warnings} warning(s)")
+    out.append(
+        "memory not counted: activations, CUDA graphs and the CUDA context (1-3 GiB per GPU)"
+    )
+    return "\n".join(out)

@@ -1,0 +1,138 @@
+"""The deployed stack that compose and Kubernetes share: one vLLM service per backend, and the
+gateway with its config rewritten to reach them by service name.
+
+A backend with a launch profile becomes service ``vllm-<name>``: the ``vllm/vllm-openai``
+image runs ``vllm serve`` with :func:`~backends.launch_profile.build_serve_args` (the current
+``--speculative-config`` form), listening on all interfaces at the profile's port. Backends
+without a profile are external: the gateway keeps their URLs.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from backends.launch_profile import BackendProfile, build_serve_args
+from backends.models import LOCAL_PREFIX
+from gateway.config import GatewayConfig
+
+#: Default images; pin the vLLM tag you tested (``--vllm-image vllm/vllm-openai:vX.Y.Z``).
+VLLM_IMAGE = "vllm/vllm-openai:latest"
+GATEWAY_IMAGE = "specgate-gateway:latest"
+#: Where the gateway container reads its config, and the port it serves on.
+GATEWAY_CONFIG_PATH = "/etc/specgate/specgate.yaml"
+GATEWAY_PORT = 8000
+#: Hugging Face cache inside the vLLM image (it runs as root).
+HF_CACHE_IN_CONTAINER = "/root/.cache/huggingface"
+
+
+class StackError(ValueError):
+    """The config cannot be deployed as containers (e.g. it uses models built locally)."""
+
+
+@dataclass(frozen=True)
+class StackBackend:
+    """One vLLM service: config name, DNS-safe service name, profile and ``vllm serve`` args."""
+
+    name: str
+    service: str
+    profile: BackendProfile
+    args: list[str]
+
+    @property
+    def port(self) -> int:
+        return self.profile.port
+
+    @property
+    def url(self) -> str:
+        """What the gateway uses inside the stack, e.g. ``http://vllm-draft:8000``."""
+        return f"http://{self.service}:{self.port}"
+
+    @property
+    def gpu_count(self) -> int:
+        """GPUs to reserve: the profile's ``gpus``, else its tensor-parallel size."""
+        return (
+            len(self.profile.gpus) if self.profile.gpus else self.profile.tensor_parallel_size or 1
+        )
+
+
+def service_name(backend: str) -> str:
+    """``vllm-<name>`` as a DNS label (RFC 1123: lower-case alphanumerics and ``-``)."""
+    label = re.sub(r"[^a-z0-9-]+", "-", backend.lower()).strip("-")
+    return f"vllm-{label}"[:63].rstrip("-")
+
+
+def stack_backends(config: GatewayConfig) -> list[StackBackend]:
+    """The config's backends that have a launch profile, as services.
+
+    Raises :class:`StackError` for a ``local:`` model (a folder built on this machine that no
+    container has) or two backends whose service names collide.
+    """
+    out: list[StackBackend] = []
+    for name, backend in config.backends.items():
+        profile = backend.profile
+        if profile is None:
+            continue
+        for ref in (profile.model, profile.speculation.model):
+            if ref and ref.startswith(LOCAL_PREFIX):
+                raise StackError(
+                    f"backend '{name}': model {ref} is built on this machine by `specgate "
+                    "models prepare`; containers need a Hugging Face id or a mounted path"
+                )
+        container = profile.model_copy(update={"host": "0.0.0.0"})
+        out.append(StackBackend(name, service_name(name), container, build_serve_args(container)))
+    services = [b.service for b in out]
+    if len(set(services)) != len(services):
+        raise StackError(f"backend names map to the same service name: {services}")
+    return out
+
+
+def gateway_config_data(config: GatewayConfig, backends: list[StackBackend]) -> dict[str, Any]:
+    """The gateway config as data (the fields the file set), each deployed backend's ``url``
+    set to its service and ``local`` dropped (the orchestrator launches the servers, not
+    ``specgate up``)."""
+    data = config.model_dump(mode="json", exclude_unset=True)
+    for b in backends:
+        entry = data["backends"][b.name]
+        for derived in ("local", "model"):  # model comes from the profile
+            entry.pop(derived, None)
+        entry["url"] = b.url
+    return data
+
+
+class _Dumper(yaml.SafeDumper):
+    """SafeDumper that writes multi-line strings as ``|`` blocks and never uses aliases."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+def _str(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_Dumper.add_representer(str, _str)
+
+
+def dump_yaml(data: Any) -> str:
+    """YAML in insertion order, block style, 100 columns."""
+    return yaml.dump(data, Dumper=_Dumper, sort_keys=False, width=100)
+
+
+def dump_yaml_all(documents: list[Any]) -> str:
+    """Several YAML documents separated by ``---``."""
+    return yaml.dump_all(documents, Dumper=_Dumper, sort_keys=False, width=100)
+
+
+def health_command(port: int, path: str = "/health") -> list[str]:
+    """A container health check that needs only the image's python3 (exit 0 on HTTP 200)."""
+    code = (
+        "import sys, urllib.request; "
+        f"sys.exit(urllib.request.urlopen('http://127.0.0.1:{port}{path}', timeout=5)"
+        ".status != 200)"
+    )
+    return ["CMD", "python3", "-c", code]
