@@ -11,16 +11,18 @@ import asyncio
 import contextlib
 import logging
 import random
+import signal
 from collections.abc import AsyncIterator
 
 import httpx
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gateway.api import admin, health, metrics, openai, status
-from gateway.config import GatewayConfig, load_config
+from gateway.auth import build_auth, require_admin, require_client_key
+from gateway.config import ConfigError, GatewayConfig, load_config
 from gateway.errors import GatewayError, error_envelope
 from gateway.observability import observability
 from gateway.service import Gateway
@@ -61,7 +63,9 @@ def create_app(
     """Build the gateway app.
 
     ``config`` defaults to ``load_config(settings.config)`` (raises
-    :class:`~gateway.config.ConfigError` at once, before anything listens); ``transport``
+    :class:`~gateway.config.ConfigError` at once, before anything listens); raises
+    :class:`~gateway.auth.InsecureSettings` for admin endpoints beyond loopback without a
+    token; ``transport``
     replaces the network for in-process tests; ``rng`` seeds routing tie breaks.
     """
     config = config or load_config(settings.config)
@@ -94,6 +98,7 @@ def create_app(
             app.state.poller = poller
             await poller.check_all()
             task = asyncio.create_task(poller.run(), name="specgate-health")
+            install_sighup(gateway, settings)
             try:
                 async with observability(app, gateway, settings):
                     yield
@@ -103,13 +108,30 @@ def create_app(
                     await task
 
     app = FastAPI(title="specgate", version="0.1.0", lifespan=lifespan)
-    app.include_router(openai.router)
+    app.state.auth = build_auth(settings)
+    app.include_router(openai.router, dependencies=[Depends(require_client_key)])
     app.include_router(health.router)
-    app.include_router(admin.router)
     app.include_router(metrics.router)
-    app.include_router(status.router)
+    if settings.admin_enabled:
+        app.include_router(admin.router, dependencies=[Depends(require_admin)])
+        app.include_router(status.router, dependencies=[Depends(require_admin)])
     install_error_handlers(app)
     return app
+
+
+def install_sighup(gateway: Gateway, settings: Settings) -> None:
+    """Reload the config file on SIGHUP (only where the loop may own signals: the main
+    thread of ``specgate serve``/``up``; elsewhere ``POST /routes/reload`` does it)."""
+
+    def reload() -> None:
+        try:
+            gateway.reload(load_config(settings.config))
+            logger.info("SIGHUP: reloaded %s", settings.config)
+        except ConfigError as exc:
+            logger.error("SIGHUP: kept the running config; %s", exc)
+
+    with contextlib.suppress(ValueError, RuntimeError, NotImplementedError):
+        asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, reload)
 
 
 def install_error_handlers(app: FastAPI) -> None:

@@ -10,8 +10,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from backends.cli import add_backends_commands, run_backends_command
+from gateway.auth import InsecureSettings, build_auth
 from gateway.config import ConfigError, GatewayConfig, load_config
 from gateway.settings import Settings
+from gateway.tune import add_tune_command, run_tune
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -46,6 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("--task-type", help="as the X-Task-Type header would")
 
     add_backends_commands(sub)
+    add_tune_command(sub)
 
     config = sub.add_parser("config", help="config files")
     config_sub = config.add_subparsers(dest="config_command", required=True)
@@ -136,7 +139,12 @@ def cmd_explain(config_path: Path, task_type: str | None) -> int:
 
 
 def run_gateway(settings: Settings, config: GatewayConfig) -> None:
-    """Run the gateway in the foreground with uvicorn until SIGINT/SIGTERM."""
+    """Run the gateway in the foreground with uvicorn until SIGINT/SIGTERM.
+
+    On SIGTERM uvicorn stops accepting connections and lets requests in flight (streams
+    included) finish for up to ``shutdown_grace_s`` seconds before closing them.
+    Raises :class:`~gateway.auth.InsecureSettings` for an unsafe listener.
+    """
     import uvicorn
 
     from gateway.app import create_app
@@ -147,7 +155,7 @@ def run_gateway(settings: Settings, config: GatewayConfig) -> None:
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
-        timeout_graceful_shutdown=30,
+        timeout_graceful_shutdown=settings.shutdown_grace_s,
     )
 
 
@@ -161,6 +169,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return cmd_config_check(args.file)
     if args.command == "explain":
         return cmd_explain(args.config, args.task_type)
+    if args.command == "tune":
+        return run_tune(args)
     if args.command == "backends":
         return run_backends_command(args)
     if args.command == "models":
@@ -178,6 +188,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = load_config(settings.config)
     except ConfigError as exc:
         print(exc, file=sys.stderr)
+        return 1
+    try:
+        build_auth(settings)
+    except (InsecureSettings, OSError) as exc:
+        print(f"specgate: {exc}", file=sys.stderr)
         return 1
     if args.command == "serve":
         run_gateway(settings, config)

@@ -96,3 +96,25 @@ def too_busy(message: str, retry_after_s: int = 1) -> GatewayError:
         code="too_many_requests",
         headers={"Retry-After": str(retry_after_s)},
     )
+
+
+class ConfigRejected(GatewayError):
+    """400 for a reload whose config is invalid; the envelope adds ``issues``."""
+
+    def __init__(self, message: str, issues: list[dict[str, str]]) -> None:
+        super().__init__(400, message, code="invalid_config")
+        self.issues = issues
+
+    def envelope(self) -> dict[str, Any]:
+        """OpenAI's envelope plus ``error.issues``: ``[{"path", "message"}]``."""
+        body = super().envelope()
+        body["error"]["issues"] = self.issues
+        return body
+
+
+def config_invalid(exc: Exception) -> GatewayError:
+    """400 listing a :class:`~gateway.config.ConfigError`'s issues; the old config stays."""
+    issues = [{"path": i.path, "message": i.message} for i in getattr(exc, "issues", [])]
+    return ConfigRejected(
+        f"Config {getattr(exc, 'source', '')} is invalid; kept the running config.", issues
+    )

@@ -38,10 +38,22 @@ class Gateway:
         self.policy = RoutingPolicy(config)
         self.registry = registry or BackendRegistry(config.backends)
         self.inflight = 0
+        self.reloads = 0
         self.stats = DecisionStats()
         self.rng = rng or random.Random()
         self.started_at = time.time()
         self.observers: list[Callable[[RequestTrace], None]] = []
+
+    def reload(self, config: GatewayConfig) -> None:
+        """Swap in a validated config atomically (one event-loop step).
+
+        Requests in flight keep the backends they were routed to; kept backends keep their
+        live state (health, load, acceptance, circuit); new ones start fresh.
+        """
+        self.policy = RoutingPolicy(config)
+        self.registry.sync(config.backends)
+        self.config = config
+        self.reloads += 1
 
     def on_request_done(self, _trace: RequestTrace) -> None:
         """Observer: a request counted in :attr:`inflight` has ended."""

@@ -9,6 +9,8 @@ from fastapi import APIRouter, Request
 from backends.launch_profile import Speculation
 from gateway.api.deps import GatewayDep, SettingsDep
 from gateway.api.openai import parse_json, read_body
+from gateway.config import ConfigError, load_config
+from gateway.errors import config_invalid
 from gateway.routing.acceptance import AcceptanceStats
 from gateway.routing.advisor import advise
 
@@ -103,3 +105,21 @@ async def explain(request: Request, gateway: GatewayDep, settings: SettingsDep) 
             headers |= {str(k).lower(): str(v) for k, v in extra.items()}
         payload = payload["body"]
     return gateway.explain(payload, headers.get("x-task-type"))
+
+
+@router.post("/routes/reload")
+async def reload(gateway: GatewayDep, settings: SettingsDep) -> dict[str, Any]:
+    """Re-read the config file and swap it in. An invalid file is refused with a 400 listing
+    its validation errors (``error.issues``), and the running config stays."""
+    try:
+        config = load_config(settings.config)
+    except ConfigError as exc:
+        raise config_invalid(exc) from None
+    gateway.reload(config)
+    return {
+        "reloaded": True,
+        "config": str(settings.config),
+        "reloads": gateway.reloads,
+        "backends": list(config.backends),
+        "rules": [r.name for r in config.rules],
+    }
