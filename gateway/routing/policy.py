@@ -27,7 +27,8 @@ class BackendSnapshot:
     probe under way); ``inflight``: this gateway's requests in flight there;
     ``running``/``waiting``: the backend's own queue from its last ``/metrics`` scrape;
     ``demoted``: its windowed acceptance rate is under its floor; ``acceptance_rate``: that
-    rate (None if unknown).
+    rate (None if unknown); ``suspect``: why the correctness canary stopped trusting it
+    (None when trusted).
     """
 
     healthy: bool
@@ -37,6 +38,7 @@ class BackendSnapshot:
     waiting: float = 0.0
     demoted: bool = False
     acceptance_rate: float | None = None
+    suspect: str | None = None
 
     @property
     def outstanding(self) -> float:
@@ -170,6 +172,8 @@ class RoutingPolicy:
             why = "unhealthy"
         elif snap.circuit_open:
             why = "circuit open"
+        elif snap.suspect is not None:
+            why = f"suspect: {snap.suspect}"
         elif backend.max_inflight is not None and snap.inflight >= backend.max_inflight:
             why = f"at its max_inflight of {backend.max_inflight}"
             plan.saturated = True
@@ -224,6 +228,7 @@ class RoutingPolicy:
                 or snap is None
                 or not snap.healthy
                 or snap.circuit_open
+                or snap.suspect is not None
                 or (backend.max_inflight is not None and snap.inflight >= backend.max_inflight)
             ):
                 continue

@@ -21,7 +21,8 @@ class BackendState:
     gateway's requests currently sent to the backend; ``running``, ``waiting`` and
     ``kv_cache_usage`` come from the last ``/metrics`` scrape; ``acceptance`` is the
     windowed acceptance of a speculative backend; ``demotions`` counts how often it fell
-    under its acceptance floor.
+    under its acceptance floor; ``suspect`` is set by the correctness canary when the
+    backend's greedy output diverged from its plain twin's beyond numerics (not routed).
     """
 
     healthy: bool | None = None
@@ -37,6 +38,7 @@ class BackendState:
     demoted: bool = False
     demotions: int = 0
     circuit: CircuitBreaker = field(default_factory=CircuitBreaker)
+    suspect: str | None = None
 
     def snapshot(self, now: float) -> BackendSnapshot:
         """The immutable view the routing policy reads (``now``: ``time.monotonic()``)."""
@@ -48,6 +50,7 @@ class BackendState:
             waiting=self.waiting,
             demoted=self.demoted,
             acceptance_rate=self.acceptance.rate if self.acceptance else None,
+            suspect=self.suspect,
         )
 
 

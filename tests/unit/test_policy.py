@@ -173,3 +173,11 @@ def test_policy_properties(
         assert bool(decision.backends) == any(state[b].healthy for b in allowed)
     # deterministic for a given state and seed
     assert decision == policy.decide(f, state, random.Random(seed))
+
+
+def test_suspect_backend_is_never_routed(policy: RoutingPolicy) -> None:
+    state = all_healthy() | {"ngram": BackendSnapshot(True, suspect="diverged at token 7")}
+    decision = policy.decide(features("code", 0.0), state, random.Random(0))
+    assert "ngram" not in decision.backends
+    [ngram] = [c for c in decision.candidates if c.backend == "ngram"]
+    assert ngram.why == "suspect: diverged at token 7"
