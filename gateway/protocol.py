@@ -39,6 +39,14 @@ class ChatCompletionFields(_RoutedRequest):
     messages: list[dict[str, Any]]
 
 
+def openapi_body(kind: type[_RoutedRequest]) -> dict[str, Any]:
+    """``openapi_extra`` documenting a routed endpoint's JSON body: the fields the gateway
+    reads, any other OpenAI or vLLM field allowed (it is forwarded untouched)."""
+    schema = kind.model_json_schema() | {"additionalProperties": True}
+    content = {"application/json": {"schema": schema}}
+    return {"requestBody": {"required": True, "content": content}}
+
+
 def validate_fields(
     kind: type[_RoutedRequest], body: Any
 ) -> CompletionFields | ChatCompletionFields:

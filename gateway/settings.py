@@ -40,6 +40,7 @@ class Settings(BaseSettings):
     health_interval_s: float = Field(default=2.0, gt=0)
     health_timeout_s: float = Field(default=1.0, gt=0)
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
+    max_header_bytes: int = Field(default=64 * 1024, ge=1024)
     max_connections: int = Field(default=512, ge=1)
     log_level: str = "info"
     log_format: Literal["text", "json"] = "text"  # access log: key=value pairs or JSON lines

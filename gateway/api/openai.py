@@ -18,7 +18,12 @@ from fastapi.responses import Response, StreamingResponse
 
 from gateway.api.deps import ForwarderDep, GatewayDep, SettingsDep
 from gateway.errors import GatewayError, bad_request, no_backend, too_busy
-from gateway.protocol import ChatCompletionFields, CompletionFields, validate_fields
+from gateway.protocol import (
+    ChatCompletionFields,
+    CompletionFields,
+    openapi_body,
+    validate_fields,
+)
 from gateway.routing.policy import RouteDecision
 from gateway.service import Gateway
 from gateway.settings import Settings
@@ -68,6 +73,8 @@ async def _proxy(
     request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
     trace = gateway.new_trace(request_id, path)
     try:
+        if sum(len(k) + len(v) for k, v in request.scope["headers"]) > settings.max_header_bytes:
+            raise GatewayError(431, "The request headers are too large.", code="headers_too_large")
         if gateway.inflight >= settings.max_inflight:
             raise too_busy(f"The gateway has {settings.max_inflight} requests in flight.")
         gateway.inflight += 1
@@ -190,7 +197,7 @@ async def _cancel_on_disconnect(request: Request, task: asyncio.Task[Any]) -> No
     task.cancel()
 
 
-@router.post("/v1/completions", response_model=None)
+@router.post("/v1/completions", response_model=None, openapi_extra=openapi_body(CompletionFields))
 async def completions(
     request: Request, gateway: GatewayDep, forwarder: ForwarderDep, settings: SettingsDep
 ) -> Response:
@@ -198,7 +205,9 @@ async def completions(
     return await _proxy(request, gateway, forwarder, settings, CompletionFields, "/v1/completions")
 
 
-@router.post("/v1/chat/completions", response_model=None)
+@router.post(
+    "/v1/chat/completions", response_model=None, openapi_extra=openapi_body(ChatCompletionFields)
+)
 async def chat_completions(
     request: Request, gateway: GatewayDep, forwarder: ForwarderDep, settings: SettingsDep
 ) -> Response:
