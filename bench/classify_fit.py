@@ -1,8 +1,10 @@
-"""Offline fit of the task classifier's weights (stdlib only).
+"""Offline fit of the task classifier's code and creative weights (stdlib only).
 
-Multinomial logistic regression with ``chat`` as the reference class (its logit is 0), an L2
-penalty on the weights (not the biases), solved by Newton's method with step halving. The
-hand weights of ``gateway.routing.classifier.HAND_WEIGHTS`` enter as fixed offsets.
+Multinomial logistic regression over the four tasks where only the code and creative logits
+are fitted: chat is the reference (logit 0), the rag logit and the hand weights of
+``gateway.routing.classifier`` enter as fixed offsets. L2 penalty on the weights (not the
+biases), samples weighted by inverse class frequency (macro-F1 treats classes equally),
+solved by Newton's method with step halving.
 """
 
 from __future__ import annotations
@@ -10,52 +12,57 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
-from gateway.routing.classifier import FEATURES, HAND_WEIGHTS, SCORED, TASKS, probabilities
+from gateway.routing.classifier import (
+    FEATURES,
+    HAND_WEIGHTS,
+    RAG_BIAS,
+    RAG_WEIGHTS,
+    TASKS,
+    probabilities,
+)
 
 FITTED = tuple(name for name in FEATURES if name not in HAND_WEIGHTS)
-L2 = 1.0  # penalty strength on the summed log-loss; chosen by cross-validation (1..8 similar)
-Model = tuple[tuple[float, float, float], dict[str, tuple[float, float, float]]]
-_K = len(SCORED)
-BALANCED = True  # weight samples by inverse class frequency (macro-F1 treats classes equally)
+L2 = 1.0  # penalty on the summed weighted log-loss; 0.25..4 give similar held-out scores
+BALANCED = True
+ORDER = ("code", "creative", "rag", "chat")  # fitted classes first
+Model = tuple[tuple[float, float], dict[str, tuple[float, float]]]
+Row = list[tuple[int, float]]
 
 
-def _rows(feats: Sequence[Mapping[str, float]]) -> list[list[tuple[int, float]]]:
-    """Sparse design rows: (column, value) with column 0 the bias."""
+def _design(feats: Sequence[Mapping[str, float]]) -> tuple[list[Row], list[list[float]]]:
+    """Sparse rows (column 0 is the bias) and fixed logits (code, creative, rag) per sample."""
     col = {name: j + 1 for j, name in enumerate(FITTED)}
-    return [[(0, 1.0), *((col[n], v) for n, v in f.items() if v and n in col)] for f in feats]
-
-
-def _offsets(feats: Sequence[Mapping[str, float]]) -> list[list[float]]:
-    """Fixed logit offsets contributed by hand-weighted features."""
-    out = []
+    rows: list[Row] = []
+    offsets: list[list[float]] = []
     for f in feats:
-        off = [0.0] * _K
-        for name, wt in HAND_WEIGHTS.items():
-            for c in range(_K):
-                off[c] += wt[c] * f.get(name, 0.0)
-        out.append(off)
-    return out
+        rows.append([(0, 1.0), *((col[n], v) for n, v in f.items() if v and n in col)])
+        off = [0.0, 0.0, RAG_BIAS]
+        for name, value in f.items():
+            hand = HAND_WEIGHTS.get(name)
+            if hand and value:
+                off[0] += hand[0] * value
+                off[1] += hand[1] * value
+            off[2] += RAG_WEIGHTS.get(name, 0.0) * value
+        offsets.append(off)
+    return rows, offsets
 
 
-def _probs(theta: list[list[float]], row: list[tuple[int, float]], off: list[float]) -> list[float]:
-    z = [off[c] + sum(theta[c][j] * v for j, v in row) for c in range(_K)]
-    top = max(0.0, *z)
+def _probs(theta: list[list[float]], row: Row, off: list[float]) -> list[float]:
+    """Probabilities in ORDER."""
+    z = [off[c] + sum(theta[c][j] * v for j, v in row) for c in range(2)] + [off[2], 0.0]
+    top = max(z)
     e = [math.exp(v - top) for v in z]
-    rest = math.exp(-top)
-    total = rest + sum(e)
-    return [v / total for v in e] + [rest / total]  # scored classes, then chat
+    total = sum(e)
+    return [v / total for v in e]
 
 
-def _loss(theta, rows, offs, ys, sw) -> float:  # type: ignore[no-untyped-def]
-    nll = -sum(
-        s * math.log(max(_probs(theta, r, o)[y], 1e-300))
-        for r, o, y, s in zip(rows, offs, ys, sw, strict=True)
-    )
+def _loss(theta: list[list[float]], data: list[tuple[Row, list[float], int, float]]) -> float:
+    nll = -sum(s * math.log(max(_probs(theta, r, o)[y], 1e-300)) for r, o, y, s in data)
     return nll + L2 / 2 * sum(w * w for th in theta for w in th[1:])
 
 
 def _solve(a: list[list[float]], b: list[float]) -> list[float]:
-    """Solve a x = b by Gaussian elimination with partial pivoting (a is positive definite)."""
+    """Solve a x = b by Gaussian elimination with partial pivoting (a positive definite)."""
     n = len(b)
     m = [row[:] + [b[i]] for i, row in enumerate(a)]
     for i in range(n):
@@ -72,47 +79,60 @@ def _solve(a: list[list[float]], b: list[float]) -> list[float]:
     return x
 
 
-def fit(feats: Sequence[Mapping[str, float]], labels: Sequence[str], iters: int = 25) -> Model:
-    """Fit BIAS and WEIGHTS on feature dicts and their task labels (strings in TASKS)."""
-    rows, offs = _rows(feats), _offsets(feats)
-    order = [*SCORED, "chat"]
-    ys = [order.index(t) for t in labels if t in TASKS]
-    counts = [ys.count(c) for c in range(len(order))]
-    sw = [len(ys) / (len(order) * counts[y]) if BALANCED else 1.0 for y in ys]
-    d = len(FITTED) + 1
-    theta = [[0.0] * d for _ in range(_K)]
-    loss = _loss(theta, rows, offs, ys, sw)
-    for _ in range(iters):
-        grad = [[L2 * w if j else 0.0 for j, w in enumerate(th)] for th in theta]
-        hess = [[0.0] * (_K * d) for _ in range(_K * d)]
-        for i in range(_K * d):
-            hess[i][i] = L2 if i % d else 1e-6
-        for row, off, y, wy in zip(rows, offs, ys, sw, strict=True):
-            p = _probs(theta, row, off)
-            for c in range(_K):
-                err = wy * (p[c] - (1.0 if y == c else 0.0))
+def _newton_step(
+    theta: list[list[float]], data: list[tuple[Row, list[float], int, float]]
+) -> list[float]:
+    """The Newton direction for the flattened (code, creative) parameters."""
+    d = len(theta[0])
+    grad = [L2 * w if j else 0.0 for th in theta for j, w in enumerate(th)]
+    hess = [[0.0] * (2 * d) for _ in range(2 * d)]
+    for i in range(2 * d):
+        hess[i][i] = L2 if i % d else 1e-6
+    for row, off, y, weight in data:
+        p = _probs(theta, row, off)
+        for c in range(2):
+            err = weight * (p[c] - (1.0 if y == c else 0.0))
+            for j, v in row:
+                grad[c * d + j] += err * v
+            for c2 in range(2):
+                s = weight * p[c] * ((1.0 if c == c2 else 0.0) - p[c2])
                 for j, v in row:
-                    grad[c][j] += err * v
-                for c2 in range(_K):
-                    s = wy * p[c] * ((1.0 if c == c2 else 0.0) - p[c2])
-                    for j, v in row:
-                        hrow = hess[c * d + j]
-                        for k, u in row:
-                            hrow[c2 * d + k] += s * v * u
-        step = _solve(hess, [g for th in grad for g in th])
+                    hrow = hess[c * d + j]
+                    for k, u in row:
+                        hrow[c2 * d + k] += s * v * u
+    return _solve(hess, grad)
+
+
+def fit(feats: Sequence[Mapping[str, float]], labels: Sequence[str], iters: int = 30) -> Model:
+    """Fit BIAS and WEIGHTS on feature dicts and their task labels (strings in TASKS)."""
+    rows, offsets = _design(feats)
+    ys = [ORDER.index(t) for t in labels]
+    counts = [max(ys.count(c), 1) for c in range(len(ORDER))]
+    data = [
+        (r, o, y, len(ys) / (len(ORDER) * counts[y]) if BALANCED else 1.0)
+        for r, o, y in zip(rows, offsets, ys, strict=True)
+    ]
+    d = len(FITTED) + 1
+    theta = [[0.0] * d for _ in range(2)]
+    loss = _loss(theta, data)
+    for _ in range(iters):
+        step = _newton_step(theta, data)
         scale = 1.0
         while scale > 1e-4:
-            trial = [[w - scale * step[c * d + j] for j, w in enumerate(theta[c])] for c in range(_K)]
-            new = _loss(trial, rows, offs, ys, sw)
+            trial = [
+                [w - scale * step[c * d + j] for j, w in enumerate(theta[c])] for c in range(2)
+            ]
+            new = _loss(trial, data)
             if new <= loss:
                 break
             scale /= 2
-        theta, done = trial, loss - new < 1e-7
-        loss = new
-        if done:
+        else:
             break
-    bias = (theta[0][0], theta[1][0], theta[2][0])
-    return bias, {name: (theta[0][j + 1], theta[1][j + 1], theta[2][j + 1]) for j, name in enumerate(FITTED)}
+        theta, improved, loss = trial, loss - new, new
+        if improved < 1e-7:
+            break
+    weights = {name: (theta[0][j + 1], theta[1][j + 1]) for j, name in enumerate(FITTED)}
+    return (theta[0][0], theta[1][0]), weights
 
 
 def predict(feats: Mapping[str, float], model: Model) -> str:

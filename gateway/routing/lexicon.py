@@ -15,9 +15,14 @@ _PUNCT = b"!\"#$%&'()*+,-./:;<=>?@[\\]^`{|}~"
 _PUNCT_TABLE = bytes.maketrans(_PUNCT, b" " * len(_PUNCT))
 
 
+def tokens(text: str) -> list[str]:
+    """Whitespace/punctuation-separated tokens of ``text`` (already lower-cased)."""
+    return text.encode().translate(_PUNCT_TABLE).decode().split()
+
+
 def words(text: str) -> frozenset[str]:
-    """Distinct whitespace/punctuation-separated tokens of ``text`` (already lower-cased)."""
-    return frozenset(text.encode().translate(_PUNCT_TABLE).decode().split())
+    """Distinct tokens of ``text`` (already lower-cased)."""
+    return frozenset(tokens(text))
 
 
 PhraseGroups = tuple[tuple[str, tuple[str, ...]], ...]
@@ -93,6 +98,8 @@ CODE_OBJECTS = frozenset(
     "application website webpage bot endpoint algorithm sql cli server script database "
     "extension plugin".split()
 )
+# SQL keywords, counted in upper case in the raw text when one of these tokens occurs.
+SQL_KEYS = frozenset({"select", "insert", "join", "where"})
 # Language names that punctuation splitting loses (searched only when "c" / "net" is a token).
 LANG_PHRASE_GROUPS = (("c", ("c++", "c#")), ("net", (".net",)))
 
@@ -285,9 +292,10 @@ CHAT_VERBS = frozenset(
 )
 
 # Every token any feature looks up: intersecting a request's tokens with this first leaves a
-# handful of hits, so the per-feature intersections below it cost almost nothing.
+# handful of hits, so the per-feature intersections after it cost almost nothing.
 VOCABULARY = frozenset().union(
-    CODE_TOKENS, CODE_LANGS, CODE_TERMS, CODE_VERBS, CODE_OBJECTS, RAG_TERMS, CREATIVE_NOUNS,
+    CODE_TOKENS, CODE_LANGS, CODE_TERMS, CODE_VERBS, CODE_OBJECTS, SQL_KEYS, RAG_TERMS,
+    CREATIVE_NOUNS,
     CREATIVE_VERBS, WRITE_VERBS, FICTION_TERMS, NARRATIVE_PRONOUNS, LENGTH_UNITS, STYLE_WORDS,
     ROLEPLAY_WORDS, INFO_WORDS, CHAT_VERBS, (key for key, _ in QA_LABELS),
     *((key for key, _ in groups) for groups in (
@@ -317,3 +325,8 @@ def count_non_latin(text: str) -> dict[str, int]:
         for literal in NON_LATIN.findall(text):
             counts[_NON_LATIN_KIND[literal]] += 1
     return counts
+
+
+def known_words(text: str) -> frozenset[str]:
+    """The distinct tokens of ``text`` (already lower-cased) that are in VOCABULARY."""
+    return VOCABULARY.intersection(tokens(text))

@@ -48,12 +48,15 @@ def _code(rt: RequestText, words: frozenset[str]) -> dict[str, float]:
     indent = (raw.count(b"\n    ") + raw.count(b"\n\t")) / lines if lines >= 3 else 0.0
     langs = len(words & lx.CODE_LANGS) + lx.count_phrases(rt.instr, words, lx.LANG_PHRASE_GROUPS)
     objects = words & lx.CODE_OBJECTS if langs else words & lx.CODE_OBJECTS - {"script"}
+    tokens = len(words & lx.CODE_TOKENS)
+    if words & lx.SQL_KEYS:
+        tokens += sum(k in raw for k in _SQL)
     stub = _STUB.match(rt.head) or raw.find(b'"""', 0, 1500) >= 0 or raw.find(b">>> ", 0, 1500) >= 0
     return {
         "syntax": min(10.0 * syntax, 3.0),
         "indent": indent,
         "fence": 1.0 if b"```" in raw else 0.0,
-        "code_tokens": math.log1p(len(words & lx.CODE_TOKENS) + sum(k in raw for k in _SQL)),
+        "code_tokens": math.log1p(tokens),
         "code_langs": min(float(langs), 2.0),
         "code_terms": math.log1p(len(words & lx.CODE_TERMS)),
         "code_ask": 1.0 if words & lx.CODE_VERBS and (langs or objects) else 0.0,
@@ -141,8 +144,8 @@ def extract_features(body: Mapping[str, Any]) -> dict[str, float] | None:
     rt = read_request(body)
     if rt is None:
         return None
-    words = lx.words(rt.instr) & lx.VOCABULARY
-    opening = lx.words(rt.head[:60]) & lx.VOCABULARY
+    words = lx.known_words(rt.instr)
+    opening = lx.known_words(rt.head[:60])
     other = lx.count_non_latin(rt.instr)
     feats = _code(rt, words)
     feats.update(_rag(rt, words, other))

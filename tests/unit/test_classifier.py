@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from bench.classify import DEFAULT_DATA, load_rows, scores, to_items
 from gateway.routing.classifier import TASKS, TaskGuess, classify
+from gateway.routing.text import read_request
 
 
 def chat(*turns: str, system: str | None = None) -> dict[str, Any]:
@@ -280,6 +281,22 @@ def test_huge_bodies_return() -> None:
     assert classify({"messages": [{"role": "user", "content": parts}]}).task in TASKS
     many = [{"role": "user", "content": "hi"}] * 10_000 + [{"role": "user", "content": big}]
     assert classify({"messages": many}).task in TASKS
+
+
+def test_reading_is_bounded() -> None:
+    huge = "word " * 200_000  # 1 MB
+    body = {
+        "messages": [
+            {"role": "system", "content": huge},
+            *({"role": "user" if i % 2 else "assistant", "content": huge} for i in range(10_000)),
+        ]
+    }
+    rt = read_request(body)
+    assert rt is not None
+    assert len(rt.text) <= 4_000
+    assert len(rt.instr) <= 4_000
+    assert rt.n_messages == 10_001
+    assert rt.context_chars <= 10 * len(huge)  # only the examined messages are counted
 
 
 _json = st.recursive(
