@@ -13,11 +13,13 @@ import logging
 import random
 import signal
 from collections.abc import AsyncIterator
+from typing import Any
 
 import httpx
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from httpx_aiohttp import AiohttpTransport
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gateway.api import admin, health, metrics, openai, status
@@ -27,6 +29,7 @@ from gateway.errors import GatewayError, error_envelope
 from gateway.observability import observability
 from gateway.service import Gateway
 from gateway.settings import Settings
+from gateway.upstream.canary import Canary
 from gateway.upstream.forward import Forwarder
 from gateway.upstream.health import HealthPoller
 from gateway.upstream.state import BackendRegistry
@@ -50,7 +53,52 @@ def build_client(
         max_connections=settings.max_connections,
         max_keepalive_connections=settings.max_connections,
     )
+    if transport is None and settings.upstream_transport == "aiohttp":
+        transport = _AiohttpTransport(limits=limits)
     return httpx.AsyncClient(timeout=timeout, limits=limits, transport=transport)
+
+
+class _AiohttpTransport(AiohttpTransport):
+    """httpx-aiohttp's transport (aiohttp's C HTTP parser and connection pool under httpx's
+    API; measured in docs/benchmarks.md), keeping httpcore's read-timeout semantics: the
+    request's ``read`` timeout is read again when the body starts, so the forwarder's switch
+    from the first-byte timeout to the idle timeout applies to the gaps between chunks."""
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        response = await super().handle_async_request(request)
+        response.stream = _IdleTimeoutStream(response.stream, request.extensions["timeout"])
+        return response
+
+
+class _IdleTimeoutStream(httpx.AsyncByteStream):
+    def __init__(self, inner: Any, timeouts: dict[str, float | None]) -> None:
+        self.inner, self.timeouts = inner, timeouts
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        connection = self.inner._aiohttp_response.connection  # None once the body is in
+        if connection is not None and connection.protocol is not None:
+            connection.protocol.read_timeout = self.timeouts.get("read")
+        async for chunk in self.inner:
+            yield chunk
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+def build_canary(settings: Settings, client: httpx.AsyncClient, gateway: Gateway) -> Canary | None:
+    """The correctness canary when ``canary_interval_s > 0`` (else None); each canary request
+    is bounded like a non-streamed generation, by ``first_byte_timeout_s``."""
+    if settings.canary_interval_s <= 0:
+        return None
+    return Canary(
+        client,
+        lambda: gateway.config,
+        gateway.registry,
+        interval_s=settings.canary_interval_s,
+        near_tie_margin=settings.canary_near_tie_margin,
+        max_tokens=settings.canary_max_tokens,
+        timeout_s=settings.first_byte_timeout_s,
+    )
 
 
 def create_app(
@@ -98,6 +146,12 @@ def create_app(
             app.state.poller = poller
             await poller.check_all()
             task = asyncio.create_task(poller.run(), name="specgate-health")
+            app.state.canary = canary = build_canary(settings, client, gateway)
+            canary_task = (
+                None
+                if canary is None
+                else asyncio.create_task(canary.run(), name="specgate-canary")
+            )
             install_sighup(gateway, settings)
             try:
                 async with observability(app, gateway, settings):
@@ -106,6 +160,10 @@ def create_app(
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+                if canary_task is not None:
+                    canary_task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await canary_task
 
     app = FastAPI(title="specgate", version="0.1.0", lifespan=lifespan)
     app.state.auth = build_auth(settings)

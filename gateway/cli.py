@@ -156,6 +156,12 @@ def run_gateway(settings: Settings, config: GatewayConfig) -> None:
         port=settings.port,
         log_level=settings.log_level,
         timeout_graceful_shutdown=settings.shutdown_grace_s,
+        # uvloop and httptools (both from uvicorn[standard]) named, not left to "auto", so a
+        # missing one fails loudly instead of silently halving throughput; uvicorn's own
+        # access log off: specgate.access already logs one richer line per request.
+        loop="uvloop",
+        http="httptools",
+        access_log=False,
     )
 
 

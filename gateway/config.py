@@ -121,13 +121,23 @@ class RuleMatch(_Strict):
     models: list[str] | None = None
 
 
+RoutePolicy = Literal["static", "adaptive"]
+
+
 class Rule(_Strict):
-    """An ordered routing rule: the first rule that matches picks ``pool``, then ``fallbacks``."""
+    """An ordered routing rule: the first rule that matches picks ``pool``, then ``fallbacks``.
+
+    ``policy`` (default ``routing.policy``): ``static`` tries the pools in order, least loaded
+    first; ``adaptive`` puts first the backend with the best learnt decode speed for the
+    request, among the kept candidates of ``pool`` and the plain ones of the fallbacks (a
+    speculative backend is only ever chosen from the rule's own ``pool``).
+    """
 
     name: str = Field(min_length=1)
     match: RuleMatch = RuleMatch()
     pool: str
     fallbacks: list[str] = []
+    policy: RoutePolicy | None = None
 
 
 class Defaults(_Strict):
@@ -139,6 +149,27 @@ class Defaults(_Strict):
     pool: str
 
 
+class AdaptiveSettings(_Strict):
+    """Knobs of the decode-speed learner behind ``policy: adaptive``.
+
+    ``decay``: weight past observations of a (task, bucket) group keep at each new one (an
+    effective window of about ``1 / (1 - decay)`` requests); ``prior_weight``:
+    pseudo-observations of the task-level estimate a bucket starts from; ``min_tokens``:
+    shorter answers teach nothing; ``overlap_threshold``: repeated-word-bigram share from
+    which a prompt is in the ``rep`` bucket; ``max_prompt_chars``: characters of the prompt
+    the overlap is computed on; ``state_file``: JSON file the estimates are loaded from at
+    start and saved to every ``save_every`` observations (None: not persisted).
+    """
+
+    decay: float = Field(default=0.98, gt=0, le=1)
+    prior_weight: float = Field(default=2.0, ge=0)
+    min_tokens: int = Field(default=8, ge=1)
+    overlap_threshold: float = Field(default=0.05, ge=0, le=1)
+    max_prompt_chars: int = Field(default=1000, ge=16)
+    state_file: str | None = None
+    save_every: int = Field(default=50, ge=1)
+
+
 class RoutingSettings(_Strict):
     """Live-state policy knobs.
 
@@ -147,12 +178,20 @@ class RoutingSettings(_Strict):
     ``min_acceptance_rate``: the default demotion threshold (the seed's rule of thumb: under
     0.5 a model draft stops paying); ``probe_share``: share of a demoted backend's eligible
     traffic it still gets, so its recovery can be seen.
+    ``policy``: the rules' default policy (see :class:`Rule`); ``feedback``: learn from every
+    answer (decode speed, and the per-request acceptance a vLLM server started with
+    ``--per-request-spec-decode-metrics`` reports); streams whose client did not ask for
+    usage get ``stream_options.include_usage`` upstream and the extra chunk is removed
+    before the client sees it. ``adaptive``: the learner's knobs.
     """
 
     acceptance_window_s: float = Field(default=60.0, gt=0)
     min_draft_tokens: int = Field(default=200, ge=1)
     min_acceptance_rate: float = Field(default=0.5, ge=0, le=1)
     probe_share: float = Field(default=0.05, ge=0, le=1)
+    policy: RoutePolicy = "static"
+    feedback: bool = True
+    adaptive: AdaptiveSettings = AdaptiveSettings()
 
 
 class GatewayConfig(_Strict):

@@ -24,7 +24,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from gateway.routing.advisor import advise
+from gateway.routing.advisor import advise_window
 from gateway.service import Gateway
 from gateway.trace import RequestTrace
 
@@ -151,7 +151,7 @@ class BackendCollector(Collector):
             if not spec.speculative:
                 continue
             k_now.add_metric([name], spec.num_speculative_tokens or 0)
-            advice = advise(spec, state.acceptance)
+            advice = advise_window(spec, state.window)
             if advice is not None:
                 k_rec.add_metric([name], advice.recommended_k)
             if state.acceptance is not None:

@@ -13,11 +13,13 @@ from typing import Any
 
 from gateway.config import GatewayConfig
 from gateway.errors import model_not_found
+from gateway.learning import FeedbackCollector
 from gateway.protocol import ChatCompletionFields, CompletionFields, validate_fields
 from gateway.routing.classifier import classify
 from gateway.routing.explain import decision_json
 from gateway.routing.features import RequestFeatures, header_task, read_temperature
 from gateway.routing.policy import RouteDecision, RoutingPolicy
+from gateway.routing.prompt_stats import PromptStats, prompt_stats
 from gateway.trace import RequestTrace
 from gateway.upstream.state import BackendRegistry, DecisionStats
 
@@ -26,6 +28,8 @@ class Gateway:
     """Routes requests for one config and keeps the live state the admin API shows.
 
     ``rng`` breaks routing ties; pass a seeded ``random.Random`` for reproducible decisions.
+    ``feedback`` holds what adaptive routing learnt from finished requests (kept across
+    config reloads).
     """
 
     def __init__(
@@ -42,7 +46,8 @@ class Gateway:
         self.stats = DecisionStats()
         self.rng = rng or random.Random()
         self.started_at = time.time()
-        self.observers: list[Callable[[RequestTrace], None]] = []
+        self.feedback = FeedbackCollector(lambda: self.config.routing.adaptive)
+        self.observers: list[Callable[[RequestTrace], None]] = [self.learn]
 
     def reload(self, config: GatewayConfig) -> None:
         """Swap in a validated config atomically (one event-loop step).
@@ -54,6 +59,19 @@ class Gateway:
         self.registry.sync(config.backends)
         self.config = config
         self.reloads += 1
+
+    def learn(self, trace: RequestTrace) -> None:
+        """Observer: feed a finished request to the adaptive learner (``routing.feedback``)."""
+        if self.config.routing.feedback:
+            self.feedback.observe(trace)
+
+    def prompt_stats(self, body: Mapping[str, Any]) -> PromptStats | None:
+        """Prompt statistics for adaptive routing and learning (None when both are off)."""
+        routing = self.config.routing
+        if not routing.feedback and routing.policy != "adaptive":
+            if all(rule.policy != "adaptive" for rule in self.config.rules):
+                return None
+        return prompt_stats(body, routing.adaptive.max_prompt_chars)
 
     def on_request_done(self, _trace: RequestTrace) -> None:
         """Observer: a request counted in :attr:`inflight` has ended."""
@@ -108,12 +126,22 @@ class Gateway:
         )
         fields = validate_fields(kind, body)
         features = self.features(body, fields.model, task_header)
-        decision = self.policy.decide(features, self.registry.snapshot(), random.Random(0))
+        decision = self.policy.decide(
+            features,
+            self.registry.snapshot(),
+            random.Random(0),
+            self.feedback.learner.view(),
+            self.prompt_stats(body),
+        )
         return decision_json(decision)
 
-    def decide(self, features: RequestFeatures) -> RouteDecision:
-        """Route one request against the current backend state and count the decision."""
-        decision = self.policy.decide(features, self.registry.snapshot(), self.rng)
+    def decide(self, features: RequestFeatures, prompt: PromptStats | None = None) -> RouteDecision:
+        """Route one request against the current backend state and what was learnt (for
+        adaptive rules), and count the decision."""
+        estimates = self.feedback.learner.view()
+        decision = self.policy.decide(
+            features, self.registry.snapshot(), self.rng, estimates, prompt
+        )
         self.stats.by_rule[decision.rule] += 1
         self.stats.by_task[features.task] += 1
         return decision

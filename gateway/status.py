@@ -16,7 +16,7 @@ from typing import Any
 from jinja2 import Environment, PackageLoader, select_autoescape
 
 from gateway.history import AcceptanceHistory
-from gateway.routing.advisor import advise
+from gateway.routing.advisor import advise_window
 from gateway.service import Gateway
 from gateway.upstream.state import BackendState
 
@@ -115,7 +115,7 @@ def status_context(gateway: Gateway, history: AcceptanceHistory) -> dict[str, An
                 "spark": sparkline(history.recent(name), now, history.span_s, floor),
             }
         )
-        tip = advise(spec, acc)
+        tip = advise_window(spec, state.window)
         if tip is not None:
             advice.append({"name": name, **tip.to_json()})
     stats = gateway.stats

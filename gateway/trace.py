@@ -6,6 +6,11 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from gateway.routing.features import RequestFeatures
+    from gateway.routing.prompt_stats import PromptStats
 
 _USAGE_MARK = b'"completion_tokens"'
 
@@ -18,7 +23,10 @@ class RequestTrace:
     sees it); ``gaps_s`` are the inter-chunk intervals of a stream (inter-token latency
     between relayed chunks; with speculation one chunk can carry several tokens);
     ``duration_s`` is end to end. ``usage_bytes`` keeps the last chunk that carried a
-    ``usage`` object, read by :meth:`completion_tokens`. Never holds prompt text.
+    ``usage`` object, read by :meth:`completion_tokens`. ``features``/``prompt``: what
+    routing read from the request (numbers only); ``spec_decoding``: the answer's
+    ``metrics.speculative_decoding`` (vLLM per-request acceptance), when it had one.
+    Never holds prompt text.
     """
 
     request_id: str
@@ -36,6 +44,9 @@ class RequestTrace:
     gaps_s: list[float] = field(default_factory=list)
     chunks: int = 0
     usage_bytes: bytes | None = None
+    features: RequestFeatures | None = None
+    prompt: PromptStats | None = None
+    spec_decoding: dict[str, Any] | None = None
     _last: float | None = None
     observers: list[Callable[[RequestTrace], None]] = field(default_factory=list)
 

@@ -11,16 +11,19 @@ from gateway.api.deps import GatewayDep, SettingsDep
 from gateway.api.openai import parse_json, read_body
 from gateway.config import ConfigError, load_config
 from gateway.errors import config_invalid
-from gateway.routing.acceptance import AcceptanceStats
-from gateway.routing.advisor import advise
+from gateway.routing.acceptance import AcceptanceWindow
+from gateway.routing.advisor import advise_window
+from gateway.upstream.canary import Canary
 
 router = APIRouter(tags=["admin"])
 
 
 @router.get("/routes")
-async def routes(gateway: GatewayDep) -> dict[str, Any]:
-    """Every backend (URL, model, speculation, health, in-flight), the ordered rules, the
-    pools, and decision counts per rule, task and serving backend since start."""
+async def routes(request: Request, gateway: GatewayDep) -> dict[str, Any]:
+    """Every backend (URL, model, speculation, health, in-flight, canary suspicion), the
+    ordered rules, the pools, decision counts per rule, task and serving backend since start,
+    the correctness canary's last results (None when it is off), and what adaptive routing
+    learnt (estimates per task, bucket and backend; the newest per-request records)."""
     config = gateway.config
     backends = []
     for name, backend in config.backends.items():
@@ -62,13 +65,15 @@ async def routes(gateway: GatewayDep) -> dict[str, Any]:
                 },
                 "demoted": state.demoted,
                 "demotions": state.demotions,
+                "suspect": state.suspect,
                 "requests": gateway.stats.by_backend[name],
-                "advice": _advice(backend.spec, acceptance),
+                "advice": _advice(backend.spec, state.window),
             }
         )
     rules = [rule.model_dump(exclude_none=True) for rule in config.rules]
     rules.append({"name": "default", "match": {}, "pool": config.defaults.pool, "fallbacks": []})
     stats = gateway.stats
+    canary: Canary | None = getattr(request.app.state, "canary", None)
     return {
         "backends": backends,
         "pools": config.pools,
@@ -82,12 +87,14 @@ async def routes(gateway: GatewayDep) -> dict[str, Any]:
             "failovers": stats.failovers,
             "rejected": stats.rejected,
         },
+        "canary": None if canary is None else canary.to_json(),
+        "adaptive": gateway.feedback.to_json(),
     }
 
 
-def _advice(spec: Speculation, acceptance: AcceptanceStats | None) -> dict[str, Any] | None:
+def _advice(spec: Speculation, window: AcceptanceWindow) -> dict[str, Any] | None:
     """The tuning advisor's recommendation for a speculative backend (None for plain)."""
-    tip = advise(spec, acceptance)
+    tip = advise_window(spec, window)
     return None if tip is None else tip.to_json()
 
 

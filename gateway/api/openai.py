@@ -28,6 +28,7 @@ from gateway.routing.policy import RouteDecision
 from gateway.service import Gateway
 from gateway.settings import Settings
 from gateway.trace import RequestTrace
+from gateway.upstream.feedback import ResponseTap, with_usage
 from gateway.upstream.forward import Forwarder, read_all
 
 router = APIRouter(tags=["openai"])
@@ -99,14 +100,24 @@ async def _route_and_forward(
     fields = validate_fields(kind, body)
     trace.stream = bool(fields.stream)
     features = gateway.features(body, fields.model, request.headers.get("x-task-type"))
-    decision = gateway.decide(features)
+    prompt = gateway.prompt_stats(body)
+    decision = gateway.decide(features, prompt)
     trace.task, trace.rule = features.task, decision.rule
+    trace.features, trace.prompt = features, prompt
     if not decision.backends:
         gateway.stats.rejected += 1
         if decision.saturated:
             raise too_busy("Every backend for this request is at its in-flight cap.")
         raise no_backend()
     headers = dict(request.headers) | {"x-request-id": trace.request_id}
+    tap = None
+    if gateway.config.routing.feedback:
+        # A stream ends with the usage chunk (and vLLM's per-request acceptance) only if
+        # asked for: ask, uncompressed, and the tap removes it again (gateway.upstream.feedback).
+        forced = with_usage(raw, body)
+        if forced is not None:
+            raw, headers["accept-encoding"] = forced, "identity"
+        tap = ResponseTap(trace, strip=forced is not None)
     # Forward inline (the in-flight count moves in the same step as the decision), while a
     # watcher cancels this task if the client leaves before the answer starts: closing the
     # upstream request then makes vLLM abort the generation.
@@ -114,7 +125,7 @@ async def _route_and_forward(
     assert task is not None
     watcher = asyncio.ensure_future(_cancel_on_disconnect(request, task))
     try:
-        return await _forward(gateway, forwarder, decision, path, raw, headers, trace)
+        return await _forward(gateway, forwarder, decision, path, raw, headers, trace, tap)
     except asyncio.CancelledError:
         if not watcher.done() or watcher.cancelled():
             raise  # cancelled from outside (shutdown), not by the client leaving
@@ -133,6 +144,7 @@ async def _forward(
     raw: bytes,
     headers: dict[str, str],
     trace: RequestTrace,
+    tap: ResponseTap | None = None,
 ) -> Response:
     def count_failover(_backend: str, _why: str) -> None:
         gateway.stats.failovers += 1
@@ -146,6 +158,7 @@ async def _forward(
         headers=headers,
         trace=trace,
         on_failure=count_failover,
+        tap=tap,
     )
     gateway.stats.by_backend[upstream.backend] += 1
     out_headers = upstream.headers | {

@@ -30,6 +30,9 @@ fewer than ``position_floor`` (default 0.3) of the drafts is wasted verification
 drafted token takes a slot in the target's batch and KV cache, which stops being free as soon
 as the target is not purely memory-bound (any batch above one, any CPU).
 
+**The window** (:func:`advise_window`): the gateway's acceptance window; when it holds too
+few drafts (idle traffic), the newest scrape's cumulative counters since server start.
+
 **The rule** (the seed's rule of thumb, quantified by the above):
 
 1. fewer than ``min_drafts`` drafts in the window: keep k (not enough data);
@@ -44,11 +47,11 @@ as the target is not purely memory-bound (any batch above one, any CPU).
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from backends.launch_profile import Speculation
-from gateway.routing.acceptance import AcceptanceStats
+from gateway.routing.acceptance import AcceptanceStats, AcceptanceWindow, SpecCounters
 
 #: Draft cost per drafted token, relative to one target step (Leviathan's c), by method.
 DRAFT_COST = {"ngram": 0.0, "suffix": 0.0, "eagle": 0.05, "eagle3": 0.05, "mtp": 0.05}
@@ -64,7 +67,8 @@ class Advice:
     ``tokens_per_step_*`` the expected tokens per verification step at the current and the
     recommended k; ``speedup_*`` the same divided by the step cost ``1 + c*k`` (a model
     estimate against plain decoding, not a measurement); ``speculative_config`` the compact
-    ``--speculative-config`` JSON for the recommended k.
+    ``--speculative-config`` JSON for the recommended k; ``window`` what the figures cover
+    (e.g. ``last 58 s`` or ``since server start``, set by :func:`advise_window`).
     """
 
     method: str
@@ -80,6 +84,7 @@ class Advice:
     draft_cost: float
     reason: str
     speculative_config: str
+    window: str = "window"
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict of every field."""
@@ -174,8 +179,8 @@ def advise(
         else:
             allowed = range(1, min(useful, k - 1, max_k) + 1) if k > 1 else range(1, 2)
             why = (
-                f"rate {stats.rate:.1%} < {lower_below:.0%}: lower k; {useful} of {k} "
-                f"positions clear {floor}"
+                f"rate {stats.rate:.1%} < {lower_below:.0%}: lower k (by one at least); "
+                f"{useful} of {k} positions clear {floor}"
             )
     elif useful < k:
         allowed = range(1, useful + 1)
@@ -228,3 +233,30 @@ def _keep(spec: Speculation, stats: AcceptanceStats | None, c: float, reason: st
         reason=reason,
         speculative_config=config_json(spec, k),
     )
+
+
+def since_start(counters: SpecCounters) -> AcceptanceStats | None:
+    """Acceptance over a server's whole life: its cumulative counters against zero (vLLM's
+    counters start at zero and a restart resets them)."""
+    window = AcceptanceWindow()
+    window.add(0.0, SpecCounters(0.0, 0.0, 0.0))
+    window.add(1.0, counters)
+    return window.stats()
+
+
+def advise_window(spec: Speculation, window: AcceptanceWindow, **knobs: Any) -> Advice | None:
+    """:func:`advise` over ``window``'s span; when that holds fewer than ``min_drafts``
+    drafts (an idle or young window) and the newest scrape's cumulative counters hold more,
+    over those instead: the server's whole life since start, a slower but valid window.
+    ``knobs`` are :func:`advise`'s keyword arguments."""
+    min_drafts = knobs.get("min_drafts", 50)
+    stats = window.stats()
+    label = "no data"
+    if stats is not None:
+        label = f"last {round(window.samples[-1][0] - window.samples[0][0], 1):g} s"
+    if (stats is None or stats.drafts < min_drafts) and window.samples:
+        lifetime = since_start(window.samples[-1][1])
+        if lifetime is not None and lifetime.drafts > (0 if stats is None else stats.drafts):
+            stats, label = lifetime, "since server start"
+    advice = advise(spec, stats, **knobs)
+    return None if advice is None else replace(advice, window=label)

@@ -11,7 +11,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from gateway.config import BackendConfig, GatewayConfig
+from gateway.routing.adaptive import Estimates, bucket_of
+from gateway.routing.adaptive_choice import AdaptiveChoice, choose
 from gateway.routing.features import RequestFeatures
+from gateway.routing.prompt_stats import PromptStats
 from gateway.routing.rules import first_match
 
 DEFAULT_RULE = "default"
@@ -70,7 +73,8 @@ class RouteDecision:
     targets, used only before any byte reaches the client); ``candidates`` lists every backend
     considered with the reason it was kept or passed over; ``reasons`` explains the choice;
     ``saturated`` says a backend was left out only for being at its ``max_inflight`` cap
-    (with an empty try list the caller answers 429 rather than 503).
+    (with an empty try list the caller answers 429 rather than 503); ``adaptive`` holds
+    the estimates behind an adaptive choice (None under the static policy).
     """
 
     rule: str
@@ -80,6 +84,7 @@ class RouteDecision:
     candidates: tuple[Candidate, ...]
     reasons: tuple[str, ...] = field(default=())
     saturated: bool = False
+    adaptive: AdaptiveChoice | None = None
 
     @property
     def backend(self) -> str | None:
@@ -109,6 +114,10 @@ class RoutingPolicy:
        stay last-resort failover targets. A demoted backend still takes ``probe_share`` of
        its traffic so its recovery shows.
     4. Within a pool: least outstanding requests first, ties broken at random.
+    5. Under ``policy: adaptive`` (the rule's, else ``routing.policy``) and given learnt
+       ``estimates``, the kept candidate of the rule's pool, or plain one of its fallbacks,
+       with the best expected decode speed goes first (Thompson sampling, see
+       :mod:`gateway.routing.adaptive_choice`); the rest keep their order for failover.
     """
 
     def __init__(self, config: GatewayConfig) -> None:
@@ -119,9 +128,12 @@ class RoutingPolicy:
         features: RequestFeatures,
         state: Mapping[str, BackendSnapshot],
         rng: random.Random,
+        estimates: Estimates | None = None,
+        prompt: PromptStats | None = None,
     ) -> RouteDecision:
         """Route one request. Never raises for a valid config; an empty ``backends`` means
-        no usable backend (the caller answers 503)."""
+        no usable backend (the caller answers 503). ``estimates`` (read only) and
+        ``prompt`` feed the adaptive policy."""
         rule = first_match(self.config.rules, features)
         if rule is None:
             rule_name, pools = DEFAULT_RULE, [self.config.defaults.pool]
@@ -142,6 +154,10 @@ class RoutingPolicy:
         if plan.deferred:
             order.extend(self._plain_backends(features, state, rng, plan, order))
             order.extend(plan.deferred)
+        policy = (rule.policy if rule is not None else None) or self.config.routing.policy
+        adaptive = None
+        if policy == "adaptive" and estimates is not None:
+            adaptive = self._adapt(pools[0], features, prompt, estimates, rng, plan, order)
         return RouteDecision(
             rule=rule_name,
             pool=pools[0],
@@ -150,7 +166,48 @@ class RoutingPolicy:
             candidates=tuple(plan.candidates),
             reasons=tuple(plan.reasons),
             saturated=plan.saturated,
+            adaptive=adaptive,
         )
+
+    def _adapt(
+        self,
+        pool: str,
+        features: RequestFeatures,
+        prompt: PromptStats | None,
+        estimates: Estimates,
+        rng: random.Random,
+        plan: _Plan,
+        order: list[str],
+    ) -> AdaptiveChoice | None:
+        """Move the adaptive pick to the front of ``order`` (in place). Speculative
+        backends are eligible from the rule's own pool only: rules stay the guard rails."""
+        backends = self.config.backends
+        allowed = {
+            c.backend
+            for c in plan.candidates
+            if c.kept and (c.pool == pool or not backends[c.backend].spec.speculative)
+        }
+        eligible = [name for name in order if name in allowed]
+        if not eligible:
+            return None
+        settings = self.config.routing.adaptive
+        overlap = prompt.overlap if prompt is not None else None
+        plain = [n for n, b in backends.items() if not b.spec.speculative]
+        choice = choose(
+            features.task,
+            bucket_of(features.temperature, overlap, settings.overlap_threshold),
+            eligible,
+            estimates,
+            rng,
+            decay=settings.decay,
+            prior_weight=settings.prior_weight,
+            baseline=plain[0] if plain else None,
+        )
+        order.remove(choice.chosen)
+        order.insert(0, choice.chosen)
+        why = "exploring" if choice.explored else "best expected decode speed"
+        plan.reasons.append(f"adaptive ({choice.bucket}): {choice.chosen}, {why}")
+        return choice
 
     def _consider(
         self,

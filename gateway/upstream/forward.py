@@ -19,6 +19,7 @@ import httpx
 from gateway.config import BackendConfig
 from gateway.errors import GatewayError, no_backend, sse_error_event, upstream_timeout
 from gateway.trace import RequestTrace
+from gateway.upstream.feedback import ResponseTap
 from gateway.upstream.state import BackendState
 
 logger = logging.getLogger(__name__)
@@ -74,18 +75,28 @@ class Upstream:
 
 
 async def _relay(
-    response: httpx.Response, state: BackendState, trace: RequestTrace
+    response: httpx.Response,
+    state: BackendState,
+    trace: RequestTrace,
+    tap: ResponseTap | None = None,
 ) -> AsyncIterator[bytes]:
     status, error = response.status_code, None
     try:
         async for chunk in response.aiter_raw():
+            if tap is not None and not (chunk := tap.feed(chunk)):
+                continue
             trace.on_chunk(chunk)
             yield chunk
+        if tap is not None and (rest := tap.close()):
+            trace.on_chunk(rest)
+            yield rest
     except httpx.HTTPError as exc:  # reset, or idle longer than idle_timeout_s
         logger.warning("backend %s failed mid-response: %s", trace.backend, type(exc).__name__)
         status, error = 502, "upstream_error"
         if not trace.stream:
             raise
+        if tap is not None and (rest := tap.close()):
+            yield rest  # lines held back for the usage chunk that never came
         yield sse_error_event("The backend failed while streaming the response.")
     except BaseException:  # the client went away (cancelled) or the app is shutting down
         status, error = 499, "client_closed"
@@ -122,9 +133,11 @@ class Forwarder:
         headers: Mapping[str, str],
         trace: RequestTrace,
         on_failure: Callable[[str, str], None] | None = None,
+        tap: ResponseTap | None = None,
     ) -> Upstream:
         """Try ``order`` (at most ``max_attempts`` backends, one at a time) until one answers
-        with a status other than 502/503.
+        with a status other than 502/503. ``tap`` reads feedback from a 200 answer (see
+        :mod:`gateway.upstream.feedback`).
 
         Returns the settled :class:`Upstream`; ``trace`` learns the backend and attempts and
         is finished when the body ends. Raises :class:`GatewayError` 503 when every tried
@@ -172,7 +185,7 @@ class Forwarder:
                 backend=name,
                 status=response.status_code,
                 headers=client_headers(response.headers),
-                body=_relay(response, state, trace),
+                body=_relay(response, state, trace, tap if response.status_code == 200 else None),
                 attempts=attempt,
             )
         logger.warning("no backend could serve the request (last: %s)", last_why)

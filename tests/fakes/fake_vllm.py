@@ -3,7 +3,8 @@
 It answers ``/health``, ``/metrics``, ``/v1/models``, ``/v1/completions`` and
 ``/v1/chat/completions`` (JSON or SSE) with ``tokens`` words, and can be told to misbehave:
 ``status`` (answer that HTTP status), ``die_after`` (drop the connection after N stream
-chunks), ``delay_s`` (sleep between chunks), ``healthy`` (``/health`` answer).
+chunks), ``delay_s`` (sleep between chunks), ``healthy`` (``/health`` answer),
+``completion_override`` (a JSON body returned verbatim for non-streamed ``/v1/completions``).
 It records every request it received (path, headers, body bytes).
 """
 
@@ -36,6 +37,7 @@ class FakeBehaviour:
     first_delay_s: float = 0.0
     received: list[dict[str, Any]] = field(default_factory=list)
     closed_early: int = 0
+    completion_override: dict[str, Any] | None = None
 
 
 class UpstreamDied(Exception):
@@ -97,6 +99,8 @@ def create_fake_vllm(b: FakeBehaviour) -> Starlette:
             }
             return JSONResponse(body, status_code=b.status)
         body = json.loads(raw)
+        if kind == "text" and not body.get("stream") and b.completion_override is not None:
+            return JSONResponse(b.completion_override)
         words = [f" w{i}" for i in range(b.tokens)]
         if body.get("stream"):
             return StreamingResponse(_stream(kind, words), media_type="text/event-stream")

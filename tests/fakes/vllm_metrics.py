@@ -38,7 +38,6 @@ def vllm_metrics_page(
         full = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
         lines.append(f"# TYPE {full} counter")
         lines += [
-            f'{full}{{{_LABELS},position="{i}"}} {float(v)}'
-            for i, v in enumerate(accepted_per_pos)
+            f'{full}{{{_LABELS},position="{i}"}} {float(v)}' for i, v in enumerate(accepted_per_pos)
         ]
     return "\n".join(lines) + "\n"

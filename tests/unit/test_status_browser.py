@@ -114,9 +114,7 @@ def page() -> Iterator[Page]:
                 running=2,
                 kv_cache_usage=0.25,
             )
-            fakes["draft"].metrics_text = vllm_metrics_page(
-                drafts=400, accepted_per_pos=(12, 4, 2)
-            )
+            fakes["draft"].metrics_text = vllm_metrics_page(drafts=400, accepted_per_pos=(12, 4, 2))
             yield Page(url, fakes)
 
 

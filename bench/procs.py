@@ -1,0 +1,217 @@
+"""Child processes for benchmarks: start in their own group, wait until they answer, measure
+their CPU time from ``/proc`` (summed over the process tree), stop them and every descendant.
+
+Linux only (``/proc``); benchmarks are run on the project's Linux machines.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import httpx
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def free_port() -> int:
+    """An ephemeral TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
+    """True when something accepts connections on ``host:port``."""
+    try:
+        with socket.create_connection((host, port), timeout=0.3):
+            return True
+    except OSError:
+        return False
+
+
+def _stat(pid: int) -> list[str] | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def descendants(root: int) -> list[int]:
+    """``root`` and every live descendant (by parent pid, from /proc)."""
+    parents: dict[int, int] = {}
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            fields = _stat(int(entry.name))
+            if fields is not None and fields[0] not in ("Z", "X"):
+                parents[int(entry.name)] = int(fields[1])
+    found = [root] if root in parents else []
+    frontier = set(found)
+    while frontier:
+        frontier = {pid for pid, ppid in parents.items() if ppid in frontier} - set(found)
+        found.extend(sorted(frontier))
+    return found
+
+
+def cpu_seconds(root: int) -> float:
+    """User + system CPU seconds of ``root`` and its live descendants (all their threads)."""
+    ticks = 0
+    for pid in descendants(root):
+        fields = _stat(pid)
+        if fields is not None:
+            ticks += int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15)
+    return ticks / CLOCK_TICKS
+
+
+def mapped_libraries(root: int, names: Sequence[str]) -> list[str]:
+    """Which of ``names`` (substrings of shared-object paths) the process tree has loaded,
+    e.g. ``["uvloop", "httptools"]``: shows which event loop and HTTP parser a server uses."""
+    seen: set[str] = set()
+    for pid in descendants(root):
+        try:
+            with open(f"/proc/{pid}/maps") as f:
+                maps = f.read()
+        except OSError:
+            continue
+        seen |= {name for name in names if f"/{name}" in maps}
+    return sorted(seen)
+
+
+def machine() -> dict[str, Any]:
+    """CPU model, cores, memory, Python: where the figures were measured."""
+    cpu = "unknown"
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    mem_kb = int(open("/proc/meminfo").readline().split()[1])
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "memory_gib": round(mem_kb / 2**20, 1),
+        "python": sys.version.split()[0],
+        "date": time.strftime("%Y-%m-%d %H:%M %Z"),
+    }
+
+
+def load_average() -> float:
+    """The 1-minute load average: above the core count, other work shares the CPUs and the
+    figures of a run are noisier (CPU time per request rises with cache contention)."""
+    with open("/proc/loadavg") as f:
+        return float(f.read().split()[0])
+
+
+class Server:
+    """A benchmarked server process: ``with Server(...) as s:`` starts it, waits until
+    ``ready_url`` answers 2xx, and stops the whole tree on exit.
+
+    ``cpus`` pins the process (and so its children) to those CPUs.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        argv: Sequence[str],
+        *,
+        ready_url: str,
+        log_path: Path,
+        env: Mapping[str, str] | None = None,
+        cpus: set[int] | None = None,
+        startup_timeout_s: float = 120.0,
+    ) -> None:
+        self.name, self.argv, self.ready_url = name, list(argv), ready_url
+        self.log_path, self.env, self.cpus = log_path, env, cpus
+        self.startup_timeout_s = startup_timeout_s
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def pid(self) -> int:
+        """The server's pid (also its process group id)."""
+        assert self.proc is not None, "not started"
+        return self.proc.pid
+
+    def start(self) -> None:
+        """Spawn the server and wait until it is ready; raises RuntimeError with its log."""
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, **(self.env or {})}
+        cpus = self.cpus
+        with self.log_path.open("wb") as log:
+            self.proc = subprocess.Popen(
+                self.argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+                preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None,  # noqa: PLW1509
+            )
+        deadline = time.monotonic() + self.startup_timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited at start:\n{self.log_tail()}")
+            try:
+                if httpx.get(self.ready_url, timeout=1.0).is_success:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.25)
+        self.stop()
+        raise RuntimeError(
+            f"{self.name} not ready in {self.startup_timeout_s:.0f} s:\n{self.log_tail()}"
+        )
+
+    def log_tail(self, lines: int = 15) -> str:
+        """The last lines of the server's log."""
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def cpu_seconds(self) -> float:
+        """CPU seconds used so far by the server's process tree."""
+        return cpu_seconds(self.pid)
+
+    def stop(self) -> None:
+        """SIGTERM the group and every descendant, SIGKILL after 10 s, reap."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        tree = descendants(self.proc.pid)
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            for send, target in [(os.killpg, self.proc.pid), *((os.kill, p) for p in tree)]:
+                try:
+                    send(target, sig)
+                except (ProcessLookupError, PermissionError):
+                    pass
+            try:
+                self.proc.wait(timeout=10)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        for pid in tree:  # descendants that left the group
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def __enter__(self) -> Server:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()

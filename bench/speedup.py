@@ -1,0 +1,276 @@
+"""Speculative-decoding speedup: each backend alone vs specgate, per task, on real servers.
+
+    python -m bench.speedup --launch                     # start the local CPU stack, run, stop
+    python -m bench.speedup --config FILE --gateway URL  # servers already running (e.g. GPUs)
+
+Sends the same small sample of the shared prompt datasets (:mod:`bench.workloads`: per task
+``--per-task`` prompts, near-greedy code and rag, warm chat, hot creative, fixed seed,
+``--max-tokens`` output tokens) as streamed requests to every backend of the config alone,
+then through the gateway, at each ``--concurrency`` (mixed tasks, bounded in-flight count).
+Reports per task: output tokens/s per request (sum of tokens over sum of end-to-end times),
+time to first token p50/p99, inter-token latency p50, end-to-end p50/p99; per run, each
+speculative backend's acceptance rate from its ``/metrics`` counter deltas; and the gateway's
+choice of backend per task. Writes ``results.json``, ``speedup.md`` and charts to ``--out``.
+
+``--adaptive`` adds an ``adaptive`` target: a second gateway with ``routing.policy: adaptive``,
+warmed up first (see :mod:`bench.adaptive_bench`; use ``--concurrency 1``).
+
+``--launch`` starts the config's ``local: true`` backends itself (on free ports, so a stack
+already running on 8001-8003 is left alone), the gateway in a subprocess, and stops them all
+at the end, error or Ctrl-C. It needs about 10 GB of free memory. Timings are reported,
+never asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+from tqdm import tqdm
+
+from bench import adaptive_bench, speedup_report
+from bench.llm_client import run_items
+from bench.procs import Server, free_port
+from bench.workloads import Item, default_prompts_dir, sample
+from gateway.config import GatewayConfig, load_config, parse_config
+from gateway.upstream.scrape import parse_vllm_metrics
+
+MIN_FREE_GIB = 10.0
+
+
+def available_gib() -> float:
+    """MemAvailable from /proc/meminfo, in GiB."""
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) / 2**20
+    return 0.0
+
+
+def remap_ports(path: Path) -> dict[str, Any]:
+    """The config at ``path`` with every local backend moved to a free port."""
+    data = yaml.safe_load(path.read_text())
+    for backend in data["backends"].values():
+        if backend.get("local") and backend.get("profile"):
+            backend["profile"]["port"] = free_port()
+            backend.pop("url", None)
+    return data
+
+
+@contextlib.contextmanager
+def launched(config_path: Path, work: Path, logs: Path) -> Iterator[tuple[GatewayConfig, str]]:
+    """Start the local backends and the gateway (their logs in ``logs``); yield (config in
+    use, gateway URL)."""
+    from backends.launcher import LocalStack
+    from gateway.launch import cache_paths, local_backends, prepare
+    from gateway.settings import Settings
+
+    free = available_gib()
+    if free < MIN_FREE_GIB:
+        raise SystemExit(f"bench: only {free:.1f} GiB available, need {MIN_FREE_GIB:g}")
+    data = remap_ports(config_path)
+    config = parse_config(data, str(config_path))
+    launched_path = work / "speedup-config.yaml"
+    launched_path.write_text(yaml.safe_dump(data, sort_keys=False))
+    settings = Settings(config=launched_path)
+    python = prepare(settings)
+    backends = local_backends(config, cache_paths(settings), python)
+    for backend in backends:  # not the cache's logs/: a `specgate up` may be writing there
+        backend.log_path = logs / f"{backend.name}.log"
+    stack = LocalStack(backends, timeout_s=600, log=tqdm.write)
+    port = free_port()
+    gateway = Server(
+        "specgate",
+        [
+            sys.executable,
+            "-m",
+            "gateway.cli",
+            "serve",
+            "--config",
+            str(launched_path),
+            "--port",
+            str(port),
+        ],
+        ready_url=f"http://127.0.0.1:{port}/ready",
+        log_path=logs / "gateway.log",
+    )
+    with stack, gateway:
+        yield config, f"http://127.0.0.1:{port}"
+
+
+def scrape(config: GatewayConfig) -> dict[str, tuple[float, float] | None]:
+    """(draft tokens, accepted tokens) per backend now (None for plain or unreachable)."""
+    out: dict[str, tuple[float, float] | None] = {}
+    for name, backend in config.backends.items():
+        try:
+            text = httpx.get(backend.base_url + "/metrics", timeout=5).text
+            spec = parse_vllm_metrics(text).spec
+        except (httpx.HTTPError, ValueError):
+            spec = None
+        out[name] = None if spec is None else (spec.draft_tokens, spec.accepted_tokens)
+    return out
+
+
+def acceptance(before: dict[str, Any], after: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """Per speculative backend: drafted and accepted token deltas and their ratio."""
+    out = {}
+    for name, end in after.items():
+        start = before.get(name)
+        if end is None or start is None:
+            continue
+        drafted, accepted = end[0] - start[0], end[1] - start[1]
+        rate = accepted / drafted if drafted else float("nan")
+        out[name] = {"draft_tokens": drafted, "accepted_tokens": accepted, "rate": rate}
+    return out
+
+
+def measure(
+    config: GatewayConfig,
+    gateway_url: str,
+    items: Sequence[Item],
+    concurrencies: Sequence[int],
+    max_tokens: int,
+    backends: Sequence[str],
+    extra: Sequence[tuple[str, str]] = (),
+) -> list[dict[str, Any]]:
+    """Every (concurrency, target) run: outcomes, wall time, acceptance deltas.
+
+    Targets are interleaved: the items go in waves of ``concurrency`` requests, and every
+    target serves each wave in turn (order rotated per wave), so a change in background load
+    hits all targets alike.
+    """
+    model = next(iter(config.backends.values())).served_model
+    targets = [(n, config.backends[n].base_url) for n in backends] + [("specgate", gateway_url)]
+    targets += extra  # more gateways (name, URL), e.g. the adaptive one
+    for _name, url in targets:  # warm-up: first requests pay one-off costs
+        run_items(url, model, items[:2], concurrency=2, max_tokens=8)
+    runs = []
+    total = len(concurrencies) * len(targets) * len(items)
+    with tqdm(total=total, desc="speedup", unit="req") as bar:
+        for concurrency in concurrencies:
+            acc = {name: _Run(name, concurrency) for name, _ in targets}
+            waves = [items[i : i + concurrency] for i in range(0, len(items), concurrency)]
+            for w, wave in enumerate(waves):
+                for name, url in targets[w % len(targets) :] + targets[: w % len(targets)]:
+                    bar.set_postfix_str(f"c{concurrency} {name}")
+                    before = scrape(config)
+                    outcomes, wall = run_items(
+                        url,
+                        model,
+                        wave,
+                        concurrency=concurrency,
+                        max_tokens=max_tokens,
+                        on_done=lambda _: bar.update(),
+                    )
+                    acc[name].add(outcomes, wall, acceptance(before, scrape(config)))
+            for run in acc.values():
+                runs.append(run.to_json())
+                if run.failed:
+                    tqdm.write(f"bench: {run.name} c{concurrency}: {run.failed} failed")
+    return runs
+
+
+class _Run:
+    """Accumulates one (target, concurrency) over the waves."""
+
+    def __init__(self, name: str, concurrency: int) -> None:
+        self.name, self.concurrency = name, concurrency
+        self.outcomes: list[dict[str, Any]] = []
+        self.wall_s = 0.0
+        self.acceptance: dict[str, dict[str, float]] = {}
+        self.failed = 0
+
+    def add(self, outcomes: Sequence[Any], wall: float, acc: dict[str, dict[str, float]]) -> None:
+        self.outcomes += [o.to_json() for o in outcomes]
+        self.failed += sum(1 for o in outcomes if o.error)
+        self.wall_s += wall
+        for backend, delta in acc.items():
+            total = self.acceptance.setdefault(backend, {"draft_tokens": 0, "accepted_tokens": 0})
+            total["draft_tokens"] += delta["draft_tokens"]
+            total["accepted_tokens"] += delta["accepted_tokens"]
+
+    def to_json(self) -> dict[str, Any]:
+        for total in self.acceptance.values():
+            drafted = total["draft_tokens"]
+            total["rate"] = total["accepted_tokens"] / drafted if drafted else float("nan")
+        return {
+            "target": self.name,
+            "concurrency": self.concurrency,
+            "wall_s": self.wall_s,
+            "acceptance": self.acceptance,
+            "outcomes": self.outcomes,
+        }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the benchmark; returns the exit code."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", type=Path, default=Path("config/local.yaml"))
+    parser.add_argument("--gateway", default="http://127.0.0.1:8000", help="without --launch")
+    parser.add_argument("--launch", action="store_true", help="start and stop the local stack")
+    parser.add_argument("--backends", help="comma-separated backend names (default: all)")
+    parser.add_argument("--prompts", type=Path, default=default_prompts_dir())
+    parser.add_argument("--per-task", type=int, default=6)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--max-prompt-chars", type=int, default=3000)
+    parser.add_argument("--concurrency", default="1,8")
+    parser.add_argument("--out", type=Path, default=Path("bench/out/speedup"))
+    parser.add_argument("--adaptive", action="store_true", help="add the adaptive gateway")
+    parser.add_argument("--adaptive-gateway", help="its URL when already running")
+    parser.add_argument("--warmup", type=int, default=30, help="adaptive warm-up per task")
+    args = parser.parse_args(argv)
+    items = sample(args.prompts, args.per_task, args.max_prompt_chars)
+    concurrencies = [int(c) for c in args.concurrency.split(",")]
+    args.out.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="specgate-speedup-") as tmp:
+        if args.launch:
+            context: Any = launched(args.config, Path(tmp), args.out / "logs")
+        else:
+            context = contextlib.nullcontext((load_config(args.config), args.gateway))
+        with context as (config, gateway_url), adaptive_bench.context(args, Path(tmp)) as url:
+            names = args.backends.split(",") if args.backends else list(config.backends)
+            warm, extra = [], []
+            if url is not None:
+                more = adaptive_bench.warmup_items(
+                    args.prompts, items, args.per_task, args.warmup, args.max_prompt_chars
+                )
+                model = next(iter(config.backends.values())).served_model
+                warm = adaptive_bench.warm_up(url, model, more, args.max_tokens, tqdm.write)
+                extra = [(adaptive_bench.TARGET, url)]
+            runs = measure(config, gateway_url, items, concurrencies, args.max_tokens, names, extra)
+    meta = {
+        "config": str(args.config),
+        "launched": args.launch,
+        "per_task": args.per_task,
+        "max_tokens": args.max_tokens,
+        "max_prompt_chars": args.max_prompt_chars,
+        "items": [
+            {
+                "task": i.task,
+                "id": i.id,
+                "path": i.path,
+                "prompt_chars": i.prompt_chars,
+                "temperature": i.body["temperature"],
+            }
+            for i in items
+        ],
+        "elapsed_s": time.monotonic() - started,
+    }
+    speedup_report.write(args.out, runs, meta)
+    if extra:
+        adaptive_bench.report(args.out, runs, warm)
+    print((args.out / "speedup.md").read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

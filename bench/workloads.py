@@ -1,0 +1,83 @@
+"""Speedup workloads: a small, fixed sample of the shared prompt datasets per task.
+
+Each task gets the sampling a real client of that kind would use (code and rag near-greedy,
+chat warm, creative hot), a fixed ``seed`` so every backend samples the same way, and
+``max_tokens`` small enough for CPU backends. Items are picked by a stable hash of their id
+(the same sample on every machine), prompts longer than ``max_prompt_chars`` keep their
+head and their tail (a rag prompt's question and ``Answer:`` cue live in the tail).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+TASKS = ("code", "rag", "chat", "creative")
+#: Sampling per task: code and rag answers are near-deterministic, chat and creative not.
+TEMPERATURE = {"code": 0.2, "rag": 0.0, "chat": 0.7, "creative": 1.0}
+SEED = 1234
+
+
+def default_prompts_dir() -> Path:
+    """``SPECGATE_PROMPTS_DIR``, else ``shared/datasets/prompts`` beside the repository."""
+    env = os.environ.get("SPECGATE_PROMPTS_DIR")
+    if env:
+        return Path(env)
+    return Path(__file__).resolve().parents[2] / "shared" / "datasets" / "prompts"
+
+
+@dataclass(frozen=True)
+class Item:
+    """One benchmark request: its task, dataset id, endpoint path and body (without model)."""
+
+    task: str
+    id: str
+    path: str
+    body: dict[str, Any]
+    prompt_chars: int
+
+    def request(self, model: str, max_tokens: int) -> dict[str, Any]:
+        """The streamed request body for ``model`` (usage in the last event)."""
+        return self.body | {
+            "model": model,
+            "max_tokens": max_tokens,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+
+
+def shorten(text: str, max_chars: int, tail_chars: int = 600) -> str:
+    """``text`` cut to about ``max_chars``: its head, a marker, and its last ``tail_chars``."""
+    if len(text) <= max_chars:
+        return text
+    head = max_chars - tail_chars
+    return text[:head] + "\n[...]\n" + text[-tail_chars:]
+
+
+def to_item(row: dict[str, Any], max_prompt_chars: int) -> Item:
+    """The request for one dataset row: HumanEval stubs go to ``/v1/completions``, the rest
+    as one chat user message."""
+    task = row["task"]
+    prompt = shorten(row["prompt"], max_prompt_chars)
+    sampling = {"temperature": TEMPERATURE[task], "seed": SEED}
+    if row.get("prompt_format") == "completion":
+        return Item(task, row["id"], "/v1/completions", {"prompt": prompt} | sampling, len(prompt))
+    body = {"messages": [{"role": "user", "content": prompt}]} | sampling
+    return Item(task, row["id"], "/v1/chat/completions", body, len(prompt))
+
+
+def sample(data: Path, per_task: int, max_prompt_chars: int = 3000) -> list[Item]:
+    """``per_task`` items of each task, chosen by the SHA-1 of their ids, tasks interleaved
+    (code, rag, chat, creative, code, ...) so mixed traffic is mixed all along."""
+    by_task: dict[str, list[Item]] = {}
+    for task in TASKS:
+        path = data / f"{task}.jsonl"
+        with path.open(encoding="utf-8") as f:
+            rows = [json.loads(line) for line in f if line.strip()]
+        rows.sort(key=lambda r: hashlib.sha1(r["id"].encode()).hexdigest())
+        by_task[task] = [to_item(r, max_prompt_chars) for r in rows[:per_task]]
+    return [by_task[t][i] for i in range(per_task) for t in TASKS if i < len(by_task[t])]

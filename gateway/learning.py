@@ -1,0 +1,166 @@
+"""From finished requests to the adaptive learner: observations, a log of recent records,
+and the optional state file.
+
+One :class:`FeedbackCollector` lives on the :class:`~gateway.service.Gateway` (not on the
+routing policy, which a config reload replaces), so what was learnt survives reloads; with
+``routing.adaptive.state_file`` it also survives restarts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from gateway.config import AdaptiveSettings
+from gateway.routing.adaptive import Learner, Observation, bucket_of
+from gateway.trace import RequestTrace
+
+logger = logging.getLogger(__name__)
+
+#: Records kept for ``GET /routes`` (the newest last).
+RECENT = 200
+
+
+def decode_seconds(trace: RequestTrace) -> float | None:
+    """Seconds spent decoding: end minus first relayed chunk for a stream of two or more
+    chunks (the first token's time, prefill and queue excluded), else the whole duration
+    (a JSON answer arrives at once)."""
+    if trace.duration_s is None:
+        return None
+    if trace.stream and trace.ttft_s is not None and trace.chunks > 1:
+        return trace.duration_s - trace.ttft_s
+    return trace.duration_s
+
+
+class FeedbackCollector:
+    """Request-trace observer feeding the :class:`~gateway.routing.adaptive.Learner`.
+
+    ``settings`` is a callable so a reloaded config's knobs apply. A request teaches when it
+    succeeded (200) with at least ``min_tokens`` output tokens; every such request is also
+    kept in :attr:`recent` (numbers only, never text).
+    """
+
+    def __init__(self, settings: Callable[[], AdaptiveSettings]) -> None:
+        self.settings = settings
+        self.learner = Learner(settings().decay)
+        self.recent: deque[dict[str, Any]] = deque(maxlen=RECENT)
+        self.ignored = 0
+        self._saving: asyncio.Future[None] | None = None
+        path = settings().state_file
+        if path:
+            self.load(Path(path))
+
+    def bucket(self, trace: RequestTrace) -> str | None:
+        """The feature bucket of a traced request (None without routing features)."""
+        if trace.features is None:
+            return None
+        overlap = trace.prompt.overlap if trace.prompt is not None else None
+        return bucket_of(trace.features.temperature, overlap, self.settings().overlap_threshold)
+
+    def observe(self, trace: RequestTrace) -> None:
+        """Observer: learn from one finished request (ignored when it teaches nothing)."""
+        settings = self.settings()
+        bucket, tokens, decode_s = self.bucket(trace), trace.completion_tokens(), None
+        if trace.status == 200 and trace.error is None:
+            decode_s = decode_seconds(trace)
+        if (
+            bucket is None
+            or trace.backend is None
+            or trace.task is None
+            or decode_s is None
+            or decode_s <= 0
+            or tokens is None
+            or tokens < settings.min_tokens
+        ):
+            self.ignored += 1
+            return
+        spec = trace.spec_decoding or {}
+        drafts, accepted = spec.get("num_draft_tokens"), spec.get("num_accepted_draft_tokens")
+        steps = spec.get("num_spec_steps")
+        obs = Observation(
+            trace.task,
+            bucket,
+            trace.backend,
+            tokens / decode_s,
+            tokens,
+            drafts if isinstance(drafts, int) else None,
+            accepted if isinstance(accepted, int) else None,
+            steps if isinstance(steps, int) else None,
+        )
+        self.learner.decay = settings.decay
+        self.learner.observe(obs)
+        self.recent.append(_record(trace, obs, decode_s))
+        if settings.state_file and self.learner.observations % settings.save_every == 0:
+            self.save(Path(settings.state_file))
+
+    def load(self, path: Path) -> None:
+        """Load saved estimates; a missing or unreadable file leaves the learner empty."""
+        try:
+            self.learner.load_json(json.loads(path.read_text(encoding="utf-8")))
+            logger.info("adaptive estimates loaded from %s", path)
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError) as exc:
+            logger.warning("adaptive estimates not loaded from %s: %s", path, exc)
+
+    def save(self, path: Path) -> None:
+        """Write the estimates to ``path`` (atomically), off the event loop when on one."""
+        data = json.dumps(self.learner.to_json())
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            _write(path, data)
+            return
+        if self._saving is None or self._saving.done():
+            self._saving = loop.run_in_executor(None, _write, path, data)
+
+    def to_json(self) -> dict[str, Any]:
+        """The learner's estimates and the newest records, for ``GET /routes``."""
+        return {
+            "observations": self.learner.observations,
+            "ignored": self.ignored,
+            "decay": self.learner.decay,
+            "groups": self.learner.summary(),
+            "recent": list(self.recent)[-50:],
+        }
+
+
+def _record(trace: RequestTrace, obs: Observation, decode_s: float) -> dict[str, Any]:
+    features, prompt, spec = trace.features, trace.prompt, trace.spec_decoding
+    rate = None
+    if obs.draft_tokens and obs.accepted_tokens is not None:
+        rate = obs.accepted_tokens / obs.draft_tokens
+    return {
+        "request_id": trace.request_id,
+        "backend": obs.backend,
+        "task": obs.task,
+        "bucket": obs.bucket,
+        "temperature": features.temperature if features else None,
+        "prompt_chars": prompt.chars if prompt else None,
+        "prompt_overlap": prompt.overlap if prompt else None,
+        "stream": trace.stream,
+        "tokens": obs.tokens,
+        "decode_s": round(decode_s, 4),
+        "decode_tps": round(obs.speed_tps, 2),
+        "draft_tokens": obs.draft_tokens,
+        "accepted_tokens": obs.accepted_tokens,
+        "acceptance_rate": rate,
+        "mean_acceptance_length": spec.get("mean_acceptance_length") if spec else None,
+        "speculative_decoding": spec,
+    }
+
+
+def _write(path: Path, data: str) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(data, encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError as exc:
+        logger.warning("adaptive estimates not saved to %s: %s", path, exc)

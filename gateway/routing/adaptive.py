@@ -1,0 +1,227 @@
+"""Running estimates of decode speed and draft acceptance per (task, bucket, backend).
+
+Each finished request teaches one :class:`Observation`: the backend that served it, its decode
+speed (output tokens per second after the first token) and, for a speculative backend, the
+acceptance vLLM reported for that request (``metrics.speculative_decoding`` with
+``--per-request-spec-decode-metrics``). Observations are grouped by task and feature bucket
+(temperature band, prompt self-overlap band) and, as a fallback prior, by task alone.
+
+Estimates follow change by exponential forgetting: every observation in a group multiplies
+the weight of everything the group learnt before by ``decay`` (an effective window of about
+``1 / (1 - decay)`` requests), including backends that were not chosen, so the confidence in
+a stale estimate fades and Thompson sampling (:mod:`gateway.routing.adaptive_choice`) tries
+that backend again. Speeds are kept as logarithms (speedups multiply; noise is roughly
+log-normal): a weighted mean and weighted sum of squared deviations (West 1979).
+
+Pure code with copy-on-write state: :meth:`Learner.view` is a read-only mapping whose values
+are never mutated, so a routing decision reads one consistent state.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+#: The bucket name of a task's all-bucket group, the prior of its buckets.
+ALL = "*"
+#: At or below this temperature a request counts as greedy.
+GREEDY_MAX_T = 0.1
+STATE_VERSION = 1
+
+
+def bucket_of(temperature: float, overlap: float | None, overlap_threshold: float) -> str:
+    """The feature bucket of a request, e.g. ``"greedy/rep"``.
+
+    Temperature band: ``greedy`` (<= 0.1) or ``sampled``; prompt band: ``rep`` when the share
+    of repeated word bigrams is at least ``overlap_threshold``, ``norep`` otherwise or unknown.
+    """
+    band = "greedy" if temperature <= GREEDY_MAX_T else "sampled"
+    rep = "rep" if overlap is not None and overlap >= overlap_threshold else "norep"
+    return f"{band}/{rep}"
+
+
+@dataclass(frozen=True, slots=True)
+class Observation:
+    """One finished request as the learner sees it.
+
+    ``speed_tps``: output tokens per second of decoding; ``tokens``: output tokens;
+    ``draft_tokens``/``accepted_tokens``/``spec_steps``: the request's proposed and accepted
+    draft tokens and verify steps (None for a plain backend or when vLLM did not report).
+    """
+
+    task: str
+    bucket: str
+    backend: str
+    speed_tps: float
+    tokens: int
+    draft_tokens: int | None = None
+    accepted_tokens: int | None = None
+    spec_steps: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class BackendStats:
+    """Decayed statistics of one backend in one group.
+
+    ``at``: the group's observation count when these were last brought up to date (decay is
+    applied lazily: ``decay ** (count - at)``); ``weight``: decayed number of observations;
+    ``mean``/``m2``: weighted mean and sum of squared deviations of ln(tokens/s);
+    ``drafts``/``accepted``/``steps``: decayed draft tokens, accepted draft tokens and verify
+    steps; ``requests``: observations ever (not decayed).
+    """
+
+    at: int = 0
+    weight: float = 0.0
+    mean: float = 0.0
+    m2: float = 0.0
+    drafts: float = 0.0
+    accepted: float = 0.0
+    steps: float = 0.0
+    requests: int = 0
+
+    def aged(self, count: int, decay: float) -> BackendStats:
+        """These statistics as of group observation ``count`` (forgetting applied)."""
+        f = 1.0 if count == self.at else decay ** (count - self.at)
+        return BackendStats(
+            count,
+            self.weight * f,
+            self.mean,
+            self.m2 * f,
+            self.drafts * f,
+            self.accepted * f,
+            self.steps * f,
+            self.requests,
+        )
+
+    def added(self, count: int, decay: float, obs: Observation) -> BackendStats:
+        """These statistics aged to group observation ``count``, plus ``obs`` (weight 1)."""
+        f = 1.0 if count == self.at else decay ** (count - self.at)
+        x = math.log(max(obs.speed_tps, 1e-6))
+        weight = self.weight * f + 1.0
+        delta = x - self.mean
+        mean = self.mean + delta / weight
+        drafts, accepted, steps = self.drafts * f, self.accepted * f, self.steps * f
+        if obs.draft_tokens is not None and obs.accepted_tokens is not None:
+            drafts += obs.draft_tokens
+            accepted += obs.accepted_tokens
+            steps += obs.spec_steps or 0
+        m2 = self.m2 * f + delta * (x - mean)
+        return BackendStats(count, weight, mean, m2, drafts, accepted, steps, self.requests + 1)
+
+    @property
+    def speed_tps(self) -> float:
+        """The weighted geometric-mean decode speed in tokens/s (0 without data)."""
+        return math.exp(self.mean) if self.weight > 0 else 0.0
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        """Decayed accepted / drafted tokens (vLLM's draft acceptance rate), or None."""
+        return self.accepted / self.drafts if self.drafts > 0 else None
+
+    @property
+    def mean_acceptance_length(self) -> float | None:
+        """1 + accepted tokens per verify step (vLLM's definition, bonus token included)."""
+        return 1.0 + self.accepted / self.steps if self.steps > 0 else None
+
+
+@dataclass(frozen=True, slots=True)
+class GroupStats:
+    """One (task, bucket) group: its observation count and each backend's statistics."""
+
+    count: int = 0
+    backends: Mapping[str, BackendStats] = field(default_factory=dict)
+
+    def current(self, backend: str, decay: float) -> BackendStats | None:
+        """``backend``'s statistics aged to now, or None if it was never observed here."""
+        stats = self.backends.get(backend)
+        return None if stats is None else stats.aged(self.count, decay)
+
+    def factor(self, stats: BackendStats, decay: float) -> float:
+        """The weight ``stats`` keep now (``decay ** observations since``), without a copy."""
+        return 1.0 if stats.at == self.count else decay ** (self.count - stats.at)
+
+
+#: The read-only state a routing decision reads: (task, bucket) -> group.
+Estimates = Mapping[tuple[str, str], GroupStats]
+
+
+class Learner:
+    """The estimator state (lives on the Gateway, so it survives config reloads).
+
+    ``decay`` in (0, 1]: weight kept by past observations of a group at each new one.
+    """
+
+    def __init__(self, decay: float = 0.95) -> None:
+        self.decay = decay
+        self.groups: dict[tuple[str, str], GroupStats] = {}
+        self.observations = 0
+
+    def observe(self, obs: Observation) -> None:
+        """Learn from one request: in its (task, bucket) group and its task's prior group."""
+        for key in ((obs.task, obs.bucket), (obs.task, ALL)):
+            group = self.groups.get(key, GroupStats())
+            count = group.count + 1
+            old = group.backends.get(obs.backend, BackendStats())
+            new = old.added(count, self.decay, obs)
+            self.groups[key] = GroupStats(count, {**group.backends, obs.backend: new})
+        self.observations += 1
+
+    def view(self) -> Estimates:
+        """A read-only view for routing (its values are immutable; observe replaces them)."""
+        return MappingProxyType(self.groups)
+
+    def to_json(self) -> dict[str, Any]:
+        """The state as JSON-ready data (see :meth:`from_json`)."""
+        return {
+            "version": STATE_VERSION,
+            "decay": self.decay,
+            "observations": self.observations,
+            "groups": [
+                {
+                    "task": task,
+                    "bucket": bucket,
+                    "count": g.count,
+                    "backends": {name: asdict(s) for name, s in g.backends.items()},
+                }
+                for (task, bucket), g in self.groups.items()
+            ],
+        }
+
+    def load_json(self, data: Mapping[str, Any]) -> None:
+        """Replace the state with saved data; raises ValueError on a foreign shape."""
+        if data.get("version") != STATE_VERSION:
+            raise ValueError(f"unknown adaptive state version {data.get('version')!r}")
+        groups: dict[tuple[str, str], GroupStats] = {}
+        try:
+            for g in data["groups"]:
+                stats = {str(n): BackendStats(**s) for n, s in g["backends"].items()}
+                groups[(str(g["task"]), str(g["bucket"]))] = GroupStats(int(g["count"]), stats)
+        except (KeyError, TypeError) as exc:
+            raise ValueError(f"malformed adaptive state: {exc}") from None
+        self.groups = groups
+        self.observations = int(data.get("observations", 0))
+
+    def summary(self) -> list[dict[str, Any]]:
+        """Every group's current estimates, for ``GET /routes``."""
+        out = []
+        for (task, bucket), group in sorted(self.groups.items()):
+            rows = {}
+            for name in sorted(group.backends):
+                s = group.current(name, self.decay)
+                assert s is not None
+                rows[name] = {
+                    "speed_tps": round(s.speed_tps, 2),
+                    "weight": round(s.weight, 2),
+                    "requests": s.requests,
+                    "acceptance_rate": _round(s.acceptance_rate),
+                    "mean_acceptance_length": _round(s.mean_acceptance_length),
+                }
+            out.append({"task": task, "bucket": bucket, "count": group.count, "backends": rows})
+        return out
+
+
+def _round(value: float | None, digits: int = 4) -> float | None:
+    return None if value is None else round(value, digits)

@@ -1,0 +1,195 @@
+"""Adaptive choice among the backends a rule allows: Thompson sampling on decode speed.
+
+For each candidate the learnt ln(tokens/s) statistics (:mod:`gateway.routing.adaptive`) give
+a normal posterior of its mean decode speed for this (task, bucket): the bucket's own
+observations plus at most ``prior_weight`` pseudo-observations of the task-level mean
+(hierarchical shrinkage, so a new bucket starts from what the task already knows). One value
+is drawn per candidate and the largest draw wins (Thompson 1933; Russo et al., "A Tutorial
+on Thompson Sampling", 2018): a candidate is chosen with the probability that it is the
+fastest, so clear losers are rarely tried and close ones share traffic until the data
+separates them. As a loser's evidence decays its posterior widens and it is tried again,
+which is how a backend that got better is noticed. A backend never observed for the task
+gets an optimistic prior (the best candidate's mean, wide), so each is tried early.
+
+Pure: the estimates and the ``random.Random`` come from the caller; for a given state and
+seed the choice is deterministic.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from gateway.routing.adaptive import ALL, BackendStats, Estimates, GroupStats
+
+#: Prior standard deviation of one request's ln(speed) (about +-28%), blended with the
+#: observed spread as 2 pseudo-observations.
+OBS_SD = 0.25
+OBS_SD_WEIGHT = 2.0
+#: Pseudo-weight of the optimistic prior of a never-observed backend (posterior sd 0.35).
+UNSEEN_WEIGHT = 0.5
+#: Cap on a posterior sd in ln units, so a long-unused backend is not drawn absurdly fast.
+MAX_SD = 1.0
+
+
+class Estimate(NamedTuple):
+    """What adaptive routing believes about one candidate for this request (a NamedTuple:
+    immutable and cheap to build on the hot path).
+
+    ``source``: ``bucket`` (observed in this bucket), ``task`` (only at task level) or
+    ``prior`` (never observed for the task); ``requests``: observations in the bucket ever;
+    ``weight``: their decayed weight; ``speed_tps``: posterior mean decode speed (tokens/s,
+    geometric); ``sd``: posterior sd of ln(speed); ``relative``: speed / the plain
+    baseline's (None without one); ``acceptance_rate`` and ``mean_acceptance_length``: the
+    bucket's decayed per-request acceptance (speculative backends); ``draw``: the Thompson
+    sample in tokens/s (None when there was nothing to choose).
+    """
+
+    backend: str
+    source: str
+    requests: int
+    weight: float
+    speed_tps: float
+    sd: float
+    relative: float | None
+    acceptance_rate: float | None
+    mean_acceptance_length: float | None
+    draw: float | None
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON-ready fields, rounded for display."""
+        return {
+            "backend": self.backend,
+            "source": self.source,
+            "requests": self.requests,
+            "weight": round(self.weight, 3),
+            "speed_tps": round(self.speed_tps, 2),
+            "sd_log": round(self.sd, 3),
+            "relative_to_plain": _round(self.relative),
+            "acceptance_rate": _round(self.acceptance_rate),
+            "mean_acceptance_length": _round(self.mean_acceptance_length),
+            "draw_tps": None if self.draw is None else round(self.draw, 2),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class AdaptiveChoice:
+    """The adaptive pick for one request: ``chosen`` (the largest draw), ``best`` (the
+    highest posterior mean), ``explored`` (they differ: this request pays for exploration),
+    and the estimate behind each candidate."""
+
+    task: str
+    bucket: str
+    chosen: str
+    best: str
+    explored: bool
+    estimates: tuple[Estimate, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``adaptive`` object of ``/routes/explain``."""
+        return {
+            "task": self.task,
+            "bucket": self.bucket,
+            "chosen": self.chosen,
+            "best": self.best,
+            "explored": self.explored,
+            "estimates": [e.to_json() for e in self.estimates],
+        }
+
+
+class _Seen(NamedTuple):
+    """A backend's statistics in a group and the weight they keep now (lazy decay)."""
+
+    stats: BackendStats
+    factor: float
+
+
+class _Posterior(NamedTuple):
+    source: str
+    mean: float
+    sd: float
+    weight: float
+
+
+def _seen(group: GroupStats | None, name: str, decay: float) -> _Seen | None:
+    stats = group.backends.get(name) if group is not None else None
+    if group is None or stats is None or not stats.requests:
+        return None
+    return _Seen(stats, group.factor(stats, decay))
+
+
+def _posterior(
+    bucket: _Seen | None, task: _Seen | None, prior_weight: float, optimistic: float
+) -> _Posterior:
+    """Normal posterior of the mean ln(speed) from bucket data and the task-level prior."""
+    if bucket is None and task is None:
+        return _Posterior("prior", optimistic, OBS_SD / math.sqrt(UNSEEN_WEIGHT), 0.0)
+    w_b = bucket.stats.weight * bucket.factor if bucket is not None else 0.0
+    w_t = min(task.stats.weight * task.factor, prior_weight) if task is not None else 0.0
+    m_b = bucket.stats.mean if bucket is not None else 0.0
+    m_t = task.stats.mean if task is not None else 0.0
+    n = w_b + w_t
+    mean = (w_b * m_b + w_t * m_t) / n if n > 0 else (m_b if bucket is not None else m_t)
+    spread = bucket if bucket is not None and w_b >= w_t else task
+    assert spread is not None
+    m2, weight = spread.stats.m2 * spread.factor, spread.stats.weight * spread.factor
+    var = (m2 + OBS_SD_WEIGHT * OBS_SD**2) / (weight + OBS_SD_WEIGHT)
+    sd = min(math.sqrt(var / max(n, 1e-9)), MAX_SD)
+    return _Posterior("bucket" if bucket is not None else "task", mean, sd, w_b)
+
+
+def choose(
+    task: str,
+    bucket: str,
+    candidates: Sequence[str],
+    estimates: Estimates,
+    rng: random.Random,
+    *,
+    decay: float,
+    prior_weight: float = 2.0,
+    baseline: str | None = None,
+) -> AdaptiveChoice:
+    """Pick one of ``candidates`` (non-empty, in try-list order) by Thompson sampling.
+
+    ``baseline`` names the plain backend speeds are shown relative to. One
+    ``rng.normalvariate`` draw per candidate, in order, when there are two or more.
+    """
+    group, prior = estimates.get((task, bucket)), estimates.get((task, ALL))
+    names = list(dict.fromkeys([*candidates, *([baseline] if baseline else [])]))
+    seen = {n: (_seen(group, n, decay), _seen(prior, n, decay)) for n in names}
+    known = [(b or t) for b, t in seen.values()]
+    optimistic = max((k.stats.mean for k in known if k is not None), default=0.0)
+    post = {n: _posterior(b, t, prior_weight, optimistic) for n, (b, t) in seen.items()}
+    draws: dict[str, float] = {}
+    if len(candidates) > 1:
+        draws = {n: rng.normalvariate(post[n].mean, post[n].sd) for n in candidates}
+    best = max(candidates, key=lambda n: post[n].mean)
+    chosen = max(candidates, key=lambda n: draws[n]) if draws else candidates[0]
+    base = post[baseline] if baseline is not None else None
+    base_mean = base.mean if base is not None and base.source != "prior" else None
+    rows = []
+    for n in candidates:
+        p, here = post[n], seen[n][0]
+        stats = here.stats if here is not None else None
+        rows.append(
+            Estimate(
+                n,
+                p.source,
+                stats.requests if stats else 0,
+                p.weight,
+                math.exp(p.mean) if p.source != "prior" else 0.0,
+                p.sd,
+                None if base_mean is None or p.source == "prior" else math.exp(p.mean - base_mean),
+                stats.acceptance_rate if stats else None,
+                stats.mean_acceptance_length if stats else None,
+                math.exp(draws[n]) if n in draws else None,
+            )
+        )
+    return AdaptiveChoice(task, bucket, chosen, best, chosen != best, tuple(rows))
+
+
+def _round(value: float | None, digits: int = 4) -> float | None:
+    return None if value is None else round(value, digits)

@@ -1,0 +1,214 @@
+"""Per-request feedback read from a backend's answer while it is relayed.
+
+A vLLM server started with ``--per-request-spec-decode-metrics summary`` adds
+``metrics.speculative_decoding`` (``num_draft_tokens``, ``num_accepted_draft_tokens``,
+``num_spec_steps``, ``draft_acceptance_rate``, ``mean_acceptance_length``,
+``acceptance_histogram``, ...) to each single-sequence answer (``n == 1``; vLLM
+``SpeculativeDecodingMetrics``). In a JSON answer it is the last top-level field; in a stream
+it rides on the final usage chunk (``"choices":[]``), which vLLM only sends when the client
+asked for ``stream_options.include_usage``.
+
+So for a stream whose client did not ask, :func:`with_usage` asks upstream, and
+:class:`ResponseTap` removes that chunk before the client sees it. vLLM also moves the
+``system_fingerprint`` from the terminal content chunk to the usage chunk when usage is on;
+the tap puts it back where a server asked without usage puts it, so the client's bytes are
+exactly those it would have had. (vLLM's own ``--enable-force-include-usage`` is no
+alternative: it forces *continuous* usage, a ``usage`` object on every chunk.)
+
+Hot path: the relay only scans each chunk for two short markers; JSON is parsed once, for
+the final usage chunk (or the tail of a JSON answer) only.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from gateway.trace import RequestTrace
+
+logger = logging.getLogger(__name__)
+
+_USAGE = b'"usage":{'
+_FINISH = b'"finish_reason":"'
+_FINGERPRINT = b'"system_fingerprint":'
+_INJECTED = b'"stream_options":{"include_usage":true},'
+
+
+def with_usage(raw: bytes, body: Mapping[str, Any]) -> bytes | None:
+    """The body to send upstream so a stream ends with a usage chunk, or None to send
+    ``raw`` as it is (not a stream, ``n > 1`` (vLLM reports no per-request metrics then),
+    or the client asked for usage itself).
+
+    Without ``stream_options`` the field is spliced in after the opening brace (the rest of
+    the client's bytes untouched); otherwise the object is re-serialized with
+    ``include_usage: true`` and ``continuous_usage_stats: false`` (continuous usage only
+    ever applies with ``include_usage``, so the client's answer does not change).
+    """
+    if body.get("stream") is not True or body.get("n") not in (None, 1):
+        return None
+    options = body.get("stream_options")
+    if "stream_options" not in body:
+        at = raw.find(b"{") + 1
+        return raw[:at] + _INJECTED + raw[at:]
+    if options is not None and not isinstance(options, Mapping):
+        return None  # malformed: the backend answers the client's own body
+    if options is not None and options.get("include_usage") is True:
+        return None
+    forced = {**(options or {}), "include_usage": True, "continuous_usage_stats": False}
+    return json.dumps({**body, "stream_options": forced}, ensure_ascii=False).encode()
+
+
+def _parse_line(line: bytes) -> dict[str, Any] | None:
+    """The JSON object of one SSE ``data:`` line, or None."""
+    try:
+        data = json.loads(line.removeprefix(b"data:").strip())
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _final_usage(line: bytes) -> dict[str, Any] | None:
+    """The parsed line if it is the final usage chunk (usage, no choices), else None."""
+    data = _parse_line(line) if _USAGE in line else None
+    return data if data is not None and not data.get("choices") else None
+
+
+class ResponseTap:
+    """Sits in the relay of one successful answer: records its usage and
+    ``metrics.speculative_decoding`` on ``trace`` (``usage_bytes``, ``spec_decoding``).
+
+    Streams are relayed in whole lines (a partial line waits for its end, which costs an
+    SSE client nothing: it dispatches an event only at its blank line). With ``strip`` (the
+    gateway asked for the usage chunk) the final usage chunk is removed, and from the first
+    terminal chunk (``finish_reason`` set) until it the lines are held back so the
+    fingerprint can be put back on the terminal chunk.
+    """
+
+    __slots__ = ("trace", "strip", "_pending", "_held", "_done", "_eat_blank", "_parts", "_last")
+
+    def __init__(self, trace: RequestTrace, *, strip: bool) -> None:
+        self.trace = trace
+        self.strip = strip
+        self._pending = b""
+        self._held: bytes | None = None
+        self._done = False
+        self._eat_blank = False
+        self._parts: list[bytes] = []
+        self._last: bytes | None = None
+
+    def feed(self, chunk: bytes) -> bytes:
+        """Take one upstream chunk; return the bytes to relay now (possibly empty)."""
+        if not self.trace.stream:
+            self._parts.append(chunk)
+            return chunk
+        if self._pending:
+            chunk, self._pending = self._pending + chunk, b""
+        if not chunk.endswith(b"\n"):
+            end = chunk.rfind(b"\n") + 1
+            chunk, self._pending = chunk[:end], chunk[end:]
+        if not self.strip:
+            if _USAGE in chunk:
+                self._last = chunk
+            return chunk
+        if self._done:
+            return self._skip_blank(chunk) if self._eat_blank else chunk
+        if self._held is None and _FINISH not in chunk and _USAGE not in chunk:
+            return chunk
+        return self._strip((self._held or b"") + chunk)
+
+    def close(self) -> bytes:
+        """The stream ended: return bytes still held back; record what was learnt."""
+        if not self.trace.stream:
+            self._read_json(b"".join(self._parts))
+            return b""
+        rest, self._held, self._pending = (self._held or b"") + self._pending, None, b""
+        if self._last is not None:
+            for line in reversed(self._last.split(b"\n")):
+                usage = _final_usage(line)
+                if usage is not None:
+                    self._record(usage, line)
+                    break
+        return rest
+
+    def _strip(self, buf: bytes) -> bytes:
+        lines = buf.split(b"\n")  # buf ends with "\n": the last item is b""
+        at = next((i for i, ln in enumerate(lines) if _final_usage(ln) is not None), None)
+        if at is None:
+            first = next((i for i, ln in enumerate(lines) if _FINISH in ln), len(lines) - 1)
+            self._held = b"\n".join(lines[first:]) if first < len(lines) - 1 else None
+            return b"\n".join(lines[:first]) + (b"\n" if first else b"")
+        usage_line = lines[at]
+        usage = _parse_line(usage_line) or {}
+        self._record(usage, usage_line)
+        fingerprint = _raw_fingerprint(usage_line)
+        if fingerprint is not None:
+            for i in range(at):
+                if _FINISH in lines[i] and _FINGERPRINT not in lines[i]:
+                    lines[i] = _stamp(lines[i], fingerprint)
+        drop = 1
+        if at + 1 < len(lines) - 1 and lines[at + 1] in (b"", b"\r"):
+            drop = 2  # the blank line ending the usage event
+        elif at + 1 == len(lines) - 1:
+            self._eat_blank = True  # it is in the next chunk
+        del lines[at : at + drop]
+        self._held, self._done = None, True
+        return b"\n".join(lines)
+
+    def _skip_blank(self, chunk: bytes) -> bytes:
+        self._eat_blank = False
+        for blank in (b"\r\n", b"\n"):
+            if chunk.startswith(blank):
+                return chunk[len(blank) :]
+        return chunk
+
+    def _read_json(self, body: bytes) -> None:
+        """Usage and metrics from the tail of a JSON answer (parsed from ``"usage"`` on)."""
+        at = body.rfind(_USAGE)
+        if at < 0:
+            return
+        text = body[at:].decode("utf-8", "replace")
+        decoder = json.JSONDecoder()
+        try:
+            usage, end = decoder.raw_decode(text, len('"usage":'))
+            found = text.find('"metrics":', end)
+            metrics = {}
+            if found > 0:
+                start = found + len('"metrics":')
+                while text[start : start + 1].isspace():
+                    start += 1
+                metrics = decoder.raw_decode(text, start)[0]
+        except ValueError:
+            logger.debug("unreadable usage in a JSON answer")
+            return
+        self._record({"usage": usage, "metrics": metrics}, None)
+
+    def _record(self, data: Mapping[str, Any], line: bytes | None) -> None:
+        if line is not None:
+            self.trace.usage_bytes = line
+        metrics = data.get("metrics")
+        spec = metrics.get("speculative_decoding") if isinstance(metrics, Mapping) else None
+        self.trace.spec_decoding = spec if isinstance(spec, dict) else None
+
+
+def _raw_fingerprint(line: bytes) -> bytes | None:
+    """The fingerprint's JSON string exactly as the server wrote it, or None."""
+    at = line.find(_FINGERPRINT)
+    if at < 0:
+        return None
+    start = at + len(_FINGERPRINT)
+    text = line[start:].decode("utf-8", "replace")
+    try:
+        value, end = json.JSONDecoder().raw_decode(text)
+    except ValueError:
+        return None
+    return text[:end].encode() if isinstance(value, str) else None
+
+
+def _stamp(line: bytes, fingerprint: bytes) -> bytes:
+    """``line`` (``data: {...}``) with ``"system_fingerprint"`` as its last field."""
+    body = line.rstrip(b"\r")
+    cr = line[len(body) :]
+    close = body.rfind(b"}")
+    return body[:close] + b',"system_fingerprint":' + fingerprint + body[close:] + cr

@@ -1,0 +1,63 @@
+"""The access log: one ``specgate.access`` line per request, with the routing fields and
+timings, never the prompt or a key."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+
+from gateway.access_log import AccessLog
+from gateway.trace import RequestTrace
+from tests.unit.conftest import MODEL, InProcess
+
+SECRET_PROMPT = "def leak_the_prompt_SECRET_7f3a(): pass"
+SECRET_KEY = "sk-live-SECRET-KEY-9b2c"
+
+
+def access_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "specgate.access"]
+
+
+async def test_one_text_line_per_request_without_prompt_or_key(
+    gw: InProcess, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="specgate.access")
+    body = {"model": MODEL, "prompt": SECRET_PROMPT, "max_tokens": 8, "temperature": 0}
+    resp = await gw.client.post(
+        "/v1/completions",
+        json=body,
+        headers={
+            "x-task-type": "code",
+            "x-request-id": "req-42",
+            "authorization": f"Bearer {SECRET_KEY}",
+        },
+    )
+    assert resp.status_code == 200
+    await gw.client.post("/v1/completions", json=body | {"model": "nope"})
+    first, missing = access_lines(caplog)
+    backend = resp.headers["x-specgate-backend"]
+    assert first.startswith("request_id=req-42 endpoint=completions stream=false task=code ")
+    assert f"rule=code-rag-speculative backend={backend} attempts=1 status=200 error=-" in first
+    assert " ttft_ms=" in first and " duration_ms=" in first
+    assert first.endswith(" completion_tokens=8")
+    assert "status=404 error=model_not_found" in missing and "backend=-" in missing
+    everything = caplog.text + " ".join(access_lines(caplog))
+    assert "SECRET" not in everything and "leak_the_prompt" not in everything
+
+
+def test_json_lines_and_hostile_request_ids(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="specgate.access")
+    trace = RequestTrace('evil"\nid x=1', "chat/completions", stream=True)
+    trace.task, trace.rule, trace.backend, trace.attempts = "chat", "default", "plain", 1
+    trace.on_chunk(b'data: {"choices": [], "usage": {"completion_tokens": 5}}\n\n')
+    trace.finish(200)
+    AccessLog("json").observe(trace)
+    AccessLog("text").observe(trace)
+    as_json, as_text = access_lines(caplog)
+    fields = json.loads(as_json)
+    assert fields["request_id"] == 'evil"\nid x=1'
+    assert (fields["backend"], fields["status"], fields["completion_tokens"]) == ("plain", 200, 5)
+    assert fields["duration_ms"] >= 0 and fields["ttft_ms"] is not None
+    assert "\n" not in as_text and as_text.startswith('request_id="evil\\"\\nid x=1" ')

@@ -1,0 +1,175 @@
+"""The decode-speed and acceptance estimators and the Thompson-sampling choice, on recorded
+sequences of observations (deterministic: fixed seeds)."""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable
+
+import pytest
+
+from gateway.routing.adaptive import ALL, Learner, Observation, bucket_of
+from gateway.routing.adaptive_choice import choose
+
+KEY = ("code", "greedy/norep")
+BACKENDS = ["ngram", "draft", "plain"]
+
+
+def obs(
+    backend: str,
+    speed: float,
+    drafts: int | None = None,
+    accepted: int | None = None,
+    steps: int | None = None,
+    bucket: str = KEY[1],
+) -> Observation:
+    return Observation("code", bucket, backend, speed, 64, drafts, accepted, steps)
+
+
+def test_weighted_mean_with_decay() -> None:
+    learner = Learner(decay=0.5)
+    learner.observe(obs("plain", 10.0))
+    learner.observe(obs("plain", 20.0))
+    stats = learner.groups[KEY].current("plain", 0.5)
+    assert stats is not None
+    assert stats.weight == pytest.approx(1.5)
+    assert stats.mean == pytest.approx((0.5 * math.log(10) + math.log(20)) / 1.5)
+    assert stats.requests == 2
+    assert learner.groups[("code", ALL)].count == 2  # the task-level prior group learns too
+
+
+def test_evidence_of_a_backend_not_chosen_fades_but_its_mean_stays() -> None:
+    learner = Learner(decay=0.9)
+    learner.observe(obs("ngram", 30.0))
+    for _ in range(10):
+        learner.observe(obs("plain", 20.0))
+    ngram = learner.groups[KEY].current("ngram", 0.9)
+    assert ngram is not None
+    assert ngram.weight == pytest.approx(0.9**10)
+    assert ngram.speed_tps == pytest.approx(30.0)
+
+
+def test_acceptance_estimates_follow_vllm_definitions() -> None:
+    learner = Learner(decay=1.0)
+    learner.observe(obs("ngram", 25.0, drafts=50, accepted=24, steps=10))
+    learner.observe(obs("ngram", 25.0, drafts=15, accepted=12, steps=3))
+    learner.observe(obs("plain", 20.0))  # no acceptance: not counted
+    stats = learner.groups[KEY].current("ngram", 1.0)
+    assert stats is not None
+    assert stats.acceptance_rate == pytest.approx(36 / 65)
+    assert stats.mean_acceptance_length == pytest.approx(1 + 36 / 13)
+    plain = learner.groups[KEY].current("plain", 1.0)
+    assert plain is not None and plain.acceptance_rate is None
+
+
+def test_state_round_trips_through_json() -> None:
+    learner = Learner(decay=0.9)
+    for i in range(5):
+        learner.observe(obs(BACKENDS[i % 3], 10.0 + i, drafts=10, accepted=i, steps=3))
+    copy = Learner(decay=0.9)
+    copy.load_json(learner.to_json())
+    assert copy.groups == learner.groups and copy.observations == 5
+    with pytest.raises(ValueError):
+        copy.load_json({"version": 99})
+
+
+@pytest.mark.parametrize(
+    ("temperature", "overlap", "bucket"),
+    [(0.0, 0.2, "greedy/rep"), (0.1, None, "greedy/norep"), (0.7, 0.01, "sampled/norep")],
+)
+def test_buckets(temperature: float, overlap: float | None, bucket: str) -> None:
+    assert bucket_of(temperature, overlap, 0.05) == bucket
+
+
+def test_choice_is_deterministic_for_a_state_and_seed() -> None:
+    learner = Learner()
+    for name, speed in [("ngram", 23.0), ("plain", 19.0), ("draft", 10.0)]:
+        learner.observe(obs(name, speed))
+    picks = [
+        [
+            choose(*KEY, BACKENDS, learner.view(), random.Random(s), decay=0.98).chosen
+            for s in range(20)
+        ]
+        for _ in range(2)
+    ]
+    assert picks[0] == picks[1]
+
+
+def test_a_new_bucket_starts_from_the_task_estimate() -> None:
+    learner = Learner()
+    learner.observe(obs("plain", 20.0, bucket="greedy/rep"))
+    choice = choose(
+        "code",
+        "sampled/norep",
+        ["plain", "ngram"],
+        learner.view(),
+        random.Random(0),
+        decay=0.98,
+        baseline="plain",
+    )
+    by_name = {e.backend: e for e in choice.estimates}
+    assert by_name["plain"].source == "task"
+    assert by_name["plain"].speed_tps == pytest.approx(20.0)
+    assert by_name["ngram"].source == "prior"  # never seen: optimistic, wide
+
+
+Speeds = Callable[[int], dict[str, float]]
+
+
+def replay(speeds: Speeds, n: int, seed: int, noise: float = 0.2) -> list[str]:
+    """Route ``n`` requests adaptively; request ``i`` on backend b decodes at
+    ``speeds(i)[b]`` tokens/s times log-normal noise (fixed seeds: a recorded sequence)."""
+    learner, rng, noise_rng = Learner(decay=0.98), random.Random(seed), random.Random(-seed)
+    picks = []
+    for i in range(n):
+        choice = choose(*KEY, BACKENDS, learner.view(), rng, decay=0.98, baseline="plain")
+        backend = choice.chosen
+        acc = speeds(i).get(f"{backend}_acc")
+        drafts = None if acc is None else 50
+        accepted = None if acc is None else round(50 * acc)
+        speed = speeds(i)[backend] * math.exp(noise_rng.gauss(0.0, noise))
+        learner.observe(obs(backend, speed, drafts, accepted, steps=10 if drafts else None))
+        picks.append(backend)
+    return picks
+
+
+def steady(i: int) -> dict[str, float]:
+    """Measured shape on this machine kind (fp32, eager): ngram 23, plain 19, draft 10 tok/s."""
+    return {"ngram": 23.0, "plain": 19.0, "draft": 10.0, "ngram_acc": 0.22, "draft_acc": 0.01}
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_finds_the_fastest_within_the_warm_up_and_explores_little(seed: int) -> None:
+    picks = replay(steady, 300, seed)
+    assert set(picks[:10]) == set(BACKENDS)  # every backend is tried early
+    after = picks[50:]
+    assert after.count("ngram") / len(after) >= 0.9
+    assert after.count("draft") / len(after) <= 0.03
+
+
+def collapsing(i: int) -> dict[str, float]:
+    """ngram's acceptance collapses for requests 100-199 (speed falls with it), then recovers."""
+    acc = 0.02 if 100 <= i < 200 else 0.6
+    return {"ngram": 8.0 + 40.0 * acc, "plain": 20.0, "draft": 10.0, "ngram_acc": acc}
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_follows_a_backend_whose_acceptance_collapses_and_recovers(seed: int) -> None:
+    picks = replay(collapsing, 400, seed)
+    assert picks[60:100].count("ngram") >= 36  # fast ngram wins before the collapse
+    assert picks[150:200].count("ngram") <= 8  # plain has taken over within 50 requests
+    assert picks[300:400].count("ngram") >= 85  # the recovery was noticed and used
+
+
+def test_acceptance_estimate_follows_a_collapse_and_a_recovery() -> None:
+    learner = Learner(decay=0.9)
+    seen = []
+    for rate in [0.6] * 40 + [0.02] * 40 + [0.6] * 40:
+        learner.observe(obs("ngram", 20.0, drafts=50, accepted=round(50 * rate), steps=10))
+        stats = learner.groups[KEY].current("ngram", 0.9)
+        assert stats is not None and stats.acceptance_rate is not None
+        seen.append(stats.acceptance_rate)
+    assert seen[39] == pytest.approx(0.6, abs=0.01)
+    assert seen[79] == pytest.approx(0.02, abs=0.02)  # within 40 requests of the collapse
+    assert seen[119] == pytest.approx(0.6, abs=0.02)
