@@ -171,6 +171,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # else one line per health poll
     if args.command == "config":
         return cmd_config_check(args.file)
     if args.command == "explain":

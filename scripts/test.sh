@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Fresh machine -> passing tests. Creates .venv (the gateway and test tools), the vLLM
 # environment and the local models (cached under ${SPECGATE_CACHE_DIR:-~/.cache/specgate}),
-# then runs lint and every test, real vLLM CPU backends included.
+# then runs lint and every test, real vLLM CPU backends and headless Chromium included
+# (installed with apt-get: run as root, as CI does).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+bash scripts/ci-deps.sh  # Debian's chromium + chromedriver for the status-page browser test
 python3 -m venv .venv
 .venv/bin/pip install --quiet --disable-pip-version-check -e '.[test]'
 .venv/bin/specgate models prepare
