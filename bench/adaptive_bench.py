@@ -19,6 +19,7 @@ import argparse
 import contextlib
 import copy
 import json
+import statistics
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -85,20 +86,25 @@ def has_choice(url: str, model: str, item: Item) -> bool:
 def warmup_items(
     data: Path, measured: Sequence[Item], per_task: int, warmup: int, max_prompt_chars: int
 ) -> list[Item]:
-    """``warmup`` items per task from the datasets, none of them in ``measured``."""
+    """Up to ``2 * warmup`` candidate items per task from the datasets, none in ``measured``
+    (:func:`warm_up` sends at most ``warmup`` of them per task)."""
     taken = {i.id for i in measured}
-    pool = [i for i in sample(data, per_task + warmup, max_prompt_chars) if i.id not in taken]
-    return [item for t in TASKS for item in [i for i in pool if i.task == t][:warmup]]
+    more = sample(data, per_task + 2 * warmup, max_prompt_chars)
+    pool = [i for i in more if i.id not in taken]
+    return [item for t in TASKS for item in [i for i in pool if i.task == t][: 2 * warmup]]
 
 
 def warm_up(
-    url: str, model: str, items: Sequence[Item], max_tokens: int, log: Any = print
+    url: str, model: str, items: Sequence[Item], warmup: int, max_tokens: int, log: Any = print
 ) -> list[Outcome]:
-    """Warm the adaptive gateway up: tasks with a choice only, one request at a time."""
-    chosen = {t for t in TASKS if any(i.task == t for i in items)}
-    chosen = {t for t in chosen if has_choice(url, model, next(i for i in items if i.task == t))}
-    todo = [i for i in items if i.task in chosen]
-    log(f"bench: adaptive warm-up, {len(todo)} requests ({', '.join(sorted(chosen))})")
+    """Warm the adaptive gateway up, one request at a time, with at most ``warmup``
+    requests per task, each one the gateway's rules leave a choice for."""
+    todo = []
+    for task in TASKS:
+        mine = [i for i in items if i.task == task and has_choice(url, model, i)]
+        todo += mine[:warmup]
+    tasks = ", ".join(f"{t} {sum(1 for i in todo if i.task == t)}" for t in TASKS)
+    log(f"bench: adaptive warm-up, {len(todo)} requests ({tasks})")
     outcomes, _ = run_items(url, model, todo, concurrency=1, max_tokens=max_tokens)
     return outcomes
 
@@ -107,6 +113,21 @@ def _tok_s(outs: Sequence[dict[str, Any]]) -> float | None:
     ok = [o for o in outs if not o["error"] and o["e2e_s"]]
     seconds = sum(o["e2e_s"] for o in ok)
     return sum(o["output_tokens"] for o in ok) / seconds if seconds else None
+
+
+def medians(runs: Sequence[dict[str, Any]]) -> dict[tuple[str, str], float]:
+    """Median per-request tokens/s (tokens / end-to-end s) per (target, task) at
+    concurrency 1: robust to the few requests a busy shared machine stalls."""
+    per: dict[tuple[str, str], list[float]] = {}
+    for run in runs:
+        if run["concurrency"] != 1:
+            continue
+        for o in run["outcomes"]:
+            if not o["error"] and o["e2e_s"]:
+                per.setdefault((run["target"], o["task"]), []).append(
+                    o["output_tokens"] / o["e2e_s"]
+                )
+    return {key: statistics.median(values) for key, values in per.items()}
 
 
 def checks(
@@ -119,6 +140,7 @@ def checks(
     index = {(r["target"], r["task"]): r for r in rows if r["concurrency"] == 1}
     singles = sorted({t for t, _ in index if t not in (TARGET, STATIC)})
     measured = next((r for r in runs if r["target"] == TARGET and r["concurrency"] == 1), None)
+    med = medians(runs)
     out = []
     for task in TASKS:
         cands = [index[(s, task)] for s in singles if (s, task) in index]
@@ -145,6 +167,11 @@ def checks(
             "routed": mine["routed"],
         }
         row["ratio_to_static"] = mine["tok_s"] / static["tok_s"] if static else None
+        by_median = max(singles, key=lambda s: med.get((s, task), 0.0))
+        row["median_tok_s"] = {t: med.get((t, task)) for t in (TARGET, STATIC, by_median)}
+        row["median_oracle"] = by_median
+        mine_m, best_m = med.get((TARGET, task)), med.get((by_median, task))
+        row["median_ratio_to_oracle"] = mine_m / best_m if mine_m and best_m else None
         row["within_3pct_of_oracle"] = row["ratio_to_oracle"] >= WITHIN_ORACLE
         row["at_least_static"] = static is None or mine["tok_s"] >= static["tok_s"]
         out.append(row)
@@ -157,12 +184,16 @@ def markdown(results: Sequence[dict[str, Any]], warm: Sequence[Outcome]) -> str:
         "",
         "## Adaptive routing (issue #7), concurrency 1",
         "",
+        "tok/s as above (sum of tokens / sum of end-to-end seconds); the medians column "
+        "divides the medians of per-request tokens/s (robust to stalls of a shared machine).",
+        "",
         f"Warm-up: {len(warm)} requests (tasks with a choice; prompts outside the sample), "
         f"warm-up tokens/s {_f(_tok_s([o.to_json() for o in warm]))}.",
         "",
         "| task | adaptive tok/s | static rules | oracle (best single) | vs oracle | vs static "
-        "| warm-up | off-oracle requests | their extra s | adaptive routed to |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| medians: adaptive / oracle | warm-up | off-oracle requests | their extra s "
+        "| adaptive routed to |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         routed = ", ".join(f"{k} {v}" for k, v in sorted(r["routed"].items()))
@@ -171,6 +202,7 @@ def markdown(results: Sequence[dict[str, Any]], warm: Sequence[Outcome]) -> str:
             f"{r['oracle']} {_f(r['oracle_tok_s'])} | {r['ratio_to_oracle']:.3f} "
             f"({'met' if r['within_3pct_of_oracle'] else 'NOT met'}) | "
             f"{_f(r['ratio_to_static'], 3)} ({'met' if r['at_least_static'] else 'NOT met'}) | "
+            f"{_f(r['median_ratio_to_oracle'], 3)} ({r['median_oracle']}) | "
             f"{r['warmup_requests']} | {r['off_oracle_requests']} | "
             f"{r['off_oracle_extra_s']:.1f} | {routed} |"
         )

@@ -40,6 +40,7 @@ from bench.procs import (
     Server,
     cpu_seconds,
     free_port,
+    interrupt_on_sigterm,
     load_average,
     machine,
     mapped_libraries,
@@ -124,10 +125,13 @@ def parse_variants(values: Sequence[str]) -> dict[str, Variant]:
 
 
 def build_targets(
-    names: Sequence[str], variants: dict[str, Variant], upstreams: list[str], work: Path
+    names: Sequence[str],
+    variants: dict[str, Variant],
+    upstreams: list[str],
+    work: Path,
+    logs: Path,
 ) -> list[TargetSpec]:
-    """The target specs to run, peers installed on first use."""
-    logs = work / "logs"
+    """The target specs to run, peers installed on first use (pip output in ``logs``)."""
     specs: list[TargetSpec] = []
     for name in names:
         port = free_port()
@@ -167,6 +171,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("bench/out/overhead"))
     parser.add_argument("--no-pin", action="store_true", help="do not pin CPUs")
     args = parser.parse_args(argv)
+    interrupt_on_sigterm()
     wrk_path()
     load_before = load_average()
     if load_before > (os.cpu_count() or 1):
@@ -187,7 +192,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         fake_argv = [sys.executable, "-m", "bench.fake_upstream"]
         fake_argv += [arg for p in ports for arg in ("--port", str(p))]
         specs = build_targets(
-            args.targets.split(","), parse_variants(args.specgate_variant), upstreams, work
+            args.targets.split(","),
+            parse_variants(args.specgate_variant),
+            upstreams,
+            work,
+            args.out / "logs",
         )
         fake = Server(
             "fake",

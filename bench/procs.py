@@ -104,6 +104,16 @@ def machine() -> dict[str, Any]:
     }
 
 
+def interrupt_on_sigterm() -> None:
+    """Make SIGTERM (``timeout``, ``kill``) raise KeyboardInterrupt like Ctrl-C, so ``with``
+    blocks stop every server a benchmark started instead of leaving them running."""
+
+    def _raise(signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    signal.signal(signal.SIGTERM, _raise)
+
+
 def load_average() -> float:
     """The 1-minute load average: above the core count, other work shares the CPUs and the
     figures of a run are noisier (CPU time per request rises with cache contention)."""

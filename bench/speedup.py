@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import random
 import sys
 import tempfile
 import time
@@ -38,7 +39,7 @@ from tqdm import tqdm
 
 from bench import adaptive_bench, speedup_report
 from bench.llm_client import run_items
-from bench.procs import Server, free_port
+from bench.procs import Server, free_port, interrupt_on_sigterm
 from bench.workloads import Item, default_prompts_dir, sample
 from gateway.config import GatewayConfig, load_config, parse_config
 from gateway.upstream.scrape import parse_vllm_metrics
@@ -140,27 +141,33 @@ def measure(
     max_tokens: int,
     backends: Sequence[str],
     extra: Sequence[tuple[str, str]] = (),
+    settle_s: float = 0.5,
+    runs: list[dict[str, Any]] | None = None,
 ) -> list[dict[str, Any]]:
     """Every (concurrency, target) run: outcomes, wall time, acceptance deltas.
 
     Targets are interleaved: the items go in waves of ``concurrency`` requests, and every
-    target serves each wave in turn (order rotated per wave), so a change in background load
-    hits all targets alike.
+    target serves each wave in turn, in a fresh random order (seeded) per wave, after
+    ``settle_s`` of quiet: a CPU server that just worked keeps its threads spinning for a
+    while and slows the next one (measured here: up to +0.8 s time to first token), so a
+    fixed order would favour some targets for some tasks.
     """
+    rng = random.Random(0)
     model = next(iter(config.backends.values())).served_model
     targets = [(n, config.backends[n].base_url) for n in backends] + [("specgate", gateway_url)]
     targets += extra  # more gateways (name, URL), e.g. the adaptive one
     for _name, url in targets:  # warm-up: first requests pay one-off costs
         run_items(url, model, items[:2], concurrency=2, max_tokens=8)
-    runs = []
+    runs = [] if runs is None else runs  # filled per concurrency: kept if interrupted
     total = len(concurrencies) * len(targets) * len(items)
     with tqdm(total=total, desc="speedup", unit="req") as bar:
         for concurrency in concurrencies:
             acc = {name: _Run(name, concurrency) for name, _ in targets}
             waves = [items[i : i + concurrency] for i in range(0, len(items), concurrency)]
-            for w, wave in enumerate(waves):
-                for name, url in targets[w % len(targets) :] + targets[: w % len(targets)]:
+            for wave in waves:
+                for name, url in rng.sample(targets, len(targets)):
                     bar.set_postfix_str(f"c{concurrency} {name}")
+                    time.sleep(settle_s)
                     before = scrape(config)
                     outcomes, wall = run_items(
                         url,
@@ -222,15 +229,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--max-prompt-chars", type=int, default=3000)
     parser.add_argument("--concurrency", default="1,8")
+    parser.add_argument("--settle", type=float, default=0.5, help="seconds between targets")
     parser.add_argument("--out", type=Path, default=Path("bench/out/speedup"))
     parser.add_argument("--adaptive", action="store_true", help="add the adaptive gateway")
     parser.add_argument("--adaptive-gateway", help="its URL when already running")
     parser.add_argument("--warmup", type=int, default=30, help="adaptive warm-up per task")
     args = parser.parse_args(argv)
+    interrupt_on_sigterm()
     items = sample(args.prompts, args.per_task, args.max_prompt_chars)
     concurrencies = [int(c) for c in args.concurrency.split(",")]
     args.out.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
+    runs: list[dict[str, Any]] = []
+    interrupted = False
     with tempfile.TemporaryDirectory(prefix="specgate-speedup-") as tmp:
         if args.launch:
             context: Any = launched(args.config, Path(tmp), args.out / "logs")
@@ -244,15 +255,32 @@ def main(argv: Sequence[str] | None = None) -> int:
                     args.prompts, items, args.per_task, args.warmup, args.max_prompt_chars
                 )
                 model = next(iter(config.backends.values())).served_model
-                warm = adaptive_bench.warm_up(url, model, more, args.max_tokens, tqdm.write)
+                warm = adaptive_bench.warm_up(
+                    url, model, more, args.warmup, args.max_tokens, tqdm.write
+                )
                 extra = [(adaptive_bench.TARGET, url)]
-            runs = measure(config, gateway_url, items, concurrencies, args.max_tokens, names, extra)
+            try:
+                measure(
+                    config,
+                    gateway_url,
+                    items,
+                    concurrencies,
+                    args.max_tokens,
+                    names,
+                    extra,
+                    settle_s=args.settle,
+                    runs=runs,
+                )
+            except KeyboardInterrupt:
+                interrupted = True
+                tqdm.write("bench: interrupted; servers stopped; reporting the runs done")
     meta = {
         "config": str(args.config),
         "launched": args.launch,
         "per_task": args.per_task,
         "max_tokens": args.max_tokens,
         "max_prompt_chars": args.max_prompt_chars,
+        "settle_s": args.settle,
         "items": [
             {
                 "task": i.task,
@@ -264,12 +292,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             for i in items
         ],
         "elapsed_s": time.monotonic() - started,
+        "interrupted": interrupted,
     }
+    if not runs:
+        return 130 if interrupted else 1
     speedup_report.write(args.out, runs, meta)
     if extra:
         adaptive_bench.report(args.out, runs, warm)
     print((args.out / "speedup.md").read_text())
-    return 0
+    return 130 if interrupted else 0
 
 
 if __name__ == "__main__":

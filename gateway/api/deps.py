@@ -12,22 +12,22 @@ from gateway.settings import Settings
 from gateway.upstream.forward import Forwarder
 
 
-def get_gateway(request: Request) -> Gateway:
+async def get_gateway(request: Request) -> Gateway:
     """The :class:`Gateway` built by the lifespan."""
     return request.app.state.gateway  # type: ignore[no-any-return]
 
 
-def get_client(request: Request) -> httpx.AsyncClient:
+async def get_client(request: Request) -> httpx.AsyncClient:
     """The shared upstream ``httpx.AsyncClient`` built by the lifespan."""
     return request.app.state.client  # type: ignore[no-any-return]
 
 
-def get_forwarder(request: Request) -> Forwarder:
+async def get_forwarder(request: Request) -> Forwarder:
     """The app's :class:`~gateway.upstream.forward.Forwarder` (upstream client + limits)."""
     return request.app.state.forwarder  # type: ignore[no-any-return]
 
 
-def get_settings(request: Request) -> Settings:
+async def get_settings(request: Request) -> Settings:
     """The process :class:`Settings` the app was created with."""
     return request.app.state.settings  # type: ignore[no-any-return]
 
