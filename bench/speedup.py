@@ -255,8 +255,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                     args.prompts, items, args.per_task, args.warmup, args.max_prompt_chars
                 )
                 model = next(iter(config.backends.values())).served_model
+                backend_urls = [b.base_url for b in config.backends.values()]
                 warm = adaptive_bench.warm_up(
-                    url, model, more, args.warmup, args.max_tokens, tqdm.write
+                    url, model, more, args.warmup, args.max_tokens, tqdm.write, backend_urls
                 )
                 extra = [(adaptive_bench.TARGET, url)]
             try:

@@ -17,7 +17,9 @@ _PUNCT_TABLE = bytes.maketrans(_PUNCT, b" " * len(_PUNCT))
 
 def tokens(text: str) -> list[str]:
     """Whitespace/punctuation-separated tokens of ``text`` (already lower-cased)."""
-    return text.encode().translate(_PUNCT_TABLE).decode().split()
+    # surrogatepass: JSON may carry lone surrogates ("\ud800"); they stay opaque bytes here
+    raw = text.encode("utf-8", "surrogatepass").translate(_PUNCT_TABLE)
+    return raw.decode("utf-8", "surrogatepass").split()
 
 
 def words(text: str) -> frozenset[str]:

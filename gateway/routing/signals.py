@@ -41,7 +41,7 @@ _STUB = re.compile(
 
 
 def _code(rt: RequestText, words: frozenset[str]) -> dict[str, float]:
-    raw = rt.text.encode()
+    raw = rt.text.encode("utf-8", "surrogatepass")  # lone surrogates from JSON escapes
     n = len(raw) or 1
     syntax = (n - len(raw.translate(None, _SYNTAX))) / n
     lines = raw.count(b"\n") + 1

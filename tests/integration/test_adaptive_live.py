@@ -36,6 +36,16 @@ def code_prompt(i: int) -> str:
 def adaptive_url(stack_config: GatewayConfig) -> Iterator[str]:
     """A gateway whose code rule adaptively picks between ngram and the 8-layer draft only
     (no plain fallback), with acceptance demotion off so only adaptive routing acts."""
+    yield from adaptive_gateway(stack_config)
+
+
+@pytest.fixture
+def fresh_adaptive_url(stack_config: GatewayConfig) -> Iterator[str]:
+    """The same, with nothing learnt yet (earlier tests in the module teach the first one)."""
+    yield from adaptive_gateway(stack_config)
+
+
+def adaptive_gateway(stack_config: GatewayConfig) -> Iterator[str]:
     config = stack_config.model_copy(deep=True)
     config.routing.min_acceptance_rate = 0.0
     for backend in config.backends.values():
@@ -110,7 +120,8 @@ def test_stream_feedback_is_recorded_and_invisible(
     assert mine["tokens"] == final["usage"]["completion_tokens"]
 
 
-def test_the_truncated_draft_loses_its_code_traffic_to_ngram(adaptive_url: str) -> None:
+def test_the_truncated_draft_loses_its_code_traffic_to_ngram(fresh_adaptive_url: str) -> None:
+    adaptive_url = fresh_adaptive_url
     served: list[str] = []
     with httpx.Client(base_url=adaptive_url, timeout=300) as client:
         for i in range(40):

@@ -229,3 +229,12 @@ async def test_low_acceptance_demotes_then_recovery_restores(gw: InProcess) -> N
     await gw.poll()
     routes = {b["name"]: b for b in (await gw.client.get("/routes")).json()["backends"]}
     assert routes["draft"]["demoted"] is False
+
+
+async def test_lone_surrogate_in_the_prompt_is_forwarded_not_a_500(gw: InProcess) -> None:
+    raw = b'{"model": "smollm2-135m-instruct", "prompt": "\\ud800 hi", "max_tokens": 2}'
+    resp = await gw.client.post("/v1/completions", content=raw)
+    assert resp.status_code == 200  # the backend decides what to make of it
+    assert any(r["body"] == raw for f in gw.fakes.values() for r in f.received)
+    explained = await gw.client.post("/routes/explain", content=raw)
+    assert explained.status_code == 200

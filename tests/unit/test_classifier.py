@@ -333,3 +333,15 @@ def test_dataset_macro_f1_floor() -> None:
     truth = [task for _, task, _ in items]
     result = scores(truth, [classify(body).task for _, _, body in items])
     assert result["macro_f1"] >= 0.90, result["per"]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"prompt": "\ud800 hi"},
+        {"messages": [{"role": "user", "content": "\udc00"}]},
+        {"messages": [{"role": "user", "content": [{"type": "text", "text": "x\ud83d = 1"}]}]},
+    ],
+)
+def test_lone_surrogates_from_json_escapes_never_raise(body: dict[str, Any]) -> None:
+    assert classify(body).task in TASKS
