@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 from gateway.routing.adaptive import ALL, BackendStats, Estimates, GroupStats
 
 #: Prior standard deviation of one request's ln(speed) (about +-28%), blended with the
-#: observed spread as 2 pseudo-observations.
+#: spread observed over the task's backends as 2 pseudo-observations.
 OBS_SD = 0.25
 OBS_SD_WEIGHT = 2.0
 #: Pseudo-weight of the optimistic prior of a never-observed backend (posterior sd 0.35).
@@ -121,22 +121,29 @@ def _seen(group: GroupStats | None, name: str, decay: float) -> _Seen | None:
     return _Seen(stats, group.factor(stats, decay))
 
 
+def _noise(group: GroupStats | None, decay: float) -> float:
+    """Variance of one request's ln(speed), pooled over every backend of the task (the
+    machine's load moves them all), with the prior as ``OBS_SD_WEIGHT`` observations."""
+    m2, weight = OBS_SD_WEIGHT * OBS_SD**2, OBS_SD_WEIGHT
+    for stats in group.backends.values() if group is not None else ():
+        f = group.factor(stats, decay) if group is not None else 1.0
+        m2, weight = m2 + stats.m2 * f, weight + stats.weight * f
+    return m2 / weight
+
+
 def _posterior(
-    bucket: _Seen | None, task: _Seen | None, prior_weight: float, optimistic: float
+    bucket: _Seen | None, task: _Seen | None, prior_weight: float, optimistic: float, var: float
 ) -> _Posterior:
-    """Normal posterior of the mean ln(speed) from bucket data and the task-level prior."""
+    """Normal posterior of the mean ln(speed) from bucket data and the task-level prior;
+    ``var``: the per-request variance."""
     if bucket is None and task is None:
-        return _Posterior("prior", optimistic, OBS_SD / math.sqrt(UNSEEN_WEIGHT), 0.0)
+        return _Posterior("prior", optimistic, math.sqrt(var / UNSEEN_WEIGHT), 0.0)
     w_b = bucket.stats.weight * bucket.factor if bucket is not None else 0.0
     w_t = min(task.stats.weight * task.factor, prior_weight) if task is not None else 0.0
     m_b = bucket.stats.mean if bucket is not None else 0.0
     m_t = task.stats.mean if task is not None else 0.0
     n = w_b + w_t
     mean = (w_b * m_b + w_t * m_t) / n if n > 0 else (m_b if bucket is not None else m_t)
-    spread = bucket if bucket is not None and w_b >= w_t else task
-    assert spread is not None
-    m2, weight = spread.stats.m2 * spread.factor, spread.stats.weight * spread.factor
-    var = (m2 + OBS_SD_WEIGHT * OBS_SD**2) / (weight + OBS_SD_WEIGHT)
     sd = min(math.sqrt(var / max(n, 1e-9)), MAX_SD)
     return _Posterior("bucket" if bucket is not None else "task", mean, sd, w_b)
 
@@ -162,7 +169,8 @@ def choose(
     seen = {n: (_seen(group, n, decay), _seen(prior, n, decay)) for n in names}
     known = [(b or t) for b, t in seen.values()]
     optimistic = max((k.stats.mean for k in known if k is not None), default=0.0)
-    post = {n: _posterior(b, t, prior_weight, optimistic) for n, (b, t) in seen.items()}
+    var = _noise(prior, decay)
+    post = {n: _posterior(b, t, prior_weight, optimistic, var) for n, (b, t) in seen.items()}
     draws: dict[str, float] = {}
     if len(candidates) > 1:
         draws = {n: rng.normalvariate(post[n].mean, post[n].sd) for n in candidates}
