@@ -234,6 +234,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--adaptive", action="store_true", help="add the adaptive gateway")
     parser.add_argument("--adaptive-gateway", help="its URL when already running")
     parser.add_argument("--warmup", type=int, default=30, help="adaptive warm-up per task")
+    parser.add_argument(
+        "--no-prefix-cache", action="store_true", help="launch backends without prefix caching"
+    )
     args = parser.parse_args(argv)
     interrupt_on_sigterm()
     items = sample(args.prompts, args.per_task, args.max_prompt_chars)
@@ -243,8 +246,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     runs: list[dict[str, Any]] = []
     interrupted = False
     with tempfile.TemporaryDirectory(prefix="specgate-speedup-") as tmp:
+        config_path = args.config
+        if args.no_prefix_cache:  # each target of a wave then pays the same prefill
+            config_path = adaptive_bench.without_prefix_cache(args.config, Path(tmp))
         if args.launch:
-            context: Any = launched(args.config, Path(tmp), args.out / "logs")
+            context: Any = launched(config_path, Path(tmp), args.out / "logs")
         else:
             context = contextlib.nullcontext((load_config(args.config), args.gateway))
         with context as (config, gateway_url), adaptive_bench.context(args, Path(tmp)) as url:
@@ -282,6 +288,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "max_tokens": args.max_tokens,
         "max_prompt_chars": args.max_prompt_chars,
         "settle_s": args.settle,
+        "prefix_cache": not args.no_prefix_cache,
         "items": [
             {
                 "task": i.task,
