@@ -46,6 +46,8 @@ def _text_value(value: Any) -> str:
         return "-"
     if isinstance(value, bool):
         return "true" if value else "false"
+    if isinstance(value, int | float):
+        return str(value)
     text = str(value)
     return text if _PLAIN.fullmatch(text) else json.dumps(text)
 

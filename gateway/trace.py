@@ -48,6 +48,7 @@ class RequestTrace:
     prompt: PromptStats | None = None
     spec_decoding: dict[str, Any] | None = None
     _last: float | None = None
+    _tokens: tuple[int | None] | None = None  # completion_tokens(), once read
     observers: list[Callable[[RequestTrace], None]] = field(default_factory=list)
 
     def on_chunk(self, chunk: bytes) -> None:
@@ -72,7 +73,16 @@ class RequestTrace:
             observe(self)
 
     def completion_tokens(self) -> int | None:
-        """``usage.completion_tokens`` from the response (None when it carried no usage)."""
+        """``usage.completion_tokens`` from the response (None when it carried no usage);
+        parsed once, when the trace is finished (observers each ask)."""
+        if self._tokens is not None and self.duration_s is not None:
+            return self._tokens[0]
+        tokens = self._parse_tokens()
+        if self.duration_s is not None:
+            self._tokens = (tokens,)
+        return tokens
+
+    def _parse_tokens(self) -> int | None:
         raw = self.usage_bytes
         if raw is None:
             return None

@@ -104,7 +104,7 @@ async def explain(request: Request, gateway: GatewayDep, settings: SettingsDep) 
     without calling any backend. The body is the request body itself, or
     ``{"body": {...}, "headers": {"X-Task-Type": ...}}``; an ``X-Task-Type`` header on this
     request counts too."""
-    payload = parse_json(await read_body(request, settings.max_body_bytes))
+    payload = parse_json(await read_body(request.receive, request.headers, settings.max_body_bytes))
     headers = {k.lower(): v for k, v in request.headers.items()}
     if isinstance(payload, dict) and isinstance(payload.get("body"), dict):
         extra = payload.get("headers")

@@ -3,20 +3,27 @@
 Handlers only parse, route and relay: the body bytes the client sent are what the backend
 receives; the response carries ``x-specgate-backend``, ``x-specgate-rule``,
 ``x-specgate-task`` and ``x-request-id``.
+
+The two routed endpoints are the hot path and are served as raw ASGI apps
+(:class:`ProxyEndpoint`, mounted by :func:`proxy_routes`): no FastAPI dependency solving, no
+``Request``/``Response`` objects, the body relayed with ASGI ``send`` (measured in
+docs/benchmarks.md). Their OpenAPI operations come from :func:`proxy_openapi_paths`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
-import uuid
-from collections.abc import AsyncIterator
+import logging
+import os
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from typing import Any
 
-from fastapi import APIRouter, Request
-from fastapi.responses import Response, StreamingResponse
+from fastapi import APIRouter
+from starlette.routing import Route
 
-from gateway.api.deps import ForwarderDep, GatewayDep, SettingsDep
+from gateway.api.deps import GatewayDep
 from gateway.errors import GatewayError, bad_request, no_backend, too_busy
 from gateway.protocol import (
     ChatCompletionFields,
@@ -29,24 +36,61 @@ from gateway.service import Gateway
 from gateway.settings import Settings
 from gateway.trace import RequestTrace
 from gateway.upstream.feedback import ResponseTap, with_usage
-from gateway.upstream.forward import Forwarder, read_all
+from gateway.upstream.forward import Forwarder, Upstream, read_all
 
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+Kind = type[CompletionFields] | type[ChatCompletionFields]
+
+logger = logging.getLogger(__name__)
 router = APIRouter(tags=["openai"])
 
+#: The routed endpoints: path, request fields, OpenAPI summary and description.
+ENDPOINTS: tuple[tuple[str, Kind, str, str], ...] = (
+    (
+        "/v1/completions",
+        CompletionFields,
+        "Completions",
+        "OpenAI completions, routed to one backend; JSON or SSE as the client asked.",
+    ),
+    (
+        "/v1/chat/completions",
+        ChatCompletionFields,
+        "Chat Completions",
+        "OpenAI chat completions, routed to one backend; JSON or SSE as the client asked.",
+    ),
+)
+#: Response headers the gateway sets itself (a backend's own are dropped).
+_OWN_HEADERS = frozenset(
+    {b"x-specgate-backend", b"x-specgate-rule", b"x-specgate-task", b"x-request-id"}
+)
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """The request body, at most ``limit`` bytes; raises 413 past it."""
-    declared = request.headers.get("content-length")
+
+class ClientGone(Exception):
+    """The client disconnected while its request body was being read."""
+
+
+async def read_body(receive: Receive, headers: Mapping[str, str], limit: int) -> bytes:
+    """The request body, at most ``limit`` bytes; raises :class:`GatewayError` 413 past it
+    and :class:`ClientGone` when the client disconnects first."""
+    declared = headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise _too_large(limit)
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientGone
+        chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit:
             raise _too_large(limit)
         chunks.append(chunk)
-    return b"".join(chunks)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
 
 
 def _too_large(limit: int) -> GatewayError:
@@ -63,77 +107,112 @@ def parse_json(raw: bytes) -> Any:
         raise bad_request("The request body is not valid JSON.", code="invalid_json") from None
 
 
-async def _proxy(
-    request: Request,
-    gateway: Gateway,
-    forwarder: Forwarder,
-    settings: Settings,
-    kind: type[CompletionFields] | type[ChatCompletionFields],
-    path: str,
-) -> Response:
-    request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
-    trace = gateway.new_trace(request_id, path)
-    try:
-        if sum(len(k) + len(v) for k, v in request.scope["headers"]) > settings.max_header_bytes:
+class ProxyEndpoint:
+    """The raw ASGI app of one routed endpoint (``POST`` only; the route checks the method).
+
+    Per request: client key, header size (431), the gateway's in-flight cap (429), body
+    (413, 400), routing decision (503/429 when no backend can take it), forwarding with
+    failover (:class:`~gateway.upstream.forward.Forwarder`), then the backend's status,
+    headers and bytes relayed (a stream chunk by chunk). Errors before the response starts
+    are answered in OpenAI's envelope (an unexpected exception as a logged 500); a client
+    that leaves cancels the upstream request. Reads the lifespan's objects from
+    ``scope["app"].state``.
+    """
+
+    def __init__(self, path: str, kind: Kind) -> None:
+        self.path, self.kind = path, kind
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        state = scope["app"].state
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        if not state.auth.client_ok(headers.get("authorization")):
+            error = GatewayError(
+                401,
+                "Incorrect API key provided.",
+                code="invalid_api_key",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+            await send_error(send, error)
+            return
+        gateway: Gateway = state.gateway
+        trace = gateway.new_trace(headers.get("x-request-id") or os.urandom(16).hex(), self.path)
+        try:
+            await self._serve(scope, receive, send, state, headers, trace)
+        except GatewayError as exc:
+            trace.finish(exc.status, exc.code)
+            await send_error(send, exc)
+        except ClientGone:
+            trace.finish(499, "client_closed")
+        except asyncio.CancelledError:  # the app is shutting down
+            trace.finish(499, "client_closed")
+            raise
+        except Exception:  # never expected
+            trace.finish(500, "internal_error")
+            logger.exception("unhandled error")
+            internal = GatewayError(
+                500, "Internal gateway error.", type="server_error", code="internal_error"
+            )
+            with contextlib.suppress(RuntimeError):  # the response had already started
+                await send_error(send, internal)
+
+    async def _serve(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        state: Any,
+        headers: dict[str, str],
+        trace: RequestTrace,
+    ) -> None:
+        gateway: Gateway = state.gateway
+        settings: Settings = state.settings
+        if sum(len(k) + len(v) for k, v in scope["headers"]) > settings.max_header_bytes:
             raise GatewayError(431, "The request headers are too large.", code="headers_too_large")
         if gateway.inflight >= settings.max_inflight:
             raise too_busy(f"The gateway has {settings.max_inflight} requests in flight.")
         gateway.inflight += 1
         trace.observers = [*trace.observers, gateway.on_request_done]
-        return await _route_and_forward(request, gateway, forwarder, settings, kind, path, trace)
-    except GatewayError as exc:
-        trace.finish(exc.status, exc.code)
-        raise
-
-
-async def _route_and_forward(
-    request: Request,
-    gateway: Gateway,
-    forwarder: Forwarder,
-    settings: Settings,
-    kind: type[CompletionFields] | type[ChatCompletionFields],
-    path: str,
-    trace: RequestTrace,
-) -> Response:
-    raw = await read_body(request, settings.max_body_bytes)
-    body = parse_json(raw)
-    fields = validate_fields(kind, body)
-    trace.stream = bool(fields.stream)
-    features = gateway.features(body, fields.model, request.headers.get("x-task-type"))
-    prompt = gateway.prompt_stats(body)
-    decision = gateway.decide(features, prompt)
-    trace.task, trace.rule = features.task, decision.rule
-    trace.features, trace.prompt = features, prompt
-    if not decision.backends:
-        gateway.stats.rejected += 1
-        if decision.saturated:
-            raise too_busy("Every backend for this request is at its in-flight cap.")
-        raise no_backend()
-    headers = dict(request.headers) | {"x-request-id": trace.request_id}
-    tap = None
-    if gateway.config.routing.feedback:
-        # A stream ends with the usage chunk (and vLLM's per-request acceptance) only if
-        # asked for: ask, uncompressed, and the tap removes it again (gateway.upstream.feedback).
-        forced = with_usage(raw, body)
-        if forced is not None:
-            raw, headers["accept-encoding"] = forced, "identity"
-        tap = ResponseTap(trace, strip=forced is not None)
-    # Forward inline (the in-flight count moves in the same step as the decision), while a
-    # watcher cancels this task if the client leaves before the answer starts: closing the
-    # upstream request then makes vLLM abort the generation.
-    task = asyncio.current_task()
-    assert task is not None
-    watcher = asyncio.ensure_future(_cancel_on_disconnect(request, task))
-    try:
-        return await _forward(gateway, forwarder, decision, path, raw, headers, trace, tap)
-    except asyncio.CancelledError:
-        if not watcher.done() or watcher.cancelled():
-            raise  # cancelled from outside (shutdown), not by the client leaving
-        task.uncancel()
-        trace.finish(499, "client_closed")
-        return Response(status_code=499)
-    finally:
-        watcher.cancel()
+        raw = await read_body(receive, headers, settings.max_body_bytes)
+        body = parse_json(raw)
+        fields = validate_fields(self.kind, body)
+        trace.stream = bool(fields.stream)
+        features = gateway.features(body, fields.model, headers.get("x-task-type"))
+        prompt = gateway.prompt_stats(body)
+        decision = gateway.decide(features, prompt)
+        trace.task, trace.rule = features.task, decision.rule
+        trace.features, trace.prompt = features, prompt
+        if not decision.backends:
+            gateway.stats.rejected += 1
+            if decision.saturated:
+                raise too_busy("Every backend for this request is at its in-flight cap.")
+            raise no_backend()
+        headers["x-request-id"] = trace.request_id
+        tap = None
+        if gateway.config.routing.feedback:
+            # A stream ends with the usage chunk (and vLLM's per-request acceptance) only if
+            # asked for: ask, uncompressed, and the tap removes it again
+            # (gateway.upstream.feedback).
+            forced = with_usage(raw, body)
+            if forced is not None:
+                raw, headers["accept-encoding"] = forced, "identity"
+            tap = ResponseTap(trace, strip=forced is not None)
+        # Forward inline (the in-flight count moves in the same step as the decision), while
+        # a watcher cancels this task if the client leaves: closing the upstream request
+        # then makes vLLM abort the generation.
+        task = asyncio.current_task()
+        assert task is not None
+        watcher = asyncio.ensure_future(_cancel_on_disconnect(receive, task))
+        try:
+            await _forward(
+                gateway, state.forwarder, decision, self.path, raw, headers, trace, tap, send
+            )
+        except asyncio.CancelledError:
+            if not watcher.done() or watcher.cancelled():
+                raise  # cancelled from outside (shutdown), not by the client leaving
+            task.uncancel()
+            trace.finish(499, "client_closed")
+        finally:
+            watcher.cancel()
 
 
 async def _forward(
@@ -144,8 +223,9 @@ async def _forward(
     raw: bytes,
     headers: dict[str, str],
     trace: RequestTrace,
-    tap: ResponseTap | None = None,
-) -> Response:
+    tap: ResponseTap | None,
+    send: Send,
+) -> None:
     def count_failover(_backend: str, _why: str) -> None:
         gateway.stats.failovers += 1
 
@@ -161,73 +241,85 @@ async def _forward(
         tap=tap,
     )
     gateway.stats.by_backend[upstream.backend] += 1
-    out_headers = upstream.headers | {
-        "x-specgate-backend": upstream.backend,
-        "x-specgate-rule": decision.rule,
-        "x-specgate-task": decision.features.task,
-        "x-request-id": trace.request_id,
-    }
+    out = [(k, v) for k, v in upstream.headers if k not in _OWN_HEADERS]
+    out += [
+        (b"x-specgate-backend", upstream.backend.encode("latin-1")),
+        (b"x-specgate-rule", decision.rule.encode("latin-1")),
+        (b"x-specgate-task", decision.features.task.encode("latin-1")),
+        (b"x-request-id", trace.request_id.encode("latin-1")),
+    ]
     try:
         if trace.stream:
-            body_iter = await started(upstream.body)
-            return StreamingResponse(body_iter, status_code=upstream.status, headers=out_headers)
+            await _relay_stream(upstream, out, send)
+            return
         content = await read_all(upstream)
-    except BaseException:
-        await upstream.body.aclose()  # type: ignore[attr-defined]
-        raise
-    return Response(content, status_code=upstream.status, headers=out_headers)
+    finally:
+        await upstream.body.aclose()
+    out.append((b"content-length", str(len(content)).encode()))
+    await send({"type": "http.response.start", "status": upstream.status, "headers": out})
+    await send({"type": "http.response.body", "body": content})
 
 
-async def started(body: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-    """Start ``body`` now (its first chunk is awaited here) and return an iterator that
-    yields that chunk then the rest.
-
-    A started async generator is closed by the event loop when dropped, so a client that
-    leaves before the response starts still closes the upstream (an unstarted one would
-    never run its ``finally``).
-    """
-    try:
-        first = await anext(body)
-    except StopAsyncIteration:
-        first = b""
-
-    async def chain() -> AsyncIterator[bytes]:
-        try:
-            if first:
-                yield first
-            async for chunk in body:
-                yield chunk
-        finally:
-            await body.aclose()  # type: ignore[attr-defined]
-
-    return chain()
+async def _relay_stream(upstream: Upstream, headers: list[tuple[bytes, bytes]], send: Send) -> None:
+    """Send the status and headers, then each upstream chunk as it arrives."""
+    await send({"type": "http.response.start", "status": upstream.status, "headers": headers})
+    async for chunk in upstream.body:
+        await send({"type": "http.response.body", "body": chunk, "more_body": True})
+    await send({"type": "http.response.body", "body": b""})
 
 
-async def _cancel_on_disconnect(request: Request, task: asyncio.Task[Any]) -> None:
+async def send_error(send: Send, error: GatewayError) -> None:
+    """Answer ``error`` in OpenAI's envelope (JSON, its status and extra headers)."""
+    content = json.dumps(error.envelope()).encode()
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(content)).encode()),
+    ]
+    headers += [
+        (k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in error.headers.items()
+    ]
+    await send({"type": "http.response.start", "status": error.status, "headers": headers})
+    await send({"type": "http.response.body", "body": content})
+
+
+async def _cancel_on_disconnect(receive: Receive, task: asyncio.Task[Any]) -> None:
     """Cancel ``task`` when the client goes away (its body was already read)."""
-    while (await request.receive())["type"] != "http.disconnect":
+    while (await receive())["type"] != "http.disconnect":
         pass
     task.cancel()
 
 
-@router.post("/v1/completions", response_model=None, openapi_extra=openapi_body(CompletionFields))
-async def completions(
-    request: Request, gateway: GatewayDep, forwarder: ForwarderDep, settings: SettingsDep
-) -> Response:
-    """OpenAI completions, routed to one backend; JSON or SSE as the client asked."""
-    return await _proxy(request, gateway, forwarder, settings, CompletionFields, "/v1/completions")
+def proxy_endpoints() -> dict[str, ProxyEndpoint]:
+    """The routed endpoints' ASGI apps by path."""
+    return {path: ProxyEndpoint(path, kind) for path, kind, *_ in ENDPOINTS}
 
 
-@router.post(
-    "/v1/chat/completions", response_model=None, openapi_extra=openapi_body(ChatCompletionFields)
-)
-async def chat_completions(
-    request: Request, gateway: GatewayDep, forwarder: ForwarderDep, settings: SettingsDep
-) -> Response:
-    """OpenAI chat completions, routed to one backend; JSON or SSE as the client asked."""
-    return await _proxy(
-        request, gateway, forwarder, settings, ChatCompletionFields, "/v1/chat/completions"
-    )
+def proxy_routes(endpoints: Mapping[str, ProxyEndpoint]) -> list[Route]:
+    """Starlette routes for ``endpoints`` (``POST``; other methods get 405)."""
+    return [Route(path, endpoint, methods=["POST"]) for path, endpoint in endpoints.items()]
+
+
+def proxy_openapi_paths() -> dict[str, Any]:
+    """OpenAPI path items of the routed endpoints, for the app's schema: the fields the
+    gateway reads (any other OpenAI or vLLM field is allowed and forwarded untouched)."""
+    paths = {}
+    for path, kind, summary, description in ENDPOINTS:
+        name = summary.lower().replace(" ", "_")
+        operation = {
+            "tags": ["openai"],
+            "summary": summary,
+            "description": description,
+            "operationId": f"{name}_{path.strip('/').replace('/', '_')}_post",
+            **openapi_body(kind),
+            "responses": {
+                "200": {
+                    "description": "The backend's answer: JSON, or SSE when `stream` is true",
+                    "content": {"application/json": {"schema": {}}},
+                }
+            },
+        }
+        paths[path] = {"post": operation}
+    return paths
 
 
 @router.get("/v1/models")

@@ -11,14 +11,19 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncGenerator, Callable, Mapping
 from dataclasses import dataclass
-
-import httpx
 
 from gateway.config import BackendConfig
 from gateway.errors import GatewayError, no_backend, sse_error_event, upstream_timeout
 from gateway.trace import RequestTrace
+from gateway.upstream.client import (
+    UpstreamBroken,
+    UpstreamClient,
+    UpstreamResponse,
+    UpstreamTimeout,
+    UpstreamUnreachable,
+)
 from gateway.upstream.feedback import ResponseTap
 from gateway.upstream.state import BackendState
 
@@ -54,35 +59,38 @@ def upstream_headers(client_headers: Mapping[str, str], backend: BackendConfig) 
     return out
 
 
-def client_headers(upstream: httpx.Headers) -> dict[str, str]:
-    """Headers returned to the client from a backend's response, minus hop-by-hop ones."""
-    return {k: v for k, v in upstream.items() if k.lower() not in _NOT_RETURNED}
+def client_headers(raw: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    """Headers returned to the client from a backend's response (ASGI form: lower-case byte
+    pairs), minus hop-by-hop ones."""
+    return [(k, v) for k, v in raw if k.decode("latin-1") not in _NOT_RETURNED]
 
 
 @dataclass(slots=True)
 class Upstream:
     """An open backend response whose status and headers are settled.
 
-    ``body`` yields the raw bytes and closes the response (and the in-flight count) when it
-    ends, fails, or is closed early because the client left.
+    ``headers`` are ASGI byte pairs (lower-case names). ``body`` yields the raw bytes and
+    closes the response (and the in-flight count) when it ends, fails, or is closed early
+    because the client left; for a JSON answer a failure part-way raises
+    :class:`~gateway.upstream.client.UpstreamBroken`, a stream ends with an SSE error event.
     """
 
     backend: str
     status: int
-    headers: dict[str, str]
-    body: AsyncIterator[bytes]
+    headers: list[tuple[bytes, bytes]]
+    body: AsyncGenerator[bytes, None]
     attempts: int
 
 
 async def _relay(
-    response: httpx.Response,
+    response: UpstreamResponse,
     state: BackendState,
     trace: RequestTrace,
     tap: ResponseTap | None = None,
-) -> AsyncIterator[bytes]:
-    status, error = response.status_code, None
+) -> AsyncGenerator[bytes, None]:
+    status, error = response.status, None
     try:
-        async for chunk in response.aiter_raw():
+        async for chunk in response.chunks():
             if tap is not None and not (chunk := tap.feed(chunk)):
                 continue
             trace.on_chunk(chunk)
@@ -90,8 +98,8 @@ async def _relay(
         if tap is not None and (rest := tap.close()):
             trace.on_chunk(rest)
             yield rest
-    except httpx.HTTPError as exc:  # reset, or idle longer than idle_timeout_s
-        logger.warning("backend %s failed mid-response: %s", trace.backend, type(exc).__name__)
+    except UpstreamBroken as exc:  # reset, or idle longer than idle_timeout_s
+        logger.warning("backend %s failed mid-response: %s", trace.backend, exc)
         status, error = 502, "upstream_error"
         if not trace.stream:
             raise
@@ -112,11 +120,11 @@ class Forwarder:
     """Sends requests upstream with failover, for one app.
 
     ``max_attempts`` bounds the backends tried per request; ``first_byte_timeout_s`` bounds
-    the wait for response headers, after which the client's read timeout (the idle gap
-    between chunks) applies again. Each backend's circuit breaker hears of every outcome.
+    the wait for response headers, ``idle_timeout_s`` (seconds) each gap between body chunks
+    after them. Each backend's circuit breaker hears of every outcome.
     """
 
-    client: httpx.AsyncClient
+    client: UpstreamClient
     max_attempts: int
     first_byte_timeout_s: float
     idle_timeout_s: float
@@ -147,45 +155,44 @@ class Forwarder:
         last_why = "no candidate backend"
         for attempt, name in enumerate(order[: self.max_attempts], start=1):
             backend, state = backends[name], states[name]
-            request = self.client.build_request(
-                "POST",
-                backend.base_url + path,
-                content=body,
-                headers=upstream_headers(headers, backend),
-            )
-            timeouts = request.extensions["timeout"]
-            timeouts["read"] = self.first_byte_timeout_s
             state.inflight += 1
             state.circuit.on_attempt(self.clock())
             try:
-                response = await self.client.send(request, stream=True)
-            except httpx.HTTPError as exc:
+                response = await self.client.post(
+                    backend.base_url + path,
+                    body,
+                    upstream_headers(headers, backend),
+                    first_byte_timeout_s=self.first_byte_timeout_s,
+                    idle_timeout_s=self.idle_timeout_s,
+                )
+            except UpstreamTimeout:
                 state.inflight -= 1
                 state.circuit.on_failure(self.clock())
-                if isinstance(exc, httpx.ReadTimeout):
-                    raise upstream_timeout() from None
-                last_why = f"{name}: {type(exc).__name__}"
+                raise upstream_timeout() from None
+            except UpstreamUnreachable as exc:
+                state.inflight -= 1
+                state.circuit.on_failure(self.clock())
+                last_why = f"{name}: {exc}"
                 _report(on_failure, name, last_why)
                 continue
             except BaseException:  # cancelled: the client left while we waited for headers
                 state.inflight -= 1
                 state.circuit.probing = False
                 raise
-            if response.status_code in RETRYABLE_STATUS:
+            if response.status in RETRYABLE_STATUS:
                 state.inflight -= 1
                 state.circuit.on_failure(self.clock())
                 await response.aclose()
-                last_why = f"{name}: HTTP {response.status_code}"
+                last_why = f"{name}: HTTP {response.status}"
                 _report(on_failure, name, last_why)
                 continue
             state.circuit.on_success()
-            timeouts["read"] = self.idle_timeout_s  # httpcore reads it when the body starts
             trace.backend, trace.attempts = name, attempt
             return Upstream(
                 backend=name,
-                status=response.status_code,
-                headers=client_headers(response.headers),
-                body=_relay(response, state, trace, tap if response.status_code == 200 else None),
+                status=response.status,
+                headers=client_headers(response.raw_headers),
+                body=_relay(response, state, trace, tap if response.status == 200 else None),
                 attempts=attempt,
             )
         logger.warning("no backend could serve the request (last: %s)", last_why)
@@ -202,7 +209,7 @@ async def read_all(upstream: Upstream) -> bytes:
     """Read a non-streamed answer whole; a backend dying part-way becomes a 502."""
     try:
         return b"".join([chunk async for chunk in upstream.body])
-    except httpx.HTTPError:
+    except UpstreamBroken:
         raise GatewayError(
             502,
             "The backend failed while sending its response.",

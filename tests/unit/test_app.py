@@ -238,3 +238,24 @@ async def test_lone_surrogate_in_the_prompt_is_forwarded_not_a_500(gw: InProcess
     assert any(r["body"] == raw for f in gw.fakes.values() for r in f.received)
     explained = await gw.client.post("/routes/explain", content=raw)
     assert explained.status_code == 200
+
+
+async def test_unexpected_error_is_a_500_envelope_and_frees_the_slot(
+    gw: InProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gateway = gw.app.state.gateway
+
+    def broken(*_args: object) -> None:
+        raise RuntimeError("bug")
+
+    monkeypatch.setattr(gateway, "features", broken)
+    resp = await gw.client.post("/v1/completions", json=CODE)
+    assert_envelope(resp, 500, "internal_error")
+    assert "bug" not in resp.text  # no traceback or detail leaks
+    assert gateway.inflight == 0
+
+
+async def test_other_methods_on_routed_endpoints_get_405(gw: InProcess) -> None:
+    resp = await gw.client.get("/v1/chat/completions")
+    assert_envelope(resp, 405)
+    assert resp.headers["allow"] == "POST"

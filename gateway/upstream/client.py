@@ -1,0 +1,211 @@
+"""The HTTP exchange with one backend, behind one small interface with two engines.
+
+:class:`AiohttpUpstream` (the default) talks to backends with an ``aiohttp.ClientSession``
+directly: aiohttp's C HTTP parser and O(1) connection pool, no per-request URL, cookie or
+header objects (measured in docs/benchmarks.md: the httpx layer over aiohttp was about a tenth
+of the gateway's CPU per request). :class:`HttpxUpstream` does the same over an
+``httpx.AsyncClient``: selected with ``SPECGATE_UPSTREAM_TRANSPORT=httpx`` (httpcore), and used
+by in-process tests, whose fake backends are httpx transports.
+
+Both give the forwarder the same three failure kinds, so failover and error mapping do not
+depend on the engine:
+
+* :class:`UpstreamUnreachable`: nothing came back before the response headers (refused,
+  reset, connect or pool timeout): the next backend may be tried;
+* :class:`UpstreamTimeout`: connected, but no headers within the first-byte timeout (the
+  request may be running there, so it is not retried);
+* :class:`UpstreamBroken`: the body failed after the headers (reset, or a gap between chunks
+  longer than the idle timeout).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+import aiohttp
+import httpx
+
+
+class UpstreamUnreachable(Exception):
+    """The backend sent no response (connection refused, reset or timed out)."""
+
+
+class UpstreamTimeout(Exception):
+    """The backend sent no response headers within the first-byte timeout."""
+
+
+class UpstreamBroken(Exception):
+    """The response body failed part-way (reset, or idle longer than the idle timeout)."""
+
+
+class UpstreamResponse(Protocol):
+    """A backend response whose status and headers have arrived."""
+
+    status: int
+    #: Response headers as sent, names lower-cased (ASGI's form).
+    raw_headers: list[tuple[bytes, bytes]]
+
+    def chunks(self) -> AsyncIterator[bytes]:
+        """The raw body bytes as they arrive; raises :class:`UpstreamBroken`."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release the connection (back to the pool once the body was read, else closed, so
+        the backend sees the disconnect and aborts the generation)."""
+        ...
+
+
+class UpstreamClient(Protocol):
+    """Sends one POST to a backend."""
+
+    async def post(
+        self,
+        url: str,
+        body: bytes,
+        headers: Mapping[str, str],
+        *,
+        first_byte_timeout_s: float,
+        idle_timeout_s: float,
+    ) -> UpstreamResponse:
+        """POST ``body`` to ``url``; returns once the status and headers are in.
+
+        ``first_byte_timeout_s`` bounds the wait for the headers (seconds), then
+        ``idle_timeout_s`` each gap between body chunks. Raises :class:`UpstreamUnreachable`
+        or :class:`UpstreamTimeout`.
+        """
+        ...
+
+    async def aclose(self) -> None:
+        """Close the connection pool."""
+        ...
+
+
+@dataclass(slots=True)
+class _AiohttpResponse:
+    response: aiohttp.ClientResponse
+    status: int
+    raw_headers: list[tuple[bytes, bytes]]
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in self.response.content.iter_any():
+                yield chunk
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            raise UpstreamBroken(type(exc).__name__) from exc
+
+    async def aclose(self) -> None:
+        if self.response.content.at_eof():
+            self.response.release()
+        else:
+            self.response.close()
+
+
+class AiohttpUpstream:
+    """:class:`UpstreamClient` on one ``aiohttp.ClientSession``.
+
+    ``max_connections`` caps the pool (all backends together); ``connect_timeout_s`` bounds
+    the wait for a pooled connection plus the TCP connect. The body is sent and relayed as
+    bytes: no automatic ``Content-Type``, ``Accept-Encoding`` or ``User-Agent`` is added and
+    nothing is decompressed, so the backend sees the client's headers and the client the
+    backend's bytes. Must be built inside a running event loop.
+    """
+
+    def __init__(self, *, max_connections: int, connect_timeout_s: float) -> None:
+        self.connect_timeout_s = connect_timeout_s
+        self._timeouts: dict[float, aiohttp.ClientTimeout] = {}  # by first-byte timeout
+        self.session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=max_connections, limit_per_host=0),
+            auto_decompress=False,
+            skip_auto_headers=("Content-Type", "Accept-Encoding", "User-Agent"),
+            cookie_jar=aiohttp.DummyCookieJar(),
+        )
+
+    async def post(
+        self,
+        url: str,
+        body: bytes,
+        headers: Mapping[str, str],
+        *,
+        first_byte_timeout_s: float,
+        idle_timeout_s: float,
+    ) -> UpstreamResponse:
+        """See :meth:`UpstreamClient.post`."""
+        timeout = self._timeouts.get(first_byte_timeout_s)
+        if timeout is None:
+            timeout = self._timeouts[first_byte_timeout_s] = aiohttp.ClientTimeout(
+                total=None,
+                connect=self.connect_timeout_s,
+                sock_connect=self.connect_timeout_s,
+                sock_read=first_byte_timeout_s,
+            )
+        try:
+            response = await self.session.post(url, data=body, headers=headers, timeout=timeout)
+        except aiohttp.SocketTimeoutError as exc:  # connected; no headers in time
+            raise UpstreamTimeout(str(exc)) from exc
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            raise UpstreamUnreachable(type(exc).__name__) from exc
+        connection = response.connection  # None once a short body is already in
+        if connection is not None and connection.protocol is not None:
+            connection.protocol.read_timeout = idle_timeout_s
+            connection.protocol.start_timeout()  # re-armed now, not at the next chunk
+        raw = [(k.lower(), v) for k, v in response.raw_headers]
+        return _AiohttpResponse(response, response.status, raw)
+
+    async def aclose(self) -> None:
+        """See :meth:`UpstreamClient.aclose`."""
+        await self.session.close()
+
+
+@dataclass(slots=True)
+class _HttpxResponse:
+    response: httpx.Response
+    status: int
+    raw_headers: list[tuple[bytes, bytes]]
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in self.response.aiter_raw():
+                yield chunk
+        except httpx.HTTPError as exc:
+            raise UpstreamBroken(type(exc).__name__) from exc
+
+    async def aclose(self) -> None:
+        await self.response.aclose()
+
+
+@dataclass(slots=True)
+class HttpxUpstream:
+    """:class:`UpstreamClient` on an ``httpx.AsyncClient`` (its transport: httpcore, or an
+    in-process fake in tests). The client's connect and pool timeouts apply; its read
+    timeout is set per request (first byte, then idle), which httpcore reads again when the
+    body starts. Closing it is its owner's business."""
+
+    client: httpx.AsyncClient
+
+    async def post(
+        self,
+        url: str,
+        body: bytes,
+        headers: Mapping[str, str],
+        *,
+        first_byte_timeout_s: float,
+        idle_timeout_s: float,
+    ) -> UpstreamResponse:
+        """See :meth:`UpstreamClient.post`."""
+        request = self.client.build_request("POST", url, content=body, headers=headers)
+        timeouts = request.extensions["timeout"]
+        timeouts["read"] = first_byte_timeout_s
+        try:
+            response = await self.client.send(request, stream=True)
+        except httpx.ReadTimeout as exc:
+            raise UpstreamTimeout(str(exc)) from exc
+        except httpx.HTTPError as exc:
+            raise UpstreamUnreachable(type(exc).__name__) from exc
+        timeouts["read"] = idle_timeout_s
+        raw = [(k.lower(), v) for k, v in response.headers.raw]
+        return _HttpxResponse(response, response.status_code, raw)
+
+    async def aclose(self) -> None:
+        """Nothing: the client belongs to the app's lifespan."""
