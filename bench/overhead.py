@@ -107,8 +107,8 @@ Variant = tuple[dict[str, str], list[str]]  # (SPECGATE_* env, bench.variants fl
 
 def parse_variants(values: Sequence[str]) -> dict[str, Variant]:
     """``LABEL:ITEM,ITEM`` -> ``{"specgate[LABEL]": (env, flags)}``. An item
-    ``SPECGATE_X=V`` is an environment setting; ``client=aiohttp`` or ``async-deps`` becomes
-    the :mod:`bench.variants` flag ``--client aiohttp`` or ``--async-deps``."""
+    ``SPECGATE_X=V`` is an environment setting; ``server=granian`` becomes the
+    :mod:`bench.variants` flag ``--server granian``."""
     out: dict[str, Variant] = {}
     for value in values:
         label, _, items = value.partition(":")

@@ -4,7 +4,7 @@
     python -m bench.speedup --config FILE --gateway URL  # servers already running (e.g. GPUs)
 
 Sends the same small sample of the shared prompt datasets (:mod:`bench.workloads`: per task
-``--per-task`` prompts, near-greedy code and rag, warm chat, hot creative, fixed seed,
+``--per-task`` prompts, near-greedy code and rag, warm chat, hot creative, seeded at c1,
 ``--max-tokens`` output tokens) as streamed requests to every backend of the config alone,
 then through the gateway, at each ``--concurrency`` (mixed tasks, bounded in-flight count).
 Reports per task: output tokens/s per request (sum of tokens over sum of end-to-end times),
@@ -40,7 +40,7 @@ from tqdm import tqdm
 from bench import adaptive_bench, speedup_report
 from bench.llm_client import run_items
 from bench.procs import Server, free_port, interrupt_on_sigterm
-from bench.workloads import Item, default_prompts_dir, sample
+from bench.workloads import Item, default_prompts_dir, sample, unseeded
 from gateway.config import GatewayConfig, load_config, parse_config
 from gateway.upstream.scrape import parse_vllm_metrics
 
@@ -163,7 +163,8 @@ def measure(
     with tqdm(total=total, desc="speedup", unit="req") as bar:
         for concurrency in concurrencies:
             acc = {name: _Run(name, concurrency) for name, _ in targets}
-            waves = [items[i : i + concurrency] for i in range(0, len(items), concurrency)]
+            sent = items if concurrency == 1 else unseeded(items)
+            waves = [sent[i : i + concurrency] for i in range(0, len(sent), concurrency)]
             for wave in waves:
                 for name, url in rng.sample(targets, len(targets)):
                     bar.set_postfix_str(f"c{concurrency} {name}")

@@ -139,7 +139,7 @@ def specgate_target(
     variant_flags: Sequence[str] = (),
 ) -> TargetSpec:
     """``specgate serve`` as production runs it; ``env`` adds ``SPECGATE_*`` overrides;
-    ``variant_flags`` (e.g. ``["--client", "aiohttp"]``) run :mod:`bench.variants` instead."""
+    ``variant_flags`` (e.g. ``["--server", "granian"]``) run :mod:`bench.variants` instead."""
     path = workdir / "specgate-bench.yaml"
     path.write_text(yaml.safe_dump(specgate_config(upstreams), sort_keys=False))
     if variant_flags:

