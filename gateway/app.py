@@ -1,8 +1,10 @@
 """``create_app(settings)``: the FastAPI application and its lifespan.
 
-The lifespan owns every long-lived object: the shared upstream ``httpx.AsyncClient`` (explicit
-timeouts and limits from settings), the :class:`~gateway.service.Gateway` with its backend
-state, and the background health poller. Importing this module does nothing.
+The lifespan owns every long-lived object: the forwarder's upstream client (aiohttp, see
+:mod:`gateway.upstream.client`), the shared ``httpx.AsyncClient`` of the health poller and
+the canary (explicit timeouts and limits from settings), the
+:class:`~gateway.service.Gateway` with its backend state, and the background tasks.
+Importing this module does nothing.
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ import httpx
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from httpx_aiohttp import AiohttpTransport
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gateway.api import admin, health, metrics, openai, status
@@ -41,9 +42,11 @@ logger = logging.getLogger(__name__)
 def build_client(
     settings: Settings, transport: httpx.AsyncBaseTransport | None
 ) -> httpx.AsyncClient:
-    """The shared upstream client: connect and pool timeouts from settings, read timeout the
-    idle gap between chunks (the forwarder widens it to ``first_byte_timeout_s`` until the
-    response headers arrive); there is no total cap."""
+    """The shared ``httpx.AsyncClient`` of the health poller and the canary (and of the
+    forwarder with ``SPECGATE_UPSTREAM_TRANSPORT=httpx`` or an in-process ``transport``):
+    connect and pool timeouts from settings, read timeout the idle gap between chunks (the
+    forwarder widens it to ``first_byte_timeout_s`` until the response headers arrive); there
+    is no total cap."""
     timeout = httpx.Timeout(
         connect=settings.connect_timeout_s,
         read=settings.idle_timeout_s,
@@ -54,36 +57,7 @@ def build_client(
         max_connections=settings.max_connections,
         max_keepalive_connections=settings.max_connections,
     )
-    if transport is None and settings.upstream_transport == "aiohttp":
-        transport = _AiohttpTransport(limits=limits)
     return httpx.AsyncClient(timeout=timeout, limits=limits, transport=transport)
-
-
-class _AiohttpTransport(AiohttpTransport):
-    """httpx-aiohttp's transport (aiohttp's C HTTP parser and connection pool under httpx's
-    API; measured in docs/benchmarks.md), keeping httpcore's read-timeout semantics: the
-    request's ``read`` timeout is read again when the body starts, so the forwarder's switch
-    from the first-byte timeout to the idle timeout applies to the gaps between chunks."""
-
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        response = await super().handle_async_request(request)
-        response.stream = _IdleTimeoutStream(response.stream, request.extensions["timeout"])
-        return response
-
-
-class _IdleTimeoutStream(httpx.AsyncByteStream):
-    def __init__(self, inner: Any, timeouts: dict[str, float | None]) -> None:
-        self.inner, self.timeouts = inner, timeouts
-
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        connection = self.inner._aiohttp_response.connection  # None once the body is in
-        if connection is not None and connection.protocol is not None:
-            connection.protocol.read_timeout = self.timeouts.get("read")
-        async for chunk in self.inner:
-            yield chunk
-
-    async def aclose(self) -> None:
-        await self.inner.aclose()
 
 
 def build_canary(settings: Settings, client: httpx.AsyncClient, gateway: Gateway) -> Canary | None:

@@ -149,6 +149,7 @@ def run_gateway(settings: Settings, config: GatewayConfig) -> None:
 
     from gateway.app import create_app
 
+    logging.getLogger().setLevel(settings.log_level.upper())
     app = create_app(settings, config=config)
     uvicorn.run(
         app,

@@ -10,7 +10,7 @@ import pytest
 
 from gateway.access_log import AccessLog
 from gateway.trace import RequestTrace
-from tests.unit.conftest import MODEL, InProcess
+from tests.unit.conftest import MODEL, InProcess, local_config
 
 SECRET_PROMPT = "def leak_the_prompt_SECRET_7f3a(): pass"
 SECRET_KEY = "sk-live-SECRET-KEY-9b2c"
@@ -61,3 +61,21 @@ def test_json_lines_and_hostile_request_ids(caplog: pytest.LogCaptureFixture) ->
     assert (fields["backend"], fields["status"], fields["completion_tokens"]) == ("plain", 200, 5)
     assert fields["duration_ms"] >= 0 and fields["ttft_ms"] is not None
     assert "\n" not in as_text and as_text.startswith('request_id="evil\\"\\nid x=1" ')
+
+
+def test_log_level_setting_applies_to_the_access_log(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``SPECGATE_LOG_LEVEL=warning`` drops the per-request lines, not only uvicorn's."""
+    import uvicorn
+
+    from gateway.cli import run_gateway
+    from gateway.settings import Settings
+
+    served: list[object] = []
+    monkeypatch.setattr(uvicorn, "run", lambda app, **_: served.append(app))
+    root = logging.getLogger()
+    before = root.level
+    try:
+        run_gateway(Settings(log_level="warning"), local_config())
+        assert served and not logging.getLogger("specgate.access").isEnabledFor(logging.INFO)
+    finally:
+        root.setLevel(before)

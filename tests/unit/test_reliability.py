@@ -61,7 +61,14 @@ def routes(stack: Stack) -> dict[str, dict[str, Any]]:
     return {b["name"]: b for b in httpx.get(f"{stack.url}/routes").json()["backends"]}
 
 
-def test_circuit_opens_after_failures_then_probe_closes_it(stack: Stack) -> None:
+@pytest.fixture
+def slow_cooling() -> Iterator[Stack]:
+    """A circuit cool-down long enough (3 s) that a loaded machine cannot end it early."""
+    yield from make_stack(Settings(health_interval_s=60, circuit_failures=2, circuit_cooldown_s=3))
+
+
+def test_circuit_opens_after_failures_then_probe_closes_it(slow_cooling: Stack) -> None:
+    stack = slow_cooling
     stack.fakes["a"].status = 503
     # a and b tie on load, so each request picks one at random (then fails over from a)
     served = []
@@ -75,7 +82,7 @@ def test_circuit_opens_after_failures_then_probe_closes_it(stack: Stack) -> None
     view = routes(stack)["a"]
     assert view["circuit"] == {"state": "open", "consecutive_failures": 2, "opened": 1}
     stack.fakes["a"].status = 200
-    time.sleep(0.6)  # cool-down over: half-open, the next request routed to a probes it
+    time.sleep(3.1)  # cool-down over: half-open, the next request routed to a probes it
     assert routes(stack)["a"]["circuit"]["state"] == "half_open"
     # at most 40 tries (a staying unpicked has probability 2**-40)
     for _ in range(40):
