@@ -14,9 +14,11 @@ class Settings(BaseSettings):
 
     Every field reads ``SPECGATE_<NAME>`` (e.g. ``SPECGATE_PORT=8000``). Durations are seconds.
     There is no total-duration cap on a stream: ``first_byte_timeout_s`` bounds the wait for
-    the response headers (for a non-streamed request vLLM sends them with the finished
-    answer, so there it bounds the generation) and ``idle_timeout_s`` the gap between
-    stream chunks. Client API keys come from ``SPECGATE_API_KEYS`` (comma-separated) and/or
+    the response headers and then for the first body chunk (vLLM sends a stream's headers at
+    once and its first chunk after the prefill; a non-streamed answer's headers come with
+    the finished answer, so there it bounds the generation) and ``idle_timeout_s`` each
+    later gap between stream chunks; ``body_timeout_s`` bounds reading the client's body.
+    Client API keys come from ``SPECGATE_API_KEYS`` (comma-separated) and/or
     ``SPECGATE_API_KEYS_FILE`` (one per line); without any, no client key is required.
     """
 
@@ -28,6 +30,7 @@ class Settings(BaseSettings):
     connect_timeout_s: float = Field(default=3.0, gt=0)
     first_byte_timeout_s: float = Field(default=900.0, gt=0)
     idle_timeout_s: float = Field(default=60.0, gt=0)
+    body_timeout_s: float = Field(default=30.0, gt=0)  # a client sending its request body
     max_attempts: int = Field(default=3, ge=1)
     max_inflight: int = Field(default=1024, ge=1)
     circuit_failures: int = Field(default=5, ge=1)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -13,6 +14,7 @@ if TYPE_CHECKING:
     from gateway.routing.prompt_stats import PromptStats
 
 _USAGE_MARK = b'"completion_tokens"'
+logger = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -64,13 +66,17 @@ class RequestTrace:
             self.usage_bytes = chunk
 
     def finish(self, status: int, error: str | None = None) -> None:
-        """Close the trace (once) and hand it to every observer."""
+        """Close the trace (once) and hand it to every observer; an observer that raises is
+        logged and the others still run."""
         if self.duration_s is not None:
             return
         self.duration_s = time.perf_counter() - self.started
         self.status, self.error = status, error
         for observe in self.observers:
-            observe(self)
+            try:
+                observe(self)
+            except Exception:  # one failing observer must not stop the others (in-flight)
+                logger.exception("request trace observer %r failed", observe)
 
     def completion_tokens(self) -> int | None:
         """``usage.completion_tokens`` from the response (None when it carried no usage);
@@ -93,6 +99,6 @@ class RequestTrace:
             try:
                 usage = json.loads(part).get("usage") or {}
                 return int(usage["completion_tokens"])
-            except (ValueError, KeyError, TypeError, AttributeError):
-                return None
+            except (ValueError, KeyError, TypeError, AttributeError, OverflowError):
+                return None  # e.g. "completion_tokens": 1e999
         return None

@@ -68,6 +68,15 @@ _OWN_HEADERS = frozenset(
 )
 
 
+def _text(raw: bytes) -> str:
+    """A header name or value as text: UTF-8 (what aiohttp encodes it back to, so the backend
+    gets the client's bytes), Latin-1 for bytes that are not UTF-8."""
+    try:
+        return raw.decode()
+    except UnicodeDecodeError:
+        return raw.decode("latin-1")
+
+
 class ClientGone(Exception):
     """The client disconnected while its request body was being read."""
 
@@ -124,19 +133,18 @@ class ProxyEndpoint:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         state = scope["app"].state
-        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
-        if not state.auth.client_ok(headers.get("authorization")):
-            error = GatewayError(
-                401,
-                "Incorrect API key provided.",
-                code="invalid_api_key",
-                headers={"WWW-Authenticate": "Bearer"},
-            )
-            await send_error(send, error)
-            return
+        # the first of repeated headers counts, as in Starlette's Request.headers
+        headers = {_text(k): _text(v) for k, v in reversed(scope["headers"])}
         gateway: Gateway = state.gateway
         trace = gateway.new_trace(headers.get("x-request-id") or os.urandom(16).hex(), self.path)
         try:
+            if not state.auth.client_ok(headers.get("authorization")):
+                raise GatewayError(
+                    401,
+                    "Incorrect API key provided.",
+                    code="invalid_api_key",
+                    headers={"WWW-Authenticate": "Bearer"},
+                )
             await self._serve(scope, receive, send, state, headers, trace)
         except GatewayError as exc:
             trace.finish(exc.status, exc.code)
@@ -168,11 +176,22 @@ class ProxyEndpoint:
         settings: Settings = state.settings
         if sum(len(k) + len(v) for k, v in scope["headers"]) > settings.max_header_bytes:
             raise GatewayError(431, "The request headers are too large.", code="headers_too_large")
+        if gateway.inflight >= settings.max_inflight:  # refused before reading the body
+            raise too_busy(f"The gateway has {settings.max_inflight} requests in flight.")
+        try:
+            async with asyncio.timeout(settings.body_timeout_s):
+                raw = await read_body(receive, headers, settings.max_body_bytes)
+        except TimeoutError:
+            raise GatewayError(
+                408,
+                f"The request body did not arrive within {settings.body_timeout_s:g} s.",
+                code="request_timeout",
+            ) from None
+        # counted once the body is in, so slow senders hold no slot
         if gateway.inflight >= settings.max_inflight:
             raise too_busy(f"The gateway has {settings.max_inflight} requests in flight.")
         gateway.inflight += 1
         trace.observers = [*trace.observers, gateway.on_request_done]
-        raw = await read_body(receive, headers, settings.max_body_bytes)
         body = parse_json(raw)
         fields = validate_fields(self.kind, body)
         trace.stream = bool(fields.stream)
@@ -246,7 +265,7 @@ async def _forward(
         (b"x-specgate-backend", upstream.backend.encode("latin-1")),
         (b"x-specgate-rule", decision.rule.encode("latin-1")),
         (b"x-specgate-task", decision.features.task.encode("latin-1")),
-        (b"x-request-id", trace.request_id.encode("latin-1")),
+        (b"x-request-id", trace.request_id.encode()),
     ]
     try:
         if trace.stream:

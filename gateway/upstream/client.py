@@ -14,8 +14,8 @@ depend on the engine:
   reset, connect or pool timeout): the next backend may be tried;
 * :class:`UpstreamTimeout`: connected, but no headers within the first-byte timeout (the
   request may be running there, so it is not retried);
-* :class:`UpstreamBroken`: the body failed after the headers (reset, or a gap between chunks
-  longer than the idle timeout).
+* :class:`UpstreamBroken`: the body failed after the headers (reset, no first chunk within
+  the first-byte timeout, or a later gap between chunks longer than the idle timeout).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ class UpstreamTimeout(Exception):
 
 
 class UpstreamBroken(Exception):
-    """The response body failed part-way (reset, or idle longer than the idle timeout)."""
+    """The response body failed part-way (reset, or a gap longer than its timeout)."""
 
 
 class UpstreamResponse(Protocol):
@@ -71,9 +71,10 @@ class UpstreamClient(Protocol):
     ) -> UpstreamResponse:
         """POST ``body`` to ``url``; returns once the status and headers are in.
 
-        ``first_byte_timeout_s`` bounds the wait for the headers (seconds), then
-        ``idle_timeout_s`` each gap between body chunks. Raises :class:`UpstreamUnreachable`
-        or :class:`UpstreamTimeout`.
+        ``first_byte_timeout_s`` bounds the wait for the headers and then for the first body
+        chunk (vLLM sends a stream's headers at once and its first chunk after the prefill),
+        ``idle_timeout_s`` each later gap between chunks (seconds). Raises
+        :class:`UpstreamUnreachable` or :class:`UpstreamTimeout`.
         """
         ...
 
@@ -87,10 +88,18 @@ class _AiohttpResponse:
     response: aiohttp.ClientResponse
     status: int
     raw_headers: list[tuple[bytes, bytes]]
+    idle_timeout_s: float
 
     async def chunks(self) -> AsyncIterator[bytes]:
+        first = True
         try:
             async for chunk in self.response.content.iter_any():
+                if first:  # from now on the gaps between chunks are bounded by the idle timeout
+                    first = False
+                    connection = self.response.connection  # None once the body is all in
+                    if connection is not None and connection.protocol is not None:
+                        connection.protocol.read_timeout = self.idle_timeout_s
+                        connection.protocol.start_timeout()  # re-armed now
                 yield chunk
         except (TimeoutError, aiohttp.ClientError) as exc:
             raise UpstreamBroken(type(exc).__name__) from exc
@@ -146,12 +155,8 @@ class AiohttpUpstream:
             raise UpstreamTimeout(str(exc)) from exc
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             raise UpstreamUnreachable(type(exc).__name__) from exc
-        connection = response.connection  # None once a short body is already in
-        if connection is not None and connection.protocol is not None:
-            connection.protocol.read_timeout = idle_timeout_s
-            connection.protocol.start_timeout()  # re-armed now, not at the next chunk
         raw = [(k.lower(), v) for k, v in response.raw_headers]
-        return _AiohttpResponse(response, response.status, raw)
+        return _AiohttpResponse(response, response.status, raw, idle_timeout_s)
 
     async def aclose(self) -> None:
         """See :meth:`UpstreamClient.aclose`."""
@@ -163,10 +168,13 @@ class _HttpxResponse:
     response: httpx.Response
     status: int
     raw_headers: list[tuple[bytes, bytes]]
+    timeouts: dict[str, float | None]  # the request's, which httpcore reads per socket read
+    idle_timeout_s: float
 
     async def chunks(self) -> AsyncIterator[bytes]:
         try:
             async for chunk in self.response.aiter_raw():
+                self.timeouts["read"] = self.idle_timeout_s  # after the first chunk
                 yield chunk
         except httpx.HTTPError as exc:
             raise UpstreamBroken(type(exc).__name__) from exc
@@ -194,7 +202,8 @@ class HttpxUpstream:
         idle_timeout_s: float,
     ) -> UpstreamResponse:
         """See :meth:`UpstreamClient.post`."""
-        request = self.client.build_request("POST", url, content=body, headers=headers)
+        encoded = [(k.encode(), v.encode()) for k, v in headers.items()]  # UTF-8, as aiohttp
+        request = self.client.build_request("POST", url, content=body, headers=encoded)
         timeouts = request.extensions["timeout"]
         timeouts["read"] = first_byte_timeout_s
         try:
@@ -203,9 +212,8 @@ class HttpxUpstream:
             raise UpstreamTimeout(str(exc)) from exc
         except httpx.HTTPError as exc:
             raise UpstreamUnreachable(type(exc).__name__) from exc
-        timeouts["read"] = idle_timeout_s
         raw = [(k.lower(), v) for k, v in response.headers.raw]
-        return _HttpxResponse(response, response.status_code, raw)
+        return _HttpxResponse(response, response.status_code, raw, timeouts, idle_timeout_s)
 
     async def aclose(self) -> None:
         """Nothing: the client belongs to the app's lifespan."""

@@ -26,6 +26,8 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+from pydantic import TypeAdapter, ValidationError
+
 from gateway.trace import RequestTrace
 
 logger = logging.getLogger(__name__)
@@ -34,12 +36,13 @@ _USAGE = b'"usage":{'
 _FINISH = b'"finish_reason":"'
 _FINGERPRINT = b'"system_fingerprint":'
 _INJECTED = b'"stream_options":{"include_usage":true},'
+_BOOL = TypeAdapter(bool)
 
 
 def with_usage(raw: bytes, body: Mapping[str, Any]) -> bytes | None:
     """The body to send upstream so a stream ends with a usage chunk, or None to send
     ``raw`` as it is (not a stream, ``n > 1`` (vLLM reports no per-request metrics then),
-    or the client asked for usage itself).
+    or the client asked for usage itself, or the body is not UTF-8).
 
     Without ``stream_options`` the field is spliced in after the opening brace (the rest of
     the client's bytes untouched); otherwise the object is re-serialized with
@@ -48,16 +51,23 @@ def with_usage(raw: bytes, body: Mapping[str, Any]) -> bytes | None:
     """
     if body.get("stream") is not True or body.get("n") not in (None, 1):
         return None
+    if json.detect_encoding(raw) != "utf-8":
+        return None  # UTF-16/32 JSON (or a BOM): left as the client sent it
     options = body.get("stream_options")
     if "stream_options" not in body:
         at = raw.find(b"{") + 1
         return raw[:at] + _INJECTED + raw[at:]
     if options is not None and not isinstance(options, Mapping):
         return None  # malformed: the backend answers the client's own body
-    if options is not None and options.get("include_usage") is True:
-        return None
+    if options is not None and options.get("include_usage") is not None:
+        try:  # vLLM reads it as a pydantic bool: 1, "true", "yes" are true too
+            if _BOOL.validate_python(options["include_usage"]):
+                return None
+        except ValidationError:
+            return None  # the backend rejects the client's own body
     forced = {**(options or {}), "include_usage": True, "continuous_usage_stats": False}
-    return json.dumps({**body, "stream_options": forced}, ensure_ascii=False).encode()
+    # ASCII escapes: equal JSON, and a lone surrogate ("\ud800") stays encodable
+    return json.dumps({**body, "stream_options": forced}).encode()
 
 
 def _parse_line(line: bytes) -> dict[str, Any] | None:

@@ -46,7 +46,8 @@ HOP_BY_HOP = frozenset(
 )
 _NOT_FORWARDED = HOP_BY_HOP | {"host", "content-length", "authorization", "cookie", "x-task-type"}
 _NOT_RETURNED = HOP_BY_HOP | {"content-length", "date", "server"}
-#: Statuses that mean "this backend cannot serve now": try the next one.
+#: Statuses that mean "this backend cannot serve now": try the next one (as is any status
+#: outside 200-599, which no OpenAI-compatible answer has: a 1xx upgrade, a 999).
 RETRYABLE_STATUS = frozenset({502, 503})
 
 
@@ -90,6 +91,7 @@ async def _relay(
 ) -> AsyncGenerator[bytes, None]:
     status, error = response.status, None
     try:
+        yield b""  # primed by Forwarder.open: from here aclose() always runs the finally
         async for chunk in response.chunks():
             if tap is not None and not (chunk := tap.feed(chunk)):
                 continue
@@ -98,7 +100,7 @@ async def _relay(
         if tap is not None and (rest := tap.close()):
             trace.on_chunk(rest)
             yield rest
-    except UpstreamBroken as exc:  # reset, or idle longer than idle_timeout_s
+    except UpstreamBroken as exc:  # reset, or a gap longer than its timeout
         logger.warning("backend %s failed mid-response: %s", trace.backend, exc)
         status, error = 502, "upstream_error"
         if not trace.stream:
@@ -120,8 +122,8 @@ class Forwarder:
     """Sends requests upstream with failover, for one app.
 
     ``max_attempts`` bounds the backends tried per request; ``first_byte_timeout_s`` bounds
-    the wait for response headers, ``idle_timeout_s`` (seconds) each gap between body chunks
-    after them. Each backend's circuit breaker hears of every outcome.
+    the wait for response headers and for the first body chunk, ``idle_timeout_s`` (seconds)
+    each later gap between body chunks. Each backend's circuit breaker hears of every outcome.
     """
 
     client: UpstreamClient
@@ -144,7 +146,7 @@ class Forwarder:
         tap: ResponseTap | None = None,
     ) -> Upstream:
         """Try ``order`` (at most ``max_attempts`` backends, one at a time) until one answers
-        with a status other than 502/503. ``tap`` reads feedback from a 200 answer (see
+        with a status in 200-599 other than 502/503. ``tap`` reads feedback from a 200 answer (see
         :mod:`gateway.upstream.feedback`).
 
         Returns the settled :class:`Upstream`; ``trace`` learns the backend and attempts and
@@ -155,6 +157,7 @@ class Forwarder:
         last_why = "no candidate backend"
         for attempt, name in enumerate(order[: self.max_attempts], start=1):
             backend, state = backends[name], states[name]
+            trace.backend, trace.attempts = name, attempt
             state.inflight += 1
             state.circuit.on_attempt(self.clock())
             try:
@@ -179,7 +182,7 @@ class Forwarder:
                 state.inflight -= 1
                 state.circuit.probing = False
                 raise
-            if response.status in RETRYABLE_STATUS:
+            if response.status in RETRYABLE_STATUS or not 200 <= response.status <= 599:
                 state.inflight -= 1
                 state.circuit.on_failure(self.clock())
                 await response.aclose()
@@ -187,12 +190,13 @@ class Forwarder:
                 _report(on_failure, name, last_why)
                 continue
             state.circuit.on_success()
-            trace.backend, trace.attempts = name, attempt
+            body = _relay(response, state, trace, tap if response.status == 200 else None)
+            await anext(body)  # the primer: the relay now owns the response and the count
             return Upstream(
                 backend=name,
                 status=response.status,
                 headers=client_headers(response.raw_headers),
-                body=_relay(response, state, trace, tap if response.status == 200 else None),
+                body=body,
                 attempts=attempt,
             )
         logger.warning("no backend could serve the request (last: %s)", last_why)

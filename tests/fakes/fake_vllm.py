@@ -35,6 +35,7 @@ class FakeBehaviour:
     die_after: int | None = None
     metrics_text: str = ""
     first_delay_s: float = 0.0
+    first_chunk_delay_s: float = 0.0  # after a stream's headers, before its first chunk
     received: list[dict[str, Any]] = field(default_factory=list)
     closed_early: int = 0
     completion_override: dict[str, Any] | None = None
@@ -131,6 +132,8 @@ def create_fake_vllm(b: FakeBehaviour) -> Starlette:
     async def _stream(kind: str, words: list[str]):  # type: ignore[no-untyped-def]
         finished = False
         try:
+            if b.first_chunk_delay_s:  # a prefill: headers are out, the first token is not
+                await asyncio.sleep(b.first_chunk_delay_s)
             for i, word in enumerate(words):
                 if b.die_after is not None and i >= b.die_after:
                     raise UpstreamDied(b.name)

@@ -159,3 +159,40 @@ async def test_backpressure_answers_429_with_retry_after(capped: Stack) -> None:
     rejected = [r for r in results if r.status_code == 429]
     assert all(r.headers["retry-after"] == "1" for r in rejected)
     assert all(r.json()["error"]["type"] == "rate_limit_error" for r in rejected)
+
+
+def test_first_chunk_waits_for_the_first_byte_timeout_not_the_idle_one(stack: Stack) -> None:
+    """vLLM sends a stream's headers at once and its first chunk after the prefill: that
+    wait (0.6 s here) is bounded by the first-byte timeout (1 s), not the idle one (0.3 s)."""
+    for fake in stack.fakes.values():
+        fake.first_chunk_delay_s = 0.6
+    with httpx.stream(
+        "POST", f"{stack.url}/v1/completions", json=BODY | {"stream": True}, timeout=10
+    ) as resp:
+        events = [line for line in resp.iter_lines() if line]
+    assert resp.status_code == 200
+    assert events[-1] == "data: [DONE]" and "upstream_error" not in "".join(events)
+    assert len(events) == 8 + 1  # every token chunk, then [DONE]
+
+
+@pytest.fixture
+def impatient() -> Iterator[Stack]:
+    """One in-flight slot and a 0.5 s body timeout."""
+    yield from make_stack(Settings(health_interval_s=60, max_inflight=1, body_timeout_s=0.5))
+
+
+async def test_slow_body_is_408_and_holds_no_slot(impatient: Stack) -> None:
+    host, port = impatient.url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(
+        b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        b"content-length: 100\r\n\r\n{"
+    )
+    await writer.drain()
+    async with httpx.AsyncClient(timeout=10) as client:  # the slow sender holds no slot
+        resp = await client.post(f"{impatient.url}/v1/completions", json=BODY)
+        assert resp.status_code == 200, resp.text
+    answer = await asyncio.wait_for(reader.read(4096), timeout=5)
+    writer.close()
+    assert answer.startswith(b"HTTP/1.1 408 ")
+    assert b'"code":"request_timeout"' in answer.replace(b" ", b"")

@@ -131,3 +131,14 @@ def test_backend_gets_the_clients_bytes_and_headers_only(stack: Stack) -> None:
     assert headers["x-request-id"] == resp.headers["x-request-id"]
     assert "authorization" not in headers
     assert int(headers["content-length"]) == len(raw)
+
+
+def test_non_ascii_header_reaches_the_backend_as_sent(stack: Stack) -> None:
+    request_id = "r-\u2713".encode()  # UTF-8 bytes e2 9c 93
+    body = {"model": MODEL, "prompt": "hi", "max_tokens": 2}
+    url = f"{stack.url}/v1/completions"
+    resp = httpx.post(url, json=body, headers={"x-request-id": request_id})
+    assert resp.status_code == 200
+    [got] = stack.fakes["plain"].received
+    assert got["headers"]["x-request-id"].encode("latin-1") == request_id  # Starlette: Latin-1
+    assert dict(resp.headers.raw)[b"x-request-id"] == request_id
