@@ -157,6 +157,14 @@ def charts(agg: Sequence[dict[str, Any]], targets: Sequence[str], out: Path) -> 
     return paths
 
 
+def _busy_note(load: dict[str, float], cores: int) -> str:
+    """A warning when the load average exceeded the core count (other work shared the CPUs;
+    the benchmark itself keeps it around 1-2)."""
+    if max(load["start"], load["end"]) > cores:
+        return " (above the core count: other work shared the CPUs)"
+    return ""
+
+
 def write(out: Path, rows: Sequence[dict[str, Any]], meta: dict[str, Any]) -> None:
     """``results.json``, ``overhead.md`` and the charts into ``out``."""
     agg = aggregate(rows)
@@ -168,7 +176,7 @@ def write(out: Path, rows: Sequence[dict[str, Any]], meta: dict[str, Any]) -> No
         f"{m['python']}; {meta['rounds']} rounds x {meta['duration_s']:g} s per run; "
         f"gateways pinned to their own core: {meta['pinned']}; load average "
         f"{meta['load_average']['start']:.1f} at start, {meta['load_average']['end']:.1f} at "
-        "end (above the core count, other work shared the CPUs). Medians over rounds; "
+        f"end{_busy_note(meta['load_average'], m['cores'])}. Medians over rounds; "
         "'added' = target minus direct in the same round; CPU = gateway process tree.\n\n"
         + table(agg, targets)
         + "\nspecgate vs its targets:\n\n"
