@@ -5,9 +5,11 @@ receives; the response carries ``x-specgate-backend``, ``x-specgate-rule``,
 ``x-specgate-task`` and ``x-request-id``.
 
 The two routed endpoints are the hot path and are served as raw ASGI apps
-(:class:`ProxyEndpoint`, mounted by :func:`proxy_routes`): no FastAPI dependency solving, no
-``Request``/``Response`` objects, the body relayed with ASGI ``send`` (measured in
-docs/benchmarks.md). Their OpenAPI operations come from :func:`proxy_openapi_paths`.
+(:class:`ProxyEndpoint`): ``gateway.app.SpecgateApp`` hands them their ``POST`` requests
+before Starlette's middleware stack, and :func:`proxy_routes` also mounts them as routes (so
+other methods get a 405 envelope). No FastAPI dependency solving, no ``Request``/``Response``
+objects, the body relayed with ASGI ``send`` (measured in docs/benchmarks.md). Their OpenAPI
+operations come from :func:`proxy_openapi_paths`.
 """
 
 from __future__ import annotations
