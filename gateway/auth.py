@@ -84,9 +84,29 @@ def build_auth(settings: Settings) -> Auth:
     return Auth(client_keys, token.encode() or None)
 
 
+def header_text(raw: bytes) -> str:
+    """A raw header name or value as text: UTF-8, or Latin-1 for bytes that are not UTF-8.
+
+    Every path reads headers this way (the routed endpoints, and the dependencies below), so
+    a key is accepted or refused alike everywhere; UTF-8 is also what the upstream client
+    writes back, so a UTF-8 value reaches the backend as the client sent it.
+    """
+    try:
+        return raw.decode()
+    except UnicodeDecodeError:
+        return raw.decode("latin-1")
+
+
+def _authorization(request: Request) -> str | None:
+    for name, value in request.scope["headers"]:
+        if name == b"authorization":
+            return header_text(value)
+    return None
+
+
 async def require_client_key(request: Request) -> None:
     """Dependency for ``/v1/*``: 401 in OpenAI's envelope without a valid client key."""
-    if not request.app.state.auth.client_ok(request.headers.get("authorization")):
+    if not request.app.state.auth.client_ok(_authorization(request)):
         raise GatewayError(
             401,
             "Incorrect API key provided.",
@@ -97,7 +117,7 @@ async def require_client_key(request: Request) -> None:
 
 async def require_admin(request: Request) -> None:
     """Dependency for admin endpoints: 401 without the admin token (when one is set)."""
-    if not request.app.state.auth.admin_ok(request.headers.get("authorization")):
+    if not request.app.state.auth.admin_ok(_authorization(request)):
         raise GatewayError(
             401,
             "This endpoint needs the admin token.",

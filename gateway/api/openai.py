@@ -26,6 +26,7 @@ from fastapi import APIRouter
 from starlette.routing import Route
 
 from gateway.api.deps import GatewayDep
+from gateway.auth import header_text
 from gateway.errors import GatewayError, bad_request, no_backend, too_busy
 from gateway.protocol import (
     ChatCompletionFields,
@@ -68,15 +69,6 @@ ENDPOINTS: tuple[tuple[str, Kind, str, str], ...] = (
 _OWN_HEADERS = frozenset(
     {b"x-specgate-backend", b"x-specgate-rule", b"x-specgate-task", b"x-request-id"}
 )
-
-
-def _text(raw: bytes) -> str:
-    """A header name or value as text: UTF-8 (what aiohttp encodes it back to, so the backend
-    gets the client's bytes), Latin-1 for bytes that are not UTF-8."""
-    try:
-        return raw.decode()
-    except UnicodeDecodeError:
-        return raw.decode("latin-1")
 
 
 class ClientGone(Exception):
@@ -136,7 +128,7 @@ class ProxyEndpoint:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         state = scope["app"].state
         # the first of repeated headers counts, as in Starlette's Request.headers
-        headers = {_text(k): _text(v) for k, v in reversed(scope["headers"])}
+        headers = {header_text(k): header_text(v) for k, v in reversed(scope["headers"])}
         gateway: Gateway = state.gateway
         trace = gateway.new_trace(headers.get("x-request-id") or os.urandom(16).hex(), self.path)
         try:
@@ -264,9 +256,9 @@ async def _forward(
     gateway.stats.by_backend[upstream.backend] += 1
     out = [(k, v) for k, v in upstream.headers if k not in _OWN_HEADERS]
     out += [
-        (b"x-specgate-backend", upstream.backend.encode("latin-1")),
-        (b"x-specgate-rule", decision.rule.encode("latin-1")),
-        (b"x-specgate-task", decision.features.task.encode("latin-1")),
+        (b"x-specgate-backend", upstream.backend.encode()),
+        (b"x-specgate-rule", decision.rule.encode()),
+        (b"x-specgate-task", decision.features.task.encode()),
         (b"x-request-id", trace.request_id.encode()),
     ]
     try:

@@ -20,12 +20,16 @@ depend on the engine:
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
 import aiohttp
 import httpx
+
+#: Headers an ``httpx.AsyncClient`` adds to every request by default.
+_HTTPX_DEFAULTS = frozenset({"accept", "accept-encoding", "user-agent", "connection"})
 
 
 class UpstreamUnreachable(Exception):
@@ -168,16 +172,24 @@ class _HttpxResponse:
     response: httpx.Response
     status: int
     raw_headers: list[tuple[bytes, bytes]]
-    timeouts: dict[str, float | None]  # the request's, which httpcore reads per socket read
+    first_byte_timeout_s: float
     idle_timeout_s: float
 
     async def chunks(self) -> AsyncIterator[bytes]:
-        try:
-            async for chunk in self.response.aiter_raw():
-                self.timeouts["read"] = self.idle_timeout_s  # after the first chunk
-                yield chunk
-        except httpx.HTTPError as exc:
-            raise UpstreamBroken(type(exc).__name__) from exc
+        # httpcore reads its read timeout once, when the body starts: the first chunk and
+        # the later gaps are bounded here instead (its own read timeout is the first-byte one)
+        parts = self.response.aiter_raw()
+        timeout = self.first_byte_timeout_s
+        while True:
+            try:
+                async with asyncio.timeout(timeout):
+                    chunk = await anext(parts)
+            except StopAsyncIteration:
+                return
+            except (TimeoutError, httpx.HTTPError) as exc:
+                raise UpstreamBroken(type(exc).__name__) from exc
+            timeout = self.idle_timeout_s
+            yield chunk
 
     async def aclose(self) -> None:
         await self.response.aclose()
@@ -186,9 +198,11 @@ class _HttpxResponse:
 @dataclass(slots=True)
 class HttpxUpstream:
     """:class:`UpstreamClient` on an ``httpx.AsyncClient`` (its transport: httpcore, or an
-    in-process fake in tests). The client's connect and pool timeouts apply; its read
-    timeout is set per request (first byte, then idle), which httpcore reads again when the
-    body starts. Closing it is its owner's business."""
+    in-process fake in tests). The client's connect and pool timeouts apply; the read
+    timeout until the headers is the first-byte one, the first chunk and later gaps are
+    bounded by the response's own clock. httpx's default request headers (``Accept``,
+    ``Accept-Encoding``, ``User-Agent``, ``Connection``) are removed unless the client sent
+    them. Closing the client is its owner's business."""
 
     client: httpx.AsyncClient
 
@@ -204,8 +218,9 @@ class HttpxUpstream:
         """See :meth:`UpstreamClient.post`."""
         encoded = [(k.encode(), v.encode()) for k, v in headers.items()]  # UTF-8, as aiohttp
         request = self.client.build_request("POST", url, content=body, headers=encoded)
-        timeouts = request.extensions["timeout"]
-        timeouts["read"] = first_byte_timeout_s
+        for name in _HTTPX_DEFAULTS.difference(headers):  # only the client's headers go
+            request.headers.pop(name, None)
+        request.extensions["timeout"]["read"] = first_byte_timeout_s
         try:
             response = await self.client.send(request, stream=True)
         except httpx.ReadTimeout as exc:
@@ -213,7 +228,9 @@ class HttpxUpstream:
         except httpx.HTTPError as exc:
             raise UpstreamUnreachable(type(exc).__name__) from exc
         raw = [(k.lower(), v) for k, v in response.headers.raw]
-        return _HttpxResponse(response, response.status_code, raw, timeouts, idle_timeout_s)
+        return _HttpxResponse(
+            response, response.status_code, raw, first_byte_timeout_s, idle_timeout_s
+        )
 
     async def aclose(self) -> None:
         """Nothing: the client belongs to the app's lifespan."""

@@ -8,12 +8,16 @@ import json
 import httpx
 import pytest
 
+from gateway.app import create_app
 from gateway.config import BackendConfig
+from gateway.settings import Settings
 from gateway.trace import RequestTrace
 from gateway.upstream.client import HttpxUpstream
 from gateway.upstream.feedback import with_usage
 from gateway.upstream.forward import Forwarder
 from gateway.upstream.state import BackendRegistry
+from tests.fakes.fake_vllm import FakeBehaviour, create_fake_vllm
+from tests.fakes.transport import BackendsTransport
 from tests.unit.conftest import MODEL, InProcess, local_config
 
 STREAM = {"model": MODEL, "prompt": "hi", "max_tokens": 4, "stream": True}
@@ -123,3 +127,25 @@ async def test_an_upstream_closed_before_relaying_releases_its_backend() -> None
         await upstream.body.aclose()
     assert registry.states["plain"].inflight == 0
     assert closed == [True] and trace.status == 499
+
+
+async def test_a_non_ascii_key_is_read_alike_on_every_endpoint() -> None:
+    config = local_config()
+    fakes = {name: FakeBehaviour(name=name) for name in config.backends}
+    apps = {
+        b.base_url.removeprefix("http://"): create_fake_vllm(fakes[name])
+        for name, b in config.backends.items()
+    }
+    settings = Settings(health_interval_s=60, api_keys="cl\u00e9")
+    app = create_app(settings, config=config, transport=BackendsTransport(apps))
+    key = {"authorization": "Bearer cl\u00e9".encode()}  # UTF-8 on the wire
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://gw") as client:
+            models = await client.get("/v1/models", headers=key)
+            done = await client.post(
+                "/v1/completions", json=STREAM | {"stream": False}, headers=key
+            )
+            wrong = await client.get("/v1/models", headers={"authorization": "Bearer cle"})
+    assert models.status_code == 200 and done.status_code == 200
+    assert wrong.status_code == 401

@@ -45,14 +45,17 @@ def make_stack(settings: Settings, **backend_extra: Any) -> Iterator[Stack]:
             yield Stack(url, fakes)
 
 
-@pytest.fixture
-def stack() -> Iterator[Stack]:
+@pytest.fixture(params=["aiohttp", "httpx"])
+def stack(request: pytest.FixtureRequest) -> Iterator[Stack]:
+    """Fakes behind a gateway on real sockets, on each upstream engine (the timeouts are
+    implemented differently on each)."""
     settings = Settings(
         health_interval_s=60,
         circuit_failures=2,
         circuit_cooldown_s=0.5,
         first_byte_timeout_s=1.0,
         idle_timeout_s=0.3,
+        upstream_transport=request.param,
     )
     yield from make_stack(settings)
 
