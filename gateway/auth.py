@@ -104,15 +104,21 @@ def _authorization(request: Request) -> str | None:
     return None
 
 
-async def require_client_key(request: Request) -> None:
-    """Dependency for ``/v1/*``: 401 in OpenAI's envelope without a valid client key."""
-    if not request.app.state.auth.client_ok(_authorization(request)):
+def check_client_key(auth: Auth, authorization: str | None) -> None:
+    """Raise :class:`GatewayError` 401 (OpenAI's ``invalid_api_key``) unless
+    ``authorization`` carries a valid client key (or none is configured)."""
+    if not auth.client_ok(authorization):
         raise GatewayError(
             401,
             "Incorrect API key provided.",
             code="invalid_api_key",
             headers={"WWW-Authenticate": "Bearer"},
         )
+
+
+async def require_client_key(request: Request) -> None:
+    """Dependency for ``/v1/*``: 401 in OpenAI's envelope without a valid client key."""
+    check_client_key(request.app.state.auth, _authorization(request))
 
 
 async def require_admin(request: Request) -> None:

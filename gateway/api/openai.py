@@ -26,7 +26,7 @@ from fastapi import APIRouter
 from starlette.routing import Route
 
 from gateway.api.deps import GatewayDep
-from gateway.auth import header_text
+from gateway.auth import check_client_key, header_text
 from gateway.errors import GatewayError, bad_request, no_backend, too_busy
 from gateway.protocol import (
     ChatCompletionFields,
@@ -132,13 +132,7 @@ class ProxyEndpoint:
         gateway: Gateway = state.gateway
         trace = gateway.new_trace(headers.get("x-request-id") or os.urandom(16).hex(), self.path)
         try:
-            if not state.auth.client_ok(headers.get("authorization")):
-                raise GatewayError(
-                    401,
-                    "Incorrect API key provided.",
-                    code="invalid_api_key",
-                    headers={"WWW-Authenticate": "Bearer"},
-                )
+            check_client_key(state.auth, headers.get("authorization"))
             await self._serve(scope, receive, send, state, headers, trace)
         except GatewayError as exc:
             trace.finish(exc.status, exc.code)
