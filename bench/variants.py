@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from gateway.app import create_app
+from gateway.cli import run_gateway
 from gateway.config import load_config
 from gateway.settings import Settings
 
@@ -31,26 +32,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--server", choices=["uvicorn", "granian"], default="uvicorn")
     args = parser.parse_args(argv)
     settings = Settings(config=args.config, port=args.port)
-    app = create_app(settings, config=load_config(args.config))
-    if args.server == "granian":
-        import uvloop
-        from granian.constants import Interfaces
-        from granian.server.embed import Server
-
-        server = Server(app, address=settings.host, port=settings.port, interface=Interfaces.ASGI)
-        uvloop.run(server.serve())
+    if args.server == "uvicorn":
+        run_gateway(settings, load_config(args.config))  # what ``specgate serve`` runs
         return
-    import uvicorn
+    import uvloop
+    from granian.constants import Interfaces
+    from granian.server.embed import Server
 
-    uvicorn.run(
-        app,
-        host=settings.host,
-        port=settings.port,
-        log_level=settings.log_level,
-        loop="uvloop",
-        http="httptools",
-        access_log=False,
-    )
+    app = create_app(settings, config=load_config(args.config))
+    server = Server(app, address=settings.host, port=settings.port, interface=Interfaces.ASGI)
+    uvloop.run(server.serve())
 
 
 if __name__ == "__main__":
