@@ -14,7 +14,7 @@ import contextlib
 import logging
 import random
 import signal
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import httpx
@@ -23,15 +23,17 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from gateway.api import admin, health, metrics, openai, status
+from gateway.api import admin, health, metrics, openai, quarantine, status
 from gateway.auth import build_auth, require_admin, require_client_key
 from gateway.config import ConfigError, GatewayConfig, load_config
 from gateway.errors import GatewayError, error_envelope
 from gateway.observability import observability
+from gateway.quarantine import QuarantineTable
 from gateway.service import Gateway
 from gateway.settings import Settings
 from gateway.upstream.canary import Canary
 from gateway.upstream.client import AiohttpUpstream, HttpxUpstream, UpstreamClient
+from gateway.upstream.deaths import DeathWatch
 from gateway.upstream.forward import Forwarder
 from gateway.upstream.health import HealthPoller
 from gateway.upstream.state import BackendRegistry
@@ -76,12 +78,26 @@ def build_canary(settings: Settings, client: httpx.AsyncClient, gateway: Gateway
     )
 
 
+def build_death_watch(
+    settings: Settings, client: httpx.AsyncClient, registry: BackendRegistry
+) -> DeathWatch:
+    """Containment: the quarantine table and the death watch that fills it (probing
+    ``/health`` with the shared client)."""
+    table = QuarantineTable(
+        ttl_s=settings.quarantine_ttl_s,
+        max_entries=settings.quarantine_max_entries,
+        strikes=settings.quarantine_strikes,
+    )
+    return DeathWatch(client, registry, table, probe_timeout_s=settings.death_probe_timeout_s)
+
+
 def create_app(
     settings: Settings,
     *,
     config: GatewayConfig | None = None,
     transport: httpx.AsyncBaseTransport | None = None,
     rng: random.Random | None = None,
+    processes: Callable[[], dict[str, Any]] | None = None,
 ) -> FastAPI:
     """Build the gateway app.
 
@@ -89,7 +105,10 @@ def create_app(
     :class:`~gateway.config.ConfigError` at once, before anything listens); raises
     :class:`~gateway.auth.InsecureSettings` for admin endpoints beyond loopback without a
     token; ``transport``
-    replaces the network for in-process tests; ``rng`` seeds routing tie breaks.
+    replaces the network for in-process tests; ``rng`` seeds routing tie breaks;
+    ``processes`` is the supervisor's per-backend view under ``specgate up``
+    (:meth:`backends.supervisor.Supervisor.view`: restarts, last crash), shown on ``/routes``,
+    ``/status`` and ``/metrics``.
     """
     config = config or load_config(settings.config)
 
@@ -113,11 +132,13 @@ def create_app(
             app.state.gateway = gateway
             app.state.client = client
             upstream = build_upstream(settings, client, transport)
+            app.state.deaths = watch = build_death_watch(settings, client, registry)
             app.state.forwarder = Forwarder(
                 upstream,
                 max_attempts=settings.max_attempts,
                 first_byte_timeout_s=settings.first_byte_timeout_s,
                 idle_timeout_s=settings.idle_timeout_s,
+                watch=watch,
             )
             app.state.poller = poller
             await poller.check_all()
@@ -144,12 +165,14 @@ def create_app(
 
     app = SpecgateApp(title="specgate", version="0.1.0", lifespan=lifespan)
     app.state.auth = build_auth(settings)
+    app.state.processes = processes
     app.router.routes.extend(openai.proxy_routes(app.proxy_endpoints))  # auth checked inside
     app.include_router(openai.router, dependencies=[Depends(require_client_key)])
     app.include_router(health.router)
     app.include_router(metrics.router)
     if settings.admin_enabled:
         app.include_router(admin.router, dependencies=[Depends(require_admin)])
+        app.include_router(quarantine.router, dependencies=[Depends(require_admin)])
         app.include_router(status.router, dependencies=[Depends(require_admin)])
     install_error_handlers(app)
     document_proxy_routes(app)

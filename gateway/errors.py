@@ -87,6 +87,62 @@ def upstream_timeout() -> GatewayError:
     )
 
 
+def backend_died(
+    backend: str, signal: str, *, quarantined: bool, in_flight: int, ttl_s: float
+) -> GatewayError:
+    """500 ``backend_died`` for a request in flight when its backend died (``signal``: how
+    the death showed). It is not sent to another backend: it may be what killed this one."""
+    if quarantined:
+        after = (
+            f"The same request is now refused for {ttl_s:g} s (code request_quarantined) "
+            "so that it cannot take down another backend."
+        )
+    else:
+        after = (
+            f"{in_flight} requests were in flight there, so this one is only a suspect; "
+            "a request in flight at a second death is quarantined."
+        )
+    return GatewayError(
+        500,
+        f"Backend '{backend}' died while serving this request ({signal}). "
+        f"The request was not retried on another backend. {after}",
+        type="server_error",
+        code="backend_died",
+    )
+
+
+def quarantined(fingerprint: str, backend: str, signal: str, remaining_s: float) -> GatewayError:
+    """422 ``request_quarantined``: this request (by fingerprint) was in flight when backend
+    ``backend`` died and is refused for ``remaining_s`` more seconds.
+
+    422, not a 5xx/408/409/429: the OpenAI SDKs (and most HTTP clients) retry those, and a
+    retry of a query of death is exactly what must not happen; ``x-should-retry: false``
+    tells the OpenAI SDKs so explicitly. The fingerprint (a hash; never the prompt) is in the
+    message and the ``x-specgate-fingerprint`` header, for ``DELETE /routes/quarantine/FP``.
+    """
+    return GatewayError(
+        422,
+        f"This request is quarantined for another {remaining_s:.0f} s: the same request "
+        f"was in flight when backend '{backend}' died ({signal}), and it is not sent to any "
+        f"backend again. Change the request, or ask an operator to clear fingerprint "
+        f"{fingerprint}.",
+        code="request_quarantined",
+        headers={"x-should-retry": "false", "x-specgate-fingerprint": fingerprint},
+    )
+
+
+def guarded(guard: str, why: str) -> GatewayError:
+    """400 ``engine_bug_guard``: the request has the shape of a known engine bug of every
+    backend that could serve it (config ``guards``)."""
+    return GatewayError(
+        400,
+        f"This request matches known engine bug '{guard}' of every backend that could "
+        f"serve it: {why}",
+        code="engine_bug_guard",
+        headers={"x-should-retry": "false"},
+    )
+
+
 def too_busy(message: str, retry_after_s: int = 1) -> GatewayError:
     """429 with ``Retry-After`` when in-flight caps are reached (backpressure)."""
     return GatewayError(

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from fastapi import FastAPI
 
 from gateway.access_log import AccessLog
+from gateway.containment_metrics import ContainmentCollector
 from gateway.history import AcceptanceHistory
 from gateway.metrics import GatewayMetrics
 from gateway.service import Gateway
@@ -22,6 +23,8 @@ async def observability(app: FastAPI, gateway: Gateway, settings: Settings) -> A
     ``history`` and ``status_page`` on ``app.state``, and sample the acceptance history every
     health interval until the block exits."""
     metrics = GatewayMetrics(gateway)
+    processes = getattr(app.state, "processes", None)
+    metrics.registry.register(ContainmentCollector(app.state.deaths, processes))
     access = AccessLog(settings.log_format)
     gateway.observers.extend([metrics.observe, access.observe])
     history = AcceptanceHistory(

@@ -35,6 +35,22 @@ class Settings(BaseSettings):
     max_inflight: int = Field(default=1024, ge=1)
     circuit_failures: int = Field(default=5, ge=1)
     circuit_cooldown_s: float = Field(default=10.0, gt=0)
+    # containment of queries of death (gateway/quarantine.py, gateway/upstream/deaths.py):
+    # seconds a request in flight at a backend death is refused (0: never refused), the
+    # table's bound, deaths with several requests in flight before each is quarantined, and
+    # the /health probe that tells a death from an ordinary failure
+    quarantine_ttl_s: float = Field(default=600.0, ge=0)
+    quarantine_max_entries: int = Field(default=1024, ge=1)
+    quarantine_strikes: int = Field(default=2, ge=1)
+    death_probe_timeout_s: float = Field(default=1.0, gt=0)
+    # supervision of local backends under `specgate up` (backends/supervisor.py): first
+    # restart delay (doubling per consecutive crash up to the max), restarts allowed per
+    # window, and how long /health may fail while the process lives before it counts as dead
+    restart_backoff_s: float = Field(default=1.0, ge=0)
+    restart_max_backoff_s: float = Field(default=60.0, ge=0)
+    restart_max: int = Field(default=5, ge=0)
+    restart_window_s: float = Field(default=600.0, gt=0)
+    engine_dead_after_s: float = Field(default=10.0, gt=0)
     shutdown_grace_s: float = Field(default=30.0, ge=0)
     api_keys: SecretStr | None = None
     api_keys_file: Path | None = None

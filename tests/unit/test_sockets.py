@@ -142,3 +142,32 @@ def test_non_ascii_header_reaches_the_backend_as_sent(stack: Stack) -> None:
     [got] = stack.fakes["plain"].received
     assert got["headers"]["x-request-id"].encode("latin-1") == request_id  # Starlette: Latin-1
     assert dict(resp.headers.raw)[b"x-request-id"] == request_id
+
+
+def test_stream_cut_by_a_dying_backend_is_a_death_and_quarantined(stack: Stack) -> None:
+    plain = stack.fakes["plain"]
+    plain.die_after, plain.healthy = 3, False  # the stream breaks off and the server is gone
+    body = {"model": MODEL, "prompt": "x", "stream": True}
+    headers = {"x-task-type": "chat"}
+    with httpx.stream("POST", f"{stack.url}/v1/completions", json=body, headers=headers) as resp:
+        events = [line for line in resp.iter_lines() if line]
+    assert '"code": "backend_died"' in events[3] and events[4] == "data: [DONE]"
+    again = httpx.post(f"{stack.url}/v1/completions", json=body | {"stream": False})
+    assert again.status_code == 422 and again.json()["error"]["code"] == "request_quarantined"
+    assert len(plain.received) == 1
+
+
+def test_sdk_default_retries_stop_at_the_quarantine(stack: Stack) -> None:
+    """The issue's scenario on fakes: the OpenAI SDK's defaults (2 retries on a 500) kill
+    one backend, get one 500, then the quarantine's 422 ends the retries."""
+    for fake in stack.fakes.values():
+        fake.poison = "\u0436" * 20
+    messages = [{"role": "user", "content": "\u0436" * 40}]
+    with openai.OpenAI(base_url=f"{stack.url}/v1", api_key="unused") as sdk:  # max_retries=2
+        with pytest.raises(openai.UnprocessableEntityError) as info:
+            sdk.chat.completions.create(model=MODEL, messages=messages, seed=1)  # type: ignore[arg-type]
+    assert info.value.body["code"] == "request_quarantined"  # type: ignore[index]
+    assert [f.name for f in stack.fakes.values() if f.engine_dead] == ["plain"]
+    assert sum(len(f.received) for f in stack.fakes.values()) == 1
+    ready = httpx.get(f"{stack.url}/ready")
+    assert ready.status_code == 200 and ready.json()["healthy_backends"] == ["ngram"]

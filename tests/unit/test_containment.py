@@ -1,0 +1,180 @@
+"""Containment in process: a request that kills its backend is answered 500 once, not
+failed over, then refused (422) however it is retried; ordinary failures are not."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+import pytest
+
+from gateway.app import create_app
+from gateway.settings import Settings
+from tests.fakes.fake_vllm import ENGINE_DEAD_BODY, FakeBehaviour, create_fake_vllm
+from tests.fakes.transport import BackendsTransport
+from tests.unit.conftest import MODEL, InProcess, local_config
+
+POISON = "\u0436" * 50  # the fakes' query of death: this text in a body kills the engine
+DEADLY = {
+    "model": MODEL,
+    "messages": [{"role": "user", "content": f"Tell me a story. {POISON}"}],
+    "seed": 1,
+    "temperature": 1.0,
+}
+SAFE = {"model": MODEL, "messages": [{"role": "user", "content": "Tell me a story."}]}
+CHAT = "/v1/chat/completions"
+
+
+def poison_all(gw: InProcess, death: str = "500") -> None:
+    for fake in gw.fakes.values():
+        fake.poison, fake.death = POISON, death
+
+
+def dead(gw: InProcess) -> list[str]:
+    return [name for name, fake in gw.fakes.items() if fake.engine_dead]
+
+
+@pytest.mark.parametrize("death", ["500", "drop"])
+async def test_query_of_death_kills_one_backend_then_is_refused(gw: InProcess, death: str) -> None:
+    poison_all(gw, death)
+    first = await gw.client.post(CHAT, json=DEADLY)
+    assert first.status_code == 500, first.text
+    error = first.json()["error"]
+    assert error["code"] == "backend_died" and error["type"] == "server_error"
+    assert "not retried on another backend" in error["message"]
+    assert dead(gw) == ["plain"]  # hot chat goes to plain; no failover to ngram or draft
+    assert sum(len(f.received) for f in gw.fakes.values()) == 1
+    # an SDK's retries, a streamed retry, another user: refused without reaching a backend
+    for retry in (DEADLY, DEADLY, DEADLY | {"stream": True, "user": "bob"}):
+        again = await gw.client.post(CHAT, json=retry)
+        assert again.status_code == 422
+        assert again.json()["error"]["code"] == "request_quarantined"
+        assert again.headers["x-should-retry"] == "false"
+        assert len(again.headers["x-specgate-fingerprint"]) == 32
+    assert sum(len(f.received) for f in gw.fakes.values()) == 1
+    assert dead(gw) == ["plain"]
+    # other requests go on, to the backends that are still alive
+    ok = await gw.client.post(CHAT, json=SAFE)
+    assert ok.status_code == 200 and ok.headers["x-specgate-backend"] != "plain"
+
+
+async def test_admin_views_list_and_clear_the_quarantine(gw: InProcess) -> None:
+    poison_all(gw)
+    await gw.client.post(CHAT, json=DEADLY)
+    refused = await gw.client.post(CHAT, json=DEADLY)
+    fp = refused.headers["x-specgate-fingerprint"]
+    routes = (await gw.client.get("/routes")).json()
+    plain = next(b for b in routes["backends"] if b["name"] == "plain")
+    assert plain["deaths"] == 1 and plain["healthy"] is False
+    assert plain["last_death"]["in_flight"] == 1
+    assert "EngineCore encountered an issue" in plain["last_death"]["signal"]
+    assert routes["quarantine"] | {"ttl_s": 0} == {
+        "ttl_s": 0,
+        "quarantined": 1,
+        "suspects": 0,
+        "quarantined_total": 1,
+        "refused": 1,
+        "deaths": 1,
+    }
+    table = (await gw.client.get("/routes/quarantine")).json()
+    assert [e["fingerprint"] for e in table["entries"]] == [fp]
+    assert POISON not in json.dumps(table) and POISON not in json.dumps(routes)
+    metrics = (await gw.client.get("/metrics")).text
+    assert 'specgate_backend_deaths_total{backend="plain"} 1.0' in metrics
+    assert "specgate_quarantined_requests 1.0" in metrics
+    assert "specgate_quarantine_refused_total 1.0" in metrics
+    assert (await gw.client.delete(f"/routes/quarantine/{fp}")).json() == {"cleared": 1}
+    assert (await gw.client.delete(f"/routes/quarantine/{fp}")).status_code == 404
+    gw.fakes["ngram"].poison = gw.fakes["draft"].poison = None
+    cleared = await gw.client.post(CHAT, json=DEADLY)  # served again (plain is still down)
+    assert cleared.status_code == 200 and cleared.headers["x-specgate-backend"] != "plain"
+
+
+async def test_an_ordinary_500_is_relayed_and_quarantines_nothing(gw: InProcess) -> None:
+    gw.fakes["plain"].status = 500  # /health still 200: the backend is alive
+    resp = await gw.client.post(CHAT, json=SAFE)
+    assert resp.status_code == 500
+    assert resp.json()["error"]["message"] == "fake 500"  # the backend's own answer
+    routes = (await gw.client.get("/routes")).json()
+    assert routes["quarantine"]["quarantined"] == 0 and routes["quarantine"]["deaths"] == 0
+    assert (await gw.client.post(CHAT, json=SAFE)).status_code == 500  # not refused
+
+
+async def test_a_request_sent_to_an_already_dead_backend_fails_over(gw: InProcess) -> None:
+    plain = gw.fakes["plain"]
+    plain.poison = POISON
+    assert (await gw.client.post(CHAT, json=DEADLY)).status_code == 500
+    # the gateway marked plain unhealthy; make routing still try it first, as a request
+    # decided a moment before the death would
+    gw.app.state.gateway.registry.states["plain"].healthy = None
+    resp = await gw.client.post(CHAT, json=SAFE)
+    assert resp.status_code == 200 and resp.headers["x-specgate-backend"] != "plain"
+    assert (await gw.client.get("/routes")).json()["quarantine"]["quarantined"] == 1
+
+
+async def test_victims_in_flight_are_suspects_not_quarantined(gw: InProcess) -> None:
+    plain = gw.fakes["plain"]
+    plain.first_delay_s = 0.2  # the victims are in flight when the poison arrives
+    victims = [
+        asyncio.ensure_future(gw.client.post(CHAT, json=SAFE | {"seed": i})) for i in range(3)
+    ]
+    await asyncio.sleep(0.05)
+    plain.poison, plain.first_delay_s = POISON, 0.0
+    killer = await gw.client.post(CHAT, json=DEADLY)
+    answers = await asyncio.gather(*victims)
+    assert killer.status_code == 500
+    for resp in answers:
+        error = resp.json()["error"]
+        assert resp.status_code == 500 and error["code"] == "backend_died"
+        assert "only a suspect" in error["message"]
+    table = (await gw.client.get("/routes/quarantine")).json()
+    assert table["quarantined"] == 0 and table["suspects"] == 4
+    assert (await gw.client.post(CHAT, json=SAFE | {"seed": 0})).status_code == 200
+
+
+def test_the_fake_answers_like_vllm() -> None:
+    assert "EngineCore encountered an issue" in ENGINE_DEAD_BODY["error"]["message"]
+
+
+async def test_supervised_processes_show_on_routes_status_and_metrics() -> None:
+    view = {
+        "plain": {
+            "state": "running",
+            "pid": 4242,
+            "running": True,
+            "restarts": 1,
+            "crashes": 1,
+            "last_crash": {
+                "reason": "process exited with code 1",
+                "exit_code": 1,
+                "at": 0.0,
+                "log_tail": "RuntimeError: CPU Generator does not use offset",
+            },
+            "next_start_in_s": None,
+        }
+    }
+    config = local_config()
+    apps = {
+        b.base_url.removeprefix("http://"): create_fake_vllm(FakeBehaviour())
+        for b in config.backends.values()
+    }
+    app = create_app(
+        Settings(health_interval_s=60),
+        config=config,
+        transport=BackendsTransport(apps),
+        processes=lambda: view,
+    )
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://gw") as client:
+            routes = (await client.get("/routes")).json()
+            status = (await client.get("/status")).text
+            metrics = (await client.get("/metrics")).text
+    plain = next(b for b in routes["backends"] if b["name"] == "plain")
+    assert plain["process"] == view["plain"]
+    assert next(b for b in routes["backends"] if b["name"] == "ngram")["process"] is None
+    assert "process running,\n        1 restart" in status
+    assert "CPU Generator does not use offset" in status
+    assert 'specgate_backend_restarts_total{backend="plain"} 1.0' in metrics
+    assert 'specgate_backend_process_up{backend="plain"} 1.0' in metrics
