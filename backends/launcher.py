@@ -130,6 +130,22 @@ class LocalBackend:
         """The server's pid (also its process group id), None before start()."""
         return self._proc.pid if self._proc else None
 
+    @property
+    def returncode(self) -> int | None:
+        """The server's exit code once it has exited, else None (also before start())."""
+        return None if self._proc is None else self._proc.poll()
+
+    def respawn(self) -> LocalBackend:
+        """A fresh, unstarted backend with the same name, profile, command and log path
+        (for a restart: this one is not reusable); the old log is kept as ``NAME.log.1``."""
+        if self.log_path.exists():
+            self.log_path.replace(self.log_path.with_name(self.log_path.name + ".1"))
+        return LocalBackend(self.name, self.profile, "", self.log_path, argv=self.argv)
+
+    def interrupt(self) -> None:
+        """Make a :meth:`wait_healthy` in progress give up (the process is left running)."""
+        self._stopping.set()
+
     def start(self) -> None:
         """Spawn the server with ``os.environ | profile.launch_env``, output to :attr:`log_path`.
 

@@ -6,8 +6,9 @@ import argparse
 import json
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from backends.cli import add_backends_commands, run_backends_command
 from gateway.auth import InsecureSettings, build_auth
@@ -138,19 +139,24 @@ def cmd_explain(config_path: Path, task_type: str | None) -> int:
     return 0
 
 
-def run_gateway(settings: Settings, config: GatewayConfig) -> None:
+def run_gateway(
+    settings: Settings,
+    config: GatewayConfig,
+    processes: Callable[[], dict[str, Any]] | None = None,
+) -> None:
     """Run the gateway in the foreground with uvicorn until SIGINT/SIGTERM.
 
     On SIGTERM uvicorn stops accepting connections and lets requests in flight (streams
     included) finish for up to ``shutdown_grace_s`` seconds before closing them.
-    Raises :class:`~gateway.auth.InsecureSettings` for an unsafe listener.
+    Raises :class:`~gateway.auth.InsecureSettings` for an unsafe listener. ``processes``:
+    the supervisor's view of the local backends (``specgate up``).
     """
     import uvicorn
 
     from gateway.app import create_app
 
     logging.getLogger().setLevel(settings.log_level.upper())
-    app = create_app(settings, config=config)
+    app = create_app(settings, config=config, processes=processes)
     uvicorn.run(
         app,
         host=settings.host,

@@ -16,6 +16,7 @@ from backends.checks import check_profiles
 from backends.launcher import BackendError, LocalBackend, LocalStack
 from backends.models import prepare_models, resolve_profile
 from backends.paths import CachePaths, default_cache_dir
+from backends.supervisor import RestartPolicy, Supervisor
 from backends.vllm_env import SetupError, ensure_vllm_env
 from gateway.config import GatewayConfig
 from gateway.settings import Settings
@@ -58,12 +59,30 @@ def preflight(backends: list[LocalBackend]) -> bool:
     return not any(p.severity == "error" for p in problems)
 
 
+def supervisor(stack: LocalStack, settings: Settings, startup_timeout_s: float) -> Supervisor:
+    """The supervisor that restarts the stack's crashed servers, with the settings' policy."""
+    policy = RestartPolicy(
+        backoff_s=settings.restart_backoff_s,
+        max_backoff_s=settings.restart_max_backoff_s,
+        max_restarts=settings.restart_max,
+        window_s=settings.restart_window_s,
+    )
+    return Supervisor(
+        stack,
+        policy,
+        startup_timeout_s=startup_timeout_s,
+        engine_dead_after_s=settings.engine_dead_after_s,
+        log=_say,
+    )
+
+
 def _interrupt(signum: int, _frame: FrameType | None) -> None:
     raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
 def up(settings: Settings, config: GatewayConfig, *, startup_timeout_s: float) -> int:
-    """Prepare, launch every local backend, wait until healthy, then serve in the foreground.
+    """Prepare, launch every local backend, wait until healthy, then serve in the foreground
+    while a :class:`~backends.supervisor.Supervisor` restarts any that crashes.
 
     SIGINT or SIGTERM at any point stops the gateway and every process this started.
     Returns the exit code (0 on a clean stop, 1 when a backend failed to start).
@@ -78,12 +97,12 @@ def up(settings: Settings, config: GatewayConfig, *, startup_timeout_s: float) -
         stack = LocalStack(
             local_backends(config, paths, python), timeout_s=startup_timeout_s, log=_say
         )
-        with stack:
+        with stack, supervisor(stack, settings, startup_timeout_s) as watching:
             _say(
                 f"all backends healthy {time.monotonic() - started:.1f} s after start; "
                 f"gateway on http://{settings.host}:{settings.port}"
             )
-            run_gateway(settings, config)
+            run_gateway(settings, config, processes=watching.view)
     except (BackendError, SetupError) as exc:
         _say(f"cannot start the local stack: {exc}")
         return 1
