@@ -36,6 +36,35 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class GuardMatch(_Strict):
+    """The request shape of a known engine bug; every given condition must hold.
+
+    ``fields``: body fields that must be present and not null (e.g. ``seed``);
+    ``min_prompt_tokens``: the prompt may reach this many tokens. The gateway does not
+    tokenize: it counts the prompt's UTF-8 bytes plus 8 per chat message (an upper bound
+    for byte-level BPE tokenizers such as Llama 3's, GPT-2's or SmolLM2's, where a token
+    is at least one byte; token-id prompts count exactly).
+    """
+
+    fields: list[str] = []
+    min_prompt_tokens: int | None = Field(default=None, ge=0)
+
+
+class Guard(_Strict):
+    """A known engine bug of the vLLM build some backends run (top-level ``guards``, named;
+    backends list the names that apply to them).
+
+    ``why``: what happens and in which version (shown to refused clients and on /routes);
+    ``match``: the request shape; ``action``: ``avoid`` removes the affected backends from
+    the request's candidates (refused with 400 ``engine_bug_guard`` when none is left),
+    ``refuse`` answers that 400 as soon as any candidate is affected.
+    """
+
+    why: str = Field(min_length=1)
+    match: GuardMatch
+    action: Literal["avoid", "refuse"] = "avoid"
+
+
 class BackendConfig(_Strict):
     """One backend: where it is, which model it serves, how it speculates.
 
@@ -48,6 +77,7 @@ class BackendConfig(_Strict):
     at large batch); below ``min_acceptance_rate`` (default ``routing.min_acceptance_rate``)
     over the acceptance window it is demoted. ``max_inflight`` caps this gateway's
     requests in flight to the backend (backpressure: past every candidate's cap, 429).
+    ``guards`` names the config's :class:`Guard` entries (known engine bugs) this backend has.
     """
 
     url: str | None = None
@@ -59,6 +89,7 @@ class BackendConfig(_Strict):
     max_inflight: int | None = Field(default=None, ge=1)
     max_batch_for_speculation: int | None = Field(default=None, ge=0)
     min_acceptance_rate: float | None = Field(default=None, ge=0, le=1)
+    guards: list[str] = []
 
     @model_validator(mode="after")
     def _fill_from_profile(self) -> BackendConfig:
@@ -202,6 +233,7 @@ class GatewayConfig(_Strict):
     backends: dict[str, BackendConfig] = Field(min_length=1)
     pools: dict[str, list[str]] = Field(min_length=1)
     rules: list[Rule] = []
+    guards: dict[str, Guard] = {}
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,7 +256,8 @@ class ConfigError(Exception):
 
 def check_references(config: GatewayConfig) -> list[ConfigIssue]:
     """Cross-reference checks pydantic cannot do: pools name backends, rules name pools,
-    rule names are unique, and no two local backends listen on the same port."""
+    rule names are unique, backends name defined guards, and no two local backends listen on
+    the same port."""
     issues: list[ConfigIssue] = []
     for pool, members in config.pools.items():
         if not members:
@@ -244,6 +277,12 @@ def check_references(config: GatewayConfig) -> list[ConfigIssue]:
         ]:
             if pool not in config.pools:
                 issues.append(ConfigIssue(f"rules.{i}.{field}", f"unknown pool '{pool}'"))
+    for name, backend in config.backends.items():
+        for i, guard in enumerate(backend.guards):
+            if guard not in config.guards:
+                issues.append(
+                    ConfigIssue(f"backends.{name}.guards.{i}", f"unknown guard '{guard}'")
+                )
     ports: dict[tuple[str, int], str] = {}
     for name, backend in config.backends.items():
         if backend.local and backend.profile is not None:

@@ -172,6 +172,14 @@ def _decision_families(gateway: Gateway) -> Iterator[Metric]:
     yield CounterMetricFamily(
         "specgate_rejected", "Requests refused with no backend to serve.", value=stats.rejected
     )
+    guarded = CounterMetricFamily(
+        "specgate_guarded",
+        "Requests that matched a known engine bug guard (avoided or refused).",
+        labels=("guard",),
+    )
+    for name, count in stats.guarded.items():
+        guarded.add_metric([name], count)
+    yield guarded
 
 
 def _circuit_open(state: object, now: float) -> bool:

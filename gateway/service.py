@@ -12,12 +12,13 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from gateway.config import GatewayConfig
-from gateway.errors import model_not_found
+from gateway.errors import guarded, model_not_found
 from gateway.learning import FeedbackCollector
 from gateway.protocol import ChatCompletionFields, CompletionFields, validate_fields
 from gateway.routing.classifier import classify
 from gateway.routing.explain import decision_json
 from gateway.routing.features import RequestFeatures, header_task, read_temperature
+from gateway.routing.guards import apply_guards
 from gateway.routing.policy import RouteDecision, RoutingPolicy
 from gateway.routing.prompt_stats import PromptStats, prompt_stats
 from gateway.trace import RequestTrace
@@ -133,7 +134,31 @@ class Gateway:
             self.feedback.learner.view(),
             self.prompt_stats(body),
         )
-        return decision_json(decision)
+        verdict = apply_guards(self.config, decision, body)
+        out = decision_json(verdict.decision)
+        if verdict.refused_by is not None:
+            out["backend"], out["backends"] = None, []
+            out["reasons"].append(f"refused: 400 engine_bug_guard '{verdict.refused_by}'")
+        return out
+
+    def guard(
+        self,
+        decision: RouteDecision,
+        body: Mapping[str, Any],
+        prompt_tokens: int | None = None,
+    ) -> RouteDecision:
+        """Apply the candidate backends' known-engine-bug guards (config ``guards``) to a
+        decision (``prompt_tokens``: the exact prompt length when known, else its upper
+        bound is used); counts each guard hit. Raises :class:`~gateway.errors.GatewayError` 400
+        ``engine_bug_guard`` when a guard refuses the request or leaves no backend."""
+        if not self.config.guards:
+            return decision
+        verdict = apply_guards(self.config, decision, body, prompt_tokens)
+        for name in dict.fromkeys(g for _, g in verdict.hits):
+            self.stats.guarded[name] += 1
+        if verdict.refused_by is not None:
+            raise guarded(verdict.refused_by, self.config.guards[verdict.refused_by].why)
+        return verdict.decision
 
     def decide(self, features: RequestFeatures, prompt: PromptStats | None = None) -> RouteDecision:
         """Route one request against the current backend state and what was learnt (for

@@ -22,6 +22,7 @@ import os
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from typing import Any
 
+import httpx
 from fastapi import APIRouter
 from starlette.routing import Route
 
@@ -35,6 +36,7 @@ from gateway.protocol import (
     validate_fields,
 )
 from gateway.quarantine import QuarantineTable, fingerprint
+from gateway.routing.guards import needs_token_count
 from gateway.routing.policy import RouteDecision
 from gateway.service import Gateway
 from gateway.settings import Settings
@@ -42,6 +44,7 @@ from gateway.trace import RequestTrace
 from gateway.upstream.deaths import DeathWatch
 from gateway.upstream.feedback import ResponseTap, with_usage
 from gateway.upstream.forward import Forwarder, Upstream, read_all
+from gateway.upstream.tokens import count_prompt_tokens
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -191,6 +194,8 @@ class ProxyEndpoint:
         features = gateway.features(body, fields.model, headers.get("x-task-type"))
         prompt = gateway.prompt_stats(body)
         decision = gateway.decide(features, prompt)
+        if gateway.config.guards:
+            decision = await _guard(gateway, state.client, decision, self.path, body)
         trace.task, trace.rule = features.task, decision.rule
         trace.features, trace.prompt = features, prompt
         if not decision.backends:
@@ -279,6 +284,18 @@ async def _forward(
     out.append((b"content-length", str(len(content)).encode()))
     await send({"type": "http.response.start", "status": upstream.status, "headers": out})
     await send({"type": "http.response.body", "body": content})
+
+
+async def _guard(
+    gateway: Gateway, client: httpx.AsyncClient, decision: RouteDecision, path: str, body: Any
+) -> RouteDecision:
+    """Apply the known-engine-bug guards; the exact prompt length comes from the first
+    candidate's ``/tokenize`` only when the cheap bound alone would make a guard match."""
+    tokens = None
+    if decision.backends and needs_token_count(gateway.config, decision, body):
+        backend = gateway.config.backends[decision.backends[0]]
+        tokens = await count_prompt_tokens(client, backend.base_url, path, body)
+    return gateway.guard(decision, body, tokens)
 
 
 def refuse_quarantined(table: QuarantineTable, path: str, body: Any) -> None:

@@ -61,6 +61,7 @@ class DecisionStats:
     by_rule: Counter[str] = field(default_factory=Counter)
     by_task: Counter[str] = field(default_factory=Counter)
     by_backend: Counter[str] = field(default_factory=Counter)
+    guarded: Counter[str] = field(default_factory=Counter)  # requests per guard that hit
     failovers: int = 0
     rejected: int = 0
 
