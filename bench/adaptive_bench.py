@@ -157,21 +157,24 @@ def checks(runs: Sequence[dict[str, Any]], warm: Sequence[Outcome]) -> list[dict
 
         replayed = {STATIC: replay(STATIC), TARGET: replay(TARGET), oracle: measured[oracle]}
         off_warm = [o for o in warm if o.task == task and o.backend not in (None, oracle)]
-        off = [o for o in mine[TARGET] if o["backend"] not in (None, oracle)]
+        off = [o for o in mine[TARGET] if o["backend"] not in (None, oracle) and not o["error"]]
         per_token = 1.0 / (measured[oracle] or 1.0)
         extra = 0.0
         for w in off_warm:
             extra += max(0.0, (w.e2e_s or 0.0) - w.output_tokens * per_token)
         for o in off:
-            chosen, best = by_id[o["backend"]].get(o["id"]), by_id[oracle].get(o["id"])
+            chosen = by_id.get(o["backend"], {}).get(o["id"])
+            best = by_id[oracle].get(o["id"])
             if chosen and best and chosen["e2e_s"] and best["e2e_s"]:
                 extra += max(0.0, chosen["e2e_s"] - best["e2e_s"])
         row: dict[str, Any] = {
             "task": task,
             "oracle": oracle,
-            "routed": {
-                t: dict(Counter(o["backend"] for o in mine.get(t, []))) for t in (TARGET, STATIC)
+            "routed": {  # answered requests only; failed ones are counted apart
+                t: dict(Counter(o["backend"] for o in mine.get(t, []) if not o["error"]))
+                for t in (TARGET, STATIC)
             },
+            "failed": {t: sum(1 for o in mine.get(t, []) if o["error"]) for t in outs},
             "replayed_tok_s": replayed,
             "measured_tok_s": {t: measured.get(t) for t in (TARGET, STATIC, oracle)},
             "ratio_to_oracle": _ratio(replayed[TARGET], replayed[oracle]),
@@ -209,10 +212,11 @@ def markdown(results: Sequence[dict[str, Any]], warm: Sequence[Outcome]) -> str:
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
-        rep, routed = r["replayed_tok_s"], r["routed"]
+        rep, routed, failed = r["replayed_tok_s"], r["routed"], r.get("failed", {})
         lines.append(
-            f"| {r['task']} | {r['oracle']} | {_counts(routed[TARGET])} | "
-            f"{_counts(routed[STATIC])} | {_f(rep[TARGET])} / {_f(rep[STATIC])} / "
+            f"| {r['task']} | {r['oracle']} | {_counts(routed[TARGET], failed.get(TARGET))} | "
+            f"{_counts(routed[STATIC], failed.get(STATIC))} | "
+            f"{_f(rep[TARGET])} / {_f(rep[STATIC])} / "
             f"{_f(rep[r['oracle']])} | {_f(r['ratio_to_oracle'], 3)} "
             f"({'met' if r['within_3pct_of_oracle'] else 'NOT met'}) | "
             f"{_f(r['ratio_to_static'], 3)} ({'met' if r['at_least_static'] else 'NOT met'}) | "
@@ -251,8 +255,11 @@ def without_prefix_cache(config_path: Path, work: Path) -> Path:
     return path
 
 
-def _counts(counts: dict[str, int]) -> str:
-    return ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
+def _counts(counts: dict[str, int], failed: int | None = None) -> str:
+    """``ngram 7, plain 1`` (any key type sorts: a missing backend is ``None``), plus
+    ``failed N`` when requests failed."""
+    parts = [f"{k} {v}" for k, v in sorted(counts.items(), key=lambda kv: str(kv[0]))]
+    return ", ".join(parts + ([f"failed {failed}"] if failed else []))
 
 
 def _f(value: float | None, digits: int = 1) -> str:

@@ -60,7 +60,7 @@ def aggregate(runs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             row |= summarize(outs)
             if task == "all":
                 row["throughput_tok_s"] = row["output_tokens"] / run["wall_s"]
-            routed = Counter(o["backend"] for o in outs if o["backend"])
+            routed = Counter(o["backend"] for o in outs if o["backend"] and not o["error"])
             row["routed"] = dict(routed)
             rows.append(row)
     return rows
@@ -100,6 +100,24 @@ def checks(rows: Sequence[dict[str, Any]], key: str = "tok_s_p50") -> list[dict[
     return out
 
 
+def failures(runs: Sequence[dict[str, Any]]) -> list[str]:
+    """Report lines on failed requests: per run, how many failed and their distinct errors
+    (the figures above count answered requests only; a failed request is never fatal)."""
+    lines = ["", "Failed requests (not counted in the figures above):", ""]
+    any_failed = False
+    for run in runs:
+        errors = Counter(o["error"] for o in run["outcomes"] if o["error"])
+        if not errors:
+            continue
+        any_failed = True
+        shown = "; ".join(f"{n}x {str(e)[:120]}" for e, n in errors.most_common(3))
+        lines.append(
+            f"- c{run['concurrency']} {run['target']}: {sum(errors.values())} of "
+            f"{len(run['outcomes'])} failed: {shown}"
+        )
+    return lines if any_failed else ["", "Failed requests: none."]
+
+
 def _f(value: float | None, digits: int = 1) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
@@ -133,6 +151,7 @@ def markdown(
             if a["draft_tokens"]
         )
         lines.append(f"- c{run['concurrency']} {run['target']}: {acc or 'no drafts'}")
+    lines += failures(runs)
     lines += ["", "specgate vs targets (median tokens/s per request, `tok/s p50`):", ""]
     for c in checks(rows):
         verdict = "met" if c["within_5pct_of_best"] else "NOT met"

@@ -49,3 +49,27 @@ def test_checks_against_static_and_the_oracle() -> None:
     assert row["off_oracle_requests"] == 2  # the plain warm-up one and the measured plain one
     assert abs(row["off_oracle_extra_s"] - (4.5 - 65 * 7 / 130 + 1.0)) < 1e-9
     assert "| code | ngram |" in adaptive_bench.markdown([row], warm)
+
+
+def test_failed_requests_are_counted_and_reported_never_fatal() -> None:
+    """bench.speedup once crashed in its report (None < str) after requests had failed."""
+    from bench import speedup_report
+
+    failed = Outcome("code", "b", None, None, 0, 0, None, "HTTP 500: backend died")
+    runs = [
+        run("plain", [outcome("a", None, 4.0), outcome("b", None, 4.0)]),
+        run("ngram", [outcome("a", None, 3.0), outcome("b", None, 3.0)]),
+        run("specgate", [outcome("a", "ngram", 3.1), failed]),
+        run("adaptive", [outcome("a", "ngram", 3.2), failed]),
+    ]
+    [row] = adaptive_bench.checks(runs, [failed])
+    assert row["routed"]["adaptive"] == {"ngram": 1}
+    assert row["failed"]["adaptive"] == 1 and row["failed"]["plain"] == 0
+    assert "ngram 1, failed 1" in adaptive_bench.markdown([row], [failed])
+    rows = speedup_report.aggregate(runs)
+    gate = next(r for r in rows if r["target"] == "specgate" and r["task"] == "all")
+    assert gate["errors"] == 1 and gate["routed"] == {"ngram": 1}
+    meta = {"date": "d", "machine": "m", "config": "c", "per_task": 2, "max_tokens": 64}
+    meta |= {"max_prompt_chars": 3000, "elapsed_s": 60.0}
+    text = speedup_report.markdown(rows, runs, meta)
+    assert "- c1 specgate: 1 of 2 failed: 1x HTTP 500: backend died" in text
