@@ -171,11 +171,12 @@ class LocalBackend:
             )
         atexit.register(self.stop)
 
-    def log_tail(self, lines: int = 30) -> str:
-        """The last ``lines`` lines of the log file ('' if unreadable)."""
+    def log_tail(self, lines: int = 30, max_bytes: int = 16384) -> str:
+        """The last ``lines`` lines of the log file, read from its last ``max_bytes`` bytes
+        ('' if unreadable)."""
         try:
             with self.log_path.open("rb") as f:
-                f.seek(max(0, f.seek(0, os.SEEK_END) - 16384))
+                f.seek(max(0, f.seek(0, os.SEEK_END) - max_bytes))
                 text = f.read().decode(errors="replace")
         except OSError:
             return ""

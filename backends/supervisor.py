@@ -15,6 +15,7 @@ gateway's health poller sees the backend down.
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections import deque
@@ -25,8 +26,17 @@ import httpx
 
 from backends.launcher import BackendError, LocalBackend, LocalStack, LogFn
 
-#: Log lines and characters of a crashed server's log kept in memory.
-TAIL_LINES, TAIL_CHARS = 40, 8000
+#: Log lines and characters of a crashed server's log kept in memory; distinct error lines
+#: kept from its last 64 KiB (the root cause often lies above the shutdown noise).
+TAIL_LINES, TAIL_CHARS, ERROR_LINES = 40, 8000, 12
+_ERROR = re.compile(r"\b\w*(?:Error|Exception)\b|Traceback|\bERROR\b")
+
+
+def error_lines(text: str, keep: int = ERROR_LINES) -> list[str]:
+    """The last ``keep`` distinct lines of ``text`` that name an error (each cut to 300
+    characters), oldest first."""
+    found = dict.fromkeys(line.strip()[:300] for line in text.splitlines() if _ERROR.search(line))
+    return list(found)[-keep:]
 
 
 @dataclass(frozen=True)
@@ -68,7 +78,7 @@ class ProcessState:
 
     def to_json(self) -> dict[str, Any]:
         """The view: state, pid, running, restarts, crashes, last crash (reason, exit code,
-        when, log tail), seconds until the next start while backing off."""
+        when, log tail, error lines), seconds until the next start while backing off."""
         wait = None if self.next_start_at is None else max(0.0, self.next_start_at - time.time())
         return {
             "state": self.state,
@@ -176,6 +186,7 @@ class Supervisor:
     def _crashed(self, backend: LocalBackend, reason: str, healthy_since: float | None) -> None:
         code = backend.returncode
         tail = backend.log_tail(TAIL_LINES)[-TAIL_CHARS:]
+        errors = error_lines(backend.log_tail(2000, max_bytes=65536))
         backend.stop()  # what is left of it: EngineCore, workers
         stable = healthy_since is not None and time.monotonic() - healthy_since >= (
             self.policy.stable_s
@@ -191,6 +202,7 @@ class Supervisor:
                 "exit_code": code,
                 "at": time.time(),
                 "log_tail": tail,
+                "errors": errors,
             }
 
     def _restart_allowed(self, name: str) -> bool:

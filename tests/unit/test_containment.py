@@ -149,7 +149,8 @@ async def test_supervised_processes_show_on_routes_status_and_metrics() -> None:
                 "reason": "process exited with code 1",
                 "exit_code": 1,
                 "at": 0.0,
-                "log_tail": "RuntimeError: CPU Generator does not use offset",
+                "log_tail": "INFO: Application shutdown complete.",
+                "errors": ["RuntimeError: CPU Generator does not use offset"],
             },
             "next_start_in_s": None,
         }

@@ -14,7 +14,7 @@ import pytest
 
 from backends.launch_profile import BackendProfile
 from backends.launcher import LocalBackend, LocalStack
-from backends.supervisor import RestartPolicy, Supervisor
+from backends.supervisor import RestartPolicy, Supervisor, error_lines
 from tests.fakes.servers import free_port
 
 # argv: PORT MODE COUNTFILE. Counts its starts in COUNTFILE; POST /die exits (code 7) after
@@ -88,6 +88,21 @@ def kill(stack: LocalStack) -> None:
     httpx.post(f"{stack.backends[0].url}/die")
 
 
+def test_error_lines_keep_the_root_cause_above_the_noise() -> None:
+    log = "\n".join(
+        ["INFO start", "ERROR x RuntimeError: CPU Generator does not use offset"]
+        + [f"INFO shutdown {i}" for i in range(100)]
+        + [
+            "EngineDeadError: EngineCore encountered an issue",
+            "ERROR x RuntimeError: CPU Generator does not use offset",
+        ]
+    )
+    assert error_lines(log) == [
+        "ERROR x RuntimeError: CPU Generator does not use offset",
+        "EngineDeadError: EngineCore encountered an issue",
+    ]
+
+
 def test_policy_backoff_doubles_and_caps() -> None:
     policy = RestartPolicy(backoff_s=1, max_backoff_s=5, max_restarts=2, window_s=10)
     assert [policy.delay(n) for n in (1, 2, 3, 4, 5)] == [1, 2, 4, 5, 5]
@@ -113,6 +128,10 @@ def test_a_crashed_server_is_restarted_and_its_log_tail_kept(
     assert stack.backends[0].pid != first_pid
     crash = view["last_crash"]
     assert "CPU Generator does not use offset" in crash["log_tail"]
+    assert crash["errors"][-2:] == [
+        "RuntimeError: CPU Generator does not use offset",
+        "vllm.v1.engine.exceptions.EngineDeadError",
+    ]
     if mode == "exit":
         assert crash["exit_code"] == 7 and crash["reason"] == "process exited with code 7"
     else:
