@@ -11,15 +11,25 @@ start, and the message names what is missing.
 
 from __future__ import annotations
 
+import json
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from backends.compose import build_compose
 from backends.k8s import build_manifests
-from backends.stack import ADMIN_TOKEN_VAR, API_KEYS_VAR, AdminMode, gateway_secret_vars
+from backends.paths import CachePaths
+from backends.stack import (
+    ADMIN_TOKEN_VAR,
+    API_KEYS_VAR,
+    AdminMode,
+    gateway_secret_vars,
+    service_name,
+)
 from gateway.config import load_config
 from tests.fakes.deployment import (
     BackendService,
@@ -189,3 +199,79 @@ def test_k8s_gateway_with_an_empty_token_refuses_naming_the_variable(
     )
     assert seen.preflight == 1 and seen.exit_code == 1, seen.log
     assert "refusing to listen on 0.0.0.0" in seen.log and ADMIN_TOKEN_VAR in seen.log
+
+
+# -- the backends: every vLLM command parses with vLLM's own `vllm serve` parser -------------
+
+VLLM_PYTHON = CachePaths.default().vllm_python
+
+#: `vllm serve` as vLLM's CLI builds it (vllm/entrypoints/cli/main.py), parse and validate only
+PARSE_SERVE = """
+import json, sys
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+from vllm.entrypoints.cli.serve import ServeSubcommand
+out = []
+for argv in json.loads(sys.argv[1]):
+    parser = FlexibleArgumentParser(prog="vllm")
+    command = ServeSubcommand()
+    command.subparser_init(parser.add_subparsers(dest="subparser"))
+    try:
+        args = parser.parse_args(argv)
+        command.validate(args)
+    except SystemExit as exc:
+        out.append({"exit": exc.code})
+        continue
+    out.append({"model": args.model_tag, "served_model_name": args.served_model_name,
+                "host": args.host, "port": args.port,
+                "speculative_config": args.speculative_config})
+print(json.dumps(out))
+"""
+
+
+def vllm_commands() -> dict[str, list[str]]:
+    """Every container command in both files but the gateway's, by ``file:service``; fails on
+    a service that is neither the gateway nor ``vllm serve``."""
+    commands = {}
+    for name, svc in yaml.safe_load(COMPOSE.read_text())["services"].items():
+        if name != "gateway":
+            commands[f"compose:{name}"] = svc["entrypoint"] + svc["command"]
+    for doc in yaml.safe_load_all(MANIFESTS.read_text()):
+        if doc and doc["kind"] == "Deployment" and doc["metadata"]["name"] != "specgate-gateway":
+            for c in doc["spec"]["template"]["spec"]["containers"]:
+                commands[f"k8s:{doc['metadata']['name']}/{c['name']}"] = c["command"] + c["args"]
+    for where, argv in commands.items():
+        assert argv[:2] == ["vllm", "serve"], f"{where} is neither the gateway nor vllm serve"
+    return commands
+
+
+@pytest.mark.skipif(not VLLM_PYTHON.exists(), reason="vLLM environment not prepared")
+def test_every_backend_command_parses_with_vllm() -> None:
+    config = load_config(ROOT / SOURCE)
+    commands = vllm_commands()
+    assert len(commands) == 2 * len(config.backends)
+    argvs = [argv[1:] for argv in commands.values()]  # "serve", model, flags...
+    old_flag = [*argvs[0], "--speculative-model", "org/draft"]  # proves the parser is live
+    try:
+        proc = subprocess.run(
+            [str(VLLM_PYTHON), "-c", PARSE_SERVE, json.dumps([*argvs, old_flag])],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        pytest.skip("importing vLLM took too long on this machine")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    parsed = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert parsed[-1] == {"exit": 2}
+    by_service = {service_name(name): b for name, b in config.backends.items()}
+    for (where, _), got in zip(commands.items(), parsed, strict=False):
+        backend = by_service[where.split(":")[1].split("/")[0]]
+        profile = backend.profile
+        assert got == {
+            "model": profile.model,
+            "served_model_name": [profile.served_model_name],
+            "host": "0.0.0.0",
+            "port": profile.port,
+            "speculative_config": backend.spec.to_config() if backend.spec.speculative else None,
+        }, where
