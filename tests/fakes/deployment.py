@@ -145,12 +145,14 @@ def compose_gateway(
             raise DeploymentError(f"config {ref['source']}: only inline content is emulated")
         files[Path(target)] = config["content"]
     health = svc.get("healthcheck", {}).get("test")
-    (published,) = svc.get("ports", [""])
+    published = svc.get("ports", [])
+    if len(published) != 1:
+        raise DeploymentError(f"service {service} publishes {published}, expected one port")
     run = ContainerRun(
         argv=list(svc["command"]),
         env=env,
         health_argv=None if health is None else _health_argv(health),
-        port=int(str(published).rsplit(":", 1)[-1]),
+        port=int(str(published[0]).rsplit(":", 1)[-1]),  # HOST:CONTAINER
     )
     return _rooted(run, files, root)
 

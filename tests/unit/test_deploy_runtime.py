@@ -12,6 +12,7 @@ start, and the message names what is missing.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -59,9 +60,14 @@ CODE_POOL = {"vllm-eagle3", "vllm-draft"}
 
 @pytest.fixture(scope="module")
 def sandbox() -> None:
+    """Skip where no network namespace can be made (an unprivileged developer machine without
+    user namespaces); in CI (``CI=true``, root) that is a failure, not a skip."""
     problem = sandbox_problem()
     if problem is not None:
-        pytest.skip(f"no private network namespace here: {problem}")
+        message = f"no private network namespace here: {problem}"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)
 
 
 def compose_text(admin: AdminMode) -> str:
