@@ -165,6 +165,11 @@ def test_cli_writes_files(tmp_path: Path) -> None:
     (gateway,) = [d for d in docs if d["kind"] == "Deployment" and "gateway" in str(d["metadata"])]
     assert gateway["spec"]["replicas"] == 3
     assert main(["backends", "compose", "--config", str(ROOT / "config" / "local.yaml")]) == 1
+    off = ["backends", "compose", "--config", str(ROOT / SOURCE), "--admin", "off"]
+    assert main([*off, "-o", str(tmp_path / "off.yaml")]) == 0
+    services = yaml.safe_load((tmp_path / "off.yaml").read_text())["services"]
+    assert services["gateway"]["environment"]["SPECGATE_ADMIN_ENABLED"] == "false"
+    assert ADMIN_TOKEN_VAR not in services["gateway"]["environment"]
 
 
 def test_dockerfile_copies_existing_paths_and_runs_unprivileged() -> None:
