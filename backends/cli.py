@@ -4,7 +4,9 @@
   memory estimate and pre-launch checks; exit 1 when there are errors.
 - ``migrate -- OLD COMMAND``: a 2024-style command in the ``--speculative-config`` form, and
   as a backend profile.
-- ``compose --config FILE [-o FILE]`` and ``k8s --config FILE [-o DIR|FILE]``: deployments.
+- ``compose --config FILE [-o FILE]`` and ``k8s --config FILE [-o DIR|FILE]``: deployments;
+  ``--admin token`` (default: admin endpoints on, their token from the deployment's secret,
+  required) or ``--admin off`` (admin endpoints off, no token).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import yaml
 from pydantic import ValidationError
 
 from backends.launch_profile import BackendProfile
-from backends.stack import GATEWAY_IMAGE, VLLM_IMAGE, StackError
+from backends.stack import ADMIN_MODES, GATEWAY_IMAGE, VLLM_IMAGE, StackError
 from gateway.config import ConfigError, GatewayConfig, load_config
 
 
@@ -54,6 +56,13 @@ def add_backends_commands(sub: Any) -> None:
         gen.add_argument("-o", "--output", type=Path, help="write here instead of stdout")
         gen.add_argument("--vllm-image", default=VLLM_IMAGE)
         gen.add_argument("--gateway-image", default=GATEWAY_IMAGE)
+        gen.add_argument(
+            "--admin",
+            choices=ADMIN_MODES,
+            default="token",
+            help="token: admin endpoints on, SPECGATE_ADMIN_TOKEN from the secret (required); "
+            "off: admin endpoints off (default: token)",
+        )
         if name == "k8s":
             gen.add_argument("--replicas", type=int, default=2, help="gateway replicas")
 
@@ -140,7 +149,11 @@ def _generate(args: argparse.Namespace) -> int:
     config = _load_config(args.config)
     if config is None:
         return 1
-    images = {"vllm_image": args.vllm_image, "gateway_image": args.gateway_image}
+    images = {
+        "vllm_image": args.vllm_image,
+        "gateway_image": args.gateway_image,
+        "admin": args.admin,
+    }
     try:
         if args.backends_command == "compose":
             text = build_compose(config, str(args.config), **images)

@@ -7,7 +7,10 @@ Compose docs, "GPU support"), ``ipc: host`` for PyTorch's shared memory (vLLM do
 Docker"), the host's Hugging Face cache mounted, and a health check on ``/health``. The
 gateway service is built from ``docker/Dockerfile``, reads the config (URLs rewritten to the
 service names) from an inline compose ``configs`` entry, and starts once every backend is
-healthy (``depends_on: {condition: service_healthy}``).
+healthy (``depends_on: {condition: service_healthy}``). Its client keys and admin token are
+required variables (``${SPECGATE_API_KEYS:?...}``), never literals: ``docker compose`` refuses
+to start, naming the variable, until they are set (e.g. in an ``--env-file``). With
+``admin="off"`` the admin endpoints are off and no token is asked for.
 
 GPU indices: a profile's ``gpus``, else the lowest indices no other backend uses, as many as
 its tensor-parallel size. Compose runs on one machine, so every backend must be on one node.
@@ -18,15 +21,22 @@ from __future__ import annotations
 from typing import Any
 
 from backends.stack import (
+    ADMIN_TOKEN_VAR,
+    API_KEYS_VAR,
+    GATEWAY_COMMAND,
     GATEWAY_CONFIG_PATH,
     GATEWAY_IMAGE,
     GATEWAY_PORT,
     HF_CACHE_IN_CONTAINER,
     VLLM_IMAGE,
+    AdminMode,
     StackBackend,
     StackError,
     dump_yaml,
     gateway_config_data,
+    gateway_environment,
+    gateway_health_command,
+    gateway_secret_vars,
     health_command,
     stack_backends,
 )
@@ -90,15 +100,60 @@ def _vllm_service(b: StackBackend, gpus: list[int], image: str) -> dict[str, Any
     }
 
 
+#: Where the documented commands keep the gateway's secrets (git-ignored).
+ENV_FILE = "docker/specgate.env"
+
+
+def _gateway_service(backends: list[StackBackend], image: str, admin: AdminMode) -> dict[str, Any]:
+    environment = gateway_environment(admin)
+    for var in gateway_secret_vars(admin):
+        # compose interpolation: refuse to start, naming the variable, when it is unset or empty
+        environment[var] = f"${{{var}:?set {var} (e.g. in {ENV_FILE}), see docs/deploy-gpu.md}}"
+    return {
+        "build": {"context": "..", "dockerfile": "docker/Dockerfile"},
+        "image": image,
+        "command": GATEWAY_COMMAND,
+        "environment": environment,
+        "ports": [f"{GATEWAY_PORT}:{GATEWAY_PORT}"],
+        "configs": [{"source": "specgate", "target": GATEWAY_CONFIG_PATH}],
+        "healthcheck": {
+            "test": gateway_health_command(),
+            "interval": "10s",
+            "timeout": "5s",
+            "retries": 3,
+            "start_period": "10s",
+        },
+        "depends_on": {b.service: {"condition": "service_healthy"} for b in backends},
+        "restart": "unless-stopped",
+    }
+
+
+def _secrets_help(admin: AdminMode) -> str:
+    lines = [f"# The gateway needs {API_KEYS_VAR} (client keys, comma-separated)"]
+    lines[0] += f" and {ADMIN_TOKEN_VAR};" if admin == "token" else "; admin endpoints are off;"
+    formats = "".join(f"{var}=%s\\n" for var in gateway_secret_vars(admin))
+    values = " ".join('"$(openssl rand -hex 32)"' for _ in gateway_secret_vars(admin))
+    lines += [
+        "# compose refuses to start while one is unset. Create them once (git-ignored):",
+        f"#   (umask 077; printf '{formats}' \\",
+        f"#     {values} > {ENV_FILE})",
+        "# Needs the NVIDIA Container Toolkit; set HF_TOKEN for gated models. Start with",
+        f"#   docker compose --env-file {ENV_FILE} -f docker/compose.gpu.yaml up -d",
+    ]
+    return "\n".join(lines) + "\n"
+
+
 def build_compose(
     config: GatewayConfig,
     source: str,
     *,
     vllm_image: str = VLLM_IMAGE,
     gateway_image: str = GATEWAY_IMAGE,
+    admin: AdminMode = "token",
 ) -> str:
     """The compose file for ``config`` (read from ``source``, named in the header) as YAML.
 
+    ``admin`` is ``token`` (admin endpoints on, their token a required variable) or ``off``.
     Raises :class:`StackError` when the config cannot run as containers.
     """
     backends = stack_backends(config)
@@ -107,19 +162,7 @@ def build_compose(
         b.service: _vllm_service(b, gpus[b.name], vllm_image) for b in backends
     }
     config_text = dump_yaml(gateway_config_data(config, backends))
-    services["gateway"] = {
-        "build": {"context": "..", "dockerfile": "docker/Dockerfile"},
-        "image": gateway_image,
-        "environment": {
-            "SPECGATE_CONFIG": GATEWAY_CONFIG_PATH,
-            "SPECGATE_HOST": "0.0.0.0",
-            "SPECGATE_PORT": str(GATEWAY_PORT),
-        },
-        "ports": [f"{GATEWAY_PORT}:{GATEWAY_PORT}"],
-        "configs": [{"source": "specgate", "target": GATEWAY_CONFIG_PATH}],
-        "depends_on": {b.service: {"condition": "service_healthy"} for b in backends},
-        "restart": "unless-stopped",
-    }
+    services["gateway"] = _gateway_service(backends, gateway_image, admin)
     data = {
         "name": "specgate",
         "services": services,
@@ -129,8 +172,6 @@ def build_compose(
     placement = ", ".join(f"{b.name} -> GPU {','.join(map(str, gpus[b.name]))}" for b in backends)
     header = (
         f"# Generated by `specgate backends compose --config {source}`: do not edit, regenerate.\n"
-        f"# GPUs: {placement}.\n"
-        "# Needs the NVIDIA Container Toolkit; set HF_TOKEN for gated models. Start with\n"
-        "#   docker compose -f docker/compose.gpu.yaml up -d\n"
+        f"# GPUs: {placement}.\n" + _secrets_help(admin)
     )
     return header + dump_yaml(data)

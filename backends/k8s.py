@@ -7,24 +7,35 @@ readiness and liveness on ``/health``; plus a ClusterIP Service of the same name
 is a stateless Deployment (2 replicas by default, spread over nodes, a PodDisruptionBudget
 keeping one up) behind a Service, ready on ``/ready`` (a healthy backend exists) and alive on
 ``/health``, its config from a ConfigMap whose backend URLs point at the Service names (same
-namespace). Nothing here talks to a cluster; apply with ``kubectl apply -n NS -f FILE``.
+namespace). The gateway's client keys and admin token come from the ``specgate-auth`` Secret
+by reference (``secretKeyRef``, never a literal); the pod does not start until it exists.
+With ``admin="off"`` the admin endpoints are off and the Secret holds only the client keys.
+Every Secret the manifests name but do not create is in :func:`prerequisites` and in the file's
+header, with the command that creates it. Nothing here talks to a cluster; apply with
+``kubectl apply -n NS -f FILE``.
 """
 
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
 from typing import Any
 
 from backends.stack import (
-    GATEWAY_CONFIG_PATH,
+    ADMIN_TOKEN_VAR,
+    API_KEYS_VAR,
+    GATEWAY_COMMAND,
     GATEWAY_IMAGE,
     GATEWAY_PORT,
     HF_CACHE_IN_CONTAINER,
     VLLM_IMAGE,
+    AdminMode,
     StackBackend,
     dump_yaml,
     dump_yaml_all,
     gateway_config_data,
+    gateway_environment,
+    gateway_secret_vars,
     stack_backends,
 )
 from gateway.config import GatewayConfig
@@ -33,6 +44,34 @@ PART_OF = "specgate"
 GATEWAY = "specgate-gateway"
 CONFIG_MAP = "specgate-config"
 HF_SECRET = "hf-token"
+AUTH_SECRET = "specgate-auth"
+#: key in the ``specgate-auth`` Secret per gateway variable
+AUTH_SECRET_KEYS = {API_KEYS_VAR: "api-keys", ADMIN_TOKEN_VAR: "admin-token"}
+
+
+@dataclass(frozen=True)
+class Prerequisite:
+    """An object the manifests reference but do not create: ``kind``, ``name``, its ``keys``,
+    whether pods start without it (``optional``), and the command that creates it."""
+
+    kind: str
+    name: str
+    keys: tuple[str, ...]
+    optional: bool
+    create: str
+
+
+def prerequisites(admin: AdminMode = "token") -> list[Prerequisite]:
+    """What must exist in the namespace before ``kubectl apply``, for ``admin`` mode."""
+    keys = tuple(AUTH_SECRET_KEYS[var] for var in gateway_secret_vars(admin))
+    create = "kubectl create secret generic {} -n NAMESPACE {}"
+    random = " ".join(f'--from-literal={key}="$(openssl rand -hex 32)"' for key in keys)
+    create_auth = create.format(AUTH_SECRET, random)
+    create_hf = create.format(HF_SECRET, '--from-literal=token="$HF_TOKEN"')
+    return [
+        Prerequisite("Secret", AUTH_SECRET, keys, False, create_auth),
+        Prerequisite("Secret", HF_SECRET, ("token",), True, create_hf),
+    ]
 
 
 def _labels(component: str, instance: str) -> dict[str, str]:
@@ -117,15 +156,24 @@ def backend_manifests(b: StackBackend, image: str = VLLM_IMAGE) -> list[dict[str
     return [deployment, _service(b.service, labels, b.port)]
 
 
-def _gateway_pod(config_sha: str, labels: dict[str, str], image: str) -> dict[str, Any]:
+def _gateway_env(admin: AdminMode) -> list[dict[str, Any]]:
+    env: list[dict[str, Any]] = [
+        {"name": k, "value": v} for k, v in gateway_environment(admin).items()
+    ]
+    for var in gateway_secret_vars(admin):
+        ref = {"name": AUTH_SECRET, "key": AUTH_SECRET_KEYS[var]}  # not optional: no pod without
+        env.append({"name": var, "valueFrom": {"secretKeyRef": ref}})
+    return env
+
+
+def _gateway_pod(
+    config_sha: str, labels: dict[str, str], image: str, admin: AdminMode
+) -> dict[str, Any]:
     container = {
         "name": "gateway",
         "image": image,
-        "env": [
-            {"name": "SPECGATE_CONFIG", "value": GATEWAY_CONFIG_PATH},
-            {"name": "SPECGATE_HOST", "value": "0.0.0.0"},
-            {"name": "SPECGATE_PORT", "value": str(GATEWAY_PORT)},
-        ],
+        "command": GATEWAY_COMMAND,
+        "env": _gateway_env(admin),
         "ports": [{"name": "http", "containerPort": GATEWAY_PORT}],
         "readinessProbe": _probe("/ready", 5, 2),
         "livenessProbe": _probe("/health", 10, 3),
@@ -155,6 +203,7 @@ def _gateway_pod(config_sha: str, labels: dict[str, str], image: str) -> dict[st
     return {
         "metadata": {"labels": labels, "annotations": {"specgate/config-sha256": config_sha}},
         "spec": {
+            "automountServiceAccountToken": False,  # the gateway never calls the API server
             "containers": [container],
             "affinity": {
                 "podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [spread]}
@@ -168,7 +217,7 @@ def _gateway_pod(config_sha: str, labels: dict[str, str], image: str) -> dict[st
 
 
 def gateway_manifests(
-    config_text: str, image: str = GATEWAY_IMAGE, replicas: int = 2
+    config_text: str, image: str = GATEWAY_IMAGE, replicas: int = 2, admin: AdminMode = "token"
 ) -> list[dict[str, Any]]:
     """ConfigMap, Deployment, PodDisruptionBudget and Service of the gateway.
 
@@ -189,7 +238,7 @@ def gateway_manifests(
         "spec": {
             "replicas": replicas,
             "selector": {"matchLabels": labels},
-            "template": _gateway_pod(sha, labels, image),
+            "template": _gateway_pod(sha, labels, image, admin),
         },
     }
     budget = {
@@ -208,8 +257,12 @@ def build_manifests(
     vllm_image: str = VLLM_IMAGE,
     gateway_image: str = GATEWAY_IMAGE,
     gateway_replicas: int = 2,
+    admin: AdminMode = "token",
 ) -> str:
     """Every manifest for ``config`` (read from ``source``) as one multi-document YAML.
+
+    ``admin`` is ``token`` (admin endpoints on, the token from the ``specgate-auth`` Secret)
+    or ``off``; the header lists the Secrets to create first (:func:`prerequisites`).
 
     Raises :class:`~backends.stack.StackError` when the config cannot run as containers.
     """
@@ -218,10 +271,12 @@ def build_manifests(
     for b in backends:
         docs += backend_manifests(b, vllm_image)
     config_text = dump_yaml(gateway_config_data(config, backends))
-    docs += gateway_manifests(config_text, gateway_image, gateway_replicas)
-    header = (
-        f"# Generated by `specgate backends k8s --config {source}`: do not edit, regenerate.\n"
-        f"# Apply with: kubectl apply -n NAMESPACE -f docker/k8s/specgate.yaml\n"
-        f"# Gated models: kubectl create secret generic {HF_SECRET} --from-literal=token=...\n"
-    )
+    docs += gateway_manifests(config_text, gateway_image, gateway_replicas, admin)
+    lines = [f"# Generated by `specgate backends k8s --config {source}`: do not edit, regenerate."]
+    lines.append("# Create first (prerequisites: referenced here, not generated):")
+    for p in prerequisites(admin):
+        why = "optional, for gated models" if p.optional else "required: pods wait for it"
+        lines += [f"#   {p.kind} {p.name} (keys: {', '.join(p.keys)}; {why}):", f"#     {p.create}"]
+    lines.append("# Apply with: kubectl apply -n NAMESPACE -f docker/k8s/specgate.yaml")
+    header = "\n".join(lines) + "\n"
     return header + dump_yaml_all(docs)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 
@@ -27,6 +27,16 @@ GATEWAY_CONFIG_PATH = "/etc/specgate/specgate.yaml"
 GATEWAY_PORT = 8000
 #: Hugging Face cache inside the vLLM image (it runs as root).
 HF_CACHE_IN_CONTAINER = "/root/.cache/huggingface"
+#: What runs in the gateway container (the image's ``CMD``, stated so the files say it).
+GATEWAY_COMMAND = ["specgate", "serve"]
+#: The gateway's secrets, as the variables it reads (gateway/settings.py).
+ADMIN_TOKEN_VAR = "SPECGATE_ADMIN_TOKEN"
+API_KEYS_VAR = "SPECGATE_API_KEYS"
+#: ``token``: admin endpoints (``/routes*``, ``/status``) on, guarded by the admin token from
+#: the deployment's secret (the gateway does not start without it); ``off``: admin endpoints
+#: off, no token needed. Client keys are always required.
+AdminMode = Literal["token", "off"]
+ADMIN_MODES: tuple[AdminMode, ...] = ("token", "off")
 
 
 class StackError(ValueError):
@@ -126,6 +136,37 @@ def dump_yaml(data: Any) -> str:
 def dump_yaml_all(documents: list[Any]) -> str:
     """Several YAML documents separated by ``---``."""
     return yaml.dump_all(documents, Dumper=_Dumper, sort_keys=False, width=100)
+
+
+def gateway_environment(admin: AdminMode) -> dict[str, str]:
+    """The gateway container's plain (non-secret) variables: where it listens, its config,
+    and ``SPECGATE_ADMIN_ENABLED=false`` when ``admin`` is ``off``."""
+    env = {
+        "SPECGATE_CONFIG": GATEWAY_CONFIG_PATH,
+        "SPECGATE_HOST": "0.0.0.0",
+        "SPECGATE_PORT": str(GATEWAY_PORT),
+    }
+    if admin == "off":
+        env["SPECGATE_ADMIN_ENABLED"] = "false"
+    return env
+
+
+def gateway_secret_vars(admin: AdminMode) -> list[str]:
+    """The variables the gateway container takes from a secret: the client keys, and the
+    admin token unless admin endpoints are off."""
+    return [API_KEYS_VAR] + ([ADMIN_TOKEN_VAR] if admin == "token" else [])
+
+
+def gateway_health_command() -> list[str]:
+    """The gateway's container health check: ``/health`` on the port in ``SPECGATE_PORT``
+    (as the image's ``HEALTHCHECK``), exit 0 on HTTP 200; needs only the image's python3."""
+    code = (
+        "import os, sys, urllib.request; "
+        "port = os.environ.get('SPECGATE_PORT', '8000'); "
+        "sys.exit(urllib.request.urlopen(f'http://127.0.0.1:{port}/health', timeout=5)"
+        ".status != 200)"
+    )
+    return ["CMD", "python3", "-c", code]
 
 
 def health_command(port: int, path: str = "/health") -> list[str]:

@@ -20,16 +20,17 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def running_server(app: Any, port: int | None = None, **config: Any) -> Iterator[str]:
+def running_server(
+    app: Any, port: int | None = None, host: str = "127.0.0.1", **config: Any
+) -> Iterator[str]:
     """Serve ``app`` with uvicorn in a thread; yields its base URL; stops it on exit.
 
-    ``config`` goes to ``uvicorn.Config`` (e.g. ``timeout_graceful_shutdown``).
+    ``host`` must be a loopback address; ``config`` goes to ``uvicorn.Config`` (e.g.
+    ``timeout_graceful_shutdown``).
     """
     port = port or free_port()
     server = uvicorn.Server(
-        uvicorn.Config(
-            app, host="127.0.0.1", port=port, log_level="warning", lifespan="on", **config
-        )
+        uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on", **config)
     )
     thread = threading.Thread(target=server.run, name=f"uvicorn-{port}", daemon=True)
     thread.start()
@@ -39,7 +40,7 @@ def running_server(app: Any, port: int | None = None, **config: Any) -> Iterator
             raise RuntimeError(f"server on port {port} did not start")
         time.sleep(0.02)
     try:
-        yield f"http://127.0.0.1:{port}"
+        yield f"http://{host}:{port}"
     finally:
         server.should_exit = True
         thread.join(timeout=30)

@@ -19,8 +19,8 @@ import pytest
 import yaml
 
 from backends.compose import build_compose
-from backends.k8s import build_manifests
-from backends.stack import GATEWAY_CONFIG_PATH, StackError
+from backends.k8s import build_manifests, prerequisites
+from backends.stack import ADMIN_TOKEN_VAR, API_KEYS_VAR, GATEWAY_CONFIG_PATH, StackError
 from gateway.cli import main
 from gateway.config import load_config, parse_config
 
@@ -28,6 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SOURCE = "config/production.example.yaml"
 COMPOSE = ROOT / "docker" / "compose.gpu.yaml"
 MANIFESTS = ROOT / "docker" / "k8s" / "specgate.yaml"
+DEPLOY_DOC = ROOT / "docs" / "deploy-gpu.md"
 KUBERNETES_VERSION = "1.30"
 REGENERATE = "regenerate: specgate backends {} --config config/production.example.yaml -o {}"
 
@@ -99,6 +100,8 @@ def test_compose_services() -> None:
     gateway = services["gateway"]
     assert gateway["configs"] == [{"source": "specgate", "target": GATEWAY_CONFIG_PATH}]
     assert gateway["environment"]["SPECGATE_CONFIG"] == GATEWAY_CONFIG_PATH
+    for var in (API_KEYS_VAR, ADMIN_TOKEN_VAR):  # from the operator's variables, never literal
+        assert gateway["environment"][var].startswith(f"${{{var}:?set {var}")
     mounted = parse_config(yaml.safe_load(data["configs"]["specgate"]["content"]))
     assert {n: b.base_url for n, b in mounted.backends.items()} == {
         n: f"http://vllm-{n}:8000" for n in config.backends
@@ -134,6 +137,10 @@ def test_manifest_contents() -> None:
     assert container["readinessProbe"]["httpGet"]["path"] == "/ready"
     assert container["livenessProbe"]["httpGet"]["path"] == "/health"
     assert "specgate-gateway" in by_kind["Service"]
+    env = {item["name"]: item for item in container["env"]}
+    for var in (API_KEYS_VAR, ADMIN_TOKEN_VAR):  # from the Secret by reference, never literal
+        assert "value" not in env[var]
+        assert env[var]["valueFrom"]["secretKeyRef"]["name"] == "specgate-auth"
     text = by_kind["ConfigMap"]["specgate-config"]["data"]["specgate.yaml"]
     mounted = parse_config(yaml.safe_load(text))
     for backend in mounted.backends.values():
@@ -158,6 +165,11 @@ def test_cli_writes_files(tmp_path: Path) -> None:
     (gateway,) = [d for d in docs if d["kind"] == "Deployment" and "gateway" in str(d["metadata"])]
     assert gateway["spec"]["replicas"] == 3
     assert main(["backends", "compose", "--config", str(ROOT / "config" / "local.yaml")]) == 1
+    off = ["backends", "compose", "--config", str(ROOT / SOURCE), "--admin", "off"]
+    assert main([*off, "-o", str(tmp_path / "off.yaml")]) == 0
+    services = yaml.safe_load((tmp_path / "off.yaml").read_text())["services"]
+    assert services["gateway"]["environment"]["SPECGATE_ADMIN_ENABLED"] == "false"
+    assert ADMIN_TOKEN_VAR not in services["gateway"]["environment"]
 
 
 def test_dockerfile_copies_existing_paths_and_runs_unprivileged() -> None:
@@ -195,3 +207,65 @@ def test_compose_assigns_free_gpus_and_needs_one_node() -> None:
     data["backends"]["c"]["profile"]["node"] = "elsewhere"
     with pytest.raises(StackError, match="one machine"):
         build_compose(parse_config(data), "x.yaml")
+
+
+#: fields that name another object: field -> (kind, the key holding the name)
+REFERENCES = {
+    "secretKeyRef": ("Secret", "name"),
+    "secretRef": ("Secret", "name"),
+    "secret": ("Secret", "secretName"),
+    "configMapKeyRef": ("ConfigMap", "name"),
+    "configMapRef": ("ConfigMap", "name"),
+    "configMap": ("ConfigMap", "name"),
+    "persistentVolumeClaim": ("PersistentVolumeClaim", "claimName"),
+}
+
+
+def references(
+    node: Any, found: set[tuple[str, str, str]] | None = None
+) -> set[tuple[str, str, str]]:
+    """(kind, name, key) of every object ``node`` names (key "" unless a secretKeyRef or
+    configMapKeyRef): Secrets, ConfigMaps, PVCs, ServiceAccounts, image pull Secrets."""
+    found = set() if found is None else found
+    if isinstance(node, list):
+        for item in node:
+            references(item, found)
+    elif isinstance(node, dict):
+        for field, value in node.items():
+            if field in REFERENCES and isinstance(value, dict):
+                kind, name = REFERENCES[field]
+                found.add((kind, value[name], value.get("key", "")))
+            elif field in ("serviceAccountName", "serviceAccount"):
+                found.add(("ServiceAccount", value, ""))
+            elif field == "imagePullSecrets":
+                found |= {("Secret", item["name"], "") for item in value}
+            references(value, found)
+    return found
+
+
+@pytest.mark.parametrize("admin", ["token", "off"])
+def test_every_referenced_object_is_generated_or_a_documented_prerequisite(admin: str) -> None:
+    text = (
+        MANIFESTS.read_text()
+        if admin == "token"
+        else build_manifests(production(), SOURCE, admin="off")  # type: ignore[arg-type]
+    )
+    docs = load_all(text)
+    generated = {(d["kind"], d["metadata"]["name"]) for d in docs}
+    named = references(docs)
+    outside = {(kind, name) for kind, name, _ in named} - generated
+    required = {(p.kind, p.name): p for p in prerequisites(admin)}  # type: ignore[arg-type]
+    assert outside == set(required), "document every object referenced and not generated"
+    for kind, name, key in named:
+        if key and (kind, name) in required:
+            assert key in required[kind, name].keys, f"{kind} {name} key {key} undocumented"
+    header = text.split("\napiVersion:", 1)[0]
+    guide = DEPLOY_DOC.read_text()
+    for p in required.values():
+        assert p.create in header  # the file says how to create it
+        assert f"kubectl create secret generic {p.name}" in guide
+        assert all(f"--from-literal={key}=" in guide for key in p.keys)
+    # the walk is live: a PersistentVolumeClaim nobody documents would be caught
+    volumes = docs[0]["spec"]["template"]["spec"]["volumes"]
+    volumes[0] = {"name": "hf-cache", "persistentVolumeClaim": {"claimName": "hf-cache"}}
+    assert ("PersistentVolumeClaim", "hf-cache", "") in references(docs)
