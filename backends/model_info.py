@@ -108,8 +108,17 @@ class ModelInfo:
     folder: Path | None = None
 
     def get(self, key: str, default: Any = None) -> Any:
-        """A ``config.json`` value (``text_config`` of multimodal models included)."""
-        return self.config.get(key, self.config.get("text_config", {}).get(key, default))
+        """A ``config.json`` value, also read from ``text_config`` (multimodal models) and
+        ``transformer_layer_config`` (heads in the speculators format, e.g. EAGLE-3 heads
+        trained with the PyPI package ``speculators``)."""
+        for section in (
+            self.config,
+            self.config.get("text_config"),
+            self.config.get("transformer_layer_config"),
+        ):
+            if isinstance(section, dict) and key in section:
+                return section[key]
+        return default
 
     @property
     def vocab_size(self) -> int | None:

@@ -40,6 +40,13 @@ CONVERTER_VERSION = 1
 
 LOCAL_PREFIX = "local:"
 
+#: Trained draft heads committed with the code (each folder has its model card, README.md).
+HEADS_DIR = Path(__file__).resolve().parent / "drafts" / "heads"
+#: ``local:NAME`` names of committed heads: served from the repository, never built.
+LOCAL_HEADS: Mapping[str, str] = MappingProxyType(
+    {"smollm2-135m-eagle3": "EAGLE-3 head for smollm2-135m-instruct (speculators 0.9.0)"}
+)
+
 
 @dataclass(frozen=True)
 class LocalModel:
@@ -64,13 +71,18 @@ LOCAL_MODELS: Mapping[str, LocalModel] = MappingProxyType(
 
 
 def resolve_model(ref: str, paths: CachePaths) -> str:
-    """``local:NAME`` -> ``str(paths.models / NAME)``; any other reference is returned unchanged.
+    """``local:NAME`` -> the folder: ``HEADS_DIR / NAME`` for a committed head
+    (:data:`LOCAL_HEADS`), else ``str(paths.models / NAME)``; any other reference is returned
+    unchanged.
 
     Raises ValueError for an empty or path-like NAME. Does not check that the folder exists.
     """
     if not ref.startswith(LOCAL_PREFIX):
         return ref
-    return str(paths.model_dir(ref.removeprefix(LOCAL_PREFIX)))
+    name = ref.removeprefix(LOCAL_PREFIX)
+    if name in LOCAL_HEADS:
+        return str(HEADS_DIR / name)
+    return str(paths.model_dir(name))
 
 
 def resolve_profile(profile: BackendProfile, paths: CachePaths) -> BackendProfile:
