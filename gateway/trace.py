@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -64,6 +65,20 @@ class RequestTrace:
         self.chunks += 1
         if _USAGE_MARK in chunk:
             self.usage_bytes = chunk
+
+    @contextlib.contextmanager
+    def discarding(self) -> Iterator[None]:
+        """Forget an attempt that is being thrown away (a refusal the gateway retries
+        elsewhere): while in this block, :meth:`finish` reaches no observer; afterwards the
+        trace is open again, its chunk timings cleared."""
+        observers, self.observers = self.observers, []
+        try:
+            yield
+        finally:
+            self.observers = observers
+            self.duration_s = self.status = self.error = None
+            self.ttft_s, self._last, self.usage_bytes, self.spec_decoding = None, None, None, None
+            self.gaps_s, self.chunks = [], 0
 
     def finish(self, status: int, error: str | None = None) -> None:
         """Close the trace (once) and hand it to every observer; an observer that raises is
