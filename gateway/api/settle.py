@@ -88,15 +88,21 @@ class Settle:
         backend = self.gateway.config.backends.get(upstream.backend)
         if backend is None or not backend.spec.speculative:
             return None, upstream
-        if upstream.status == 400:
-            content, upstream = await peek_body(upstream)
-            text = content.decode("utf-8", "replace")
-        elif upstream.status == 200 and self.trace.stream and is_event_stream(upstream):
-            event, upstream = await peek_event(upstream)
-            text = event.data if event is not None and "error" in event.data else ""
-        else:
-            return None, upstream
-        return (text if names_speculation(text) else None), upstream
+        trace = self.trace
+        with trace.muted():  # a refusal read whole must not count as the request's end
+            if upstream.status == 400:
+                content, upstream = await peek_body(upstream)
+                text = content.decode("utf-8", "replace")
+            elif upstream.status == 200 and trace.stream and is_event_stream(upstream):
+                event, upstream = await peek_event(upstream)
+                text = event.data if event is not None and "error" in event.data else ""
+            else:
+                return None, upstream
+        if names_speculation(text):
+            return text, upstream
+        if trace.duration_s is not None:
+            trace.notify()  # the answer ended while muted: the observers hear of it now
+        return None, upstream
 
     async def _retry(
         self, upstream: Upstream, message: str, refused_methods: set[str], open_on: Opener
@@ -112,11 +118,13 @@ class Settle:
             self.kind.path,
             list(learnt) or "nothing",
         )
+        # This request goes plain first: every speculation method is passed over (other
+        # methods stay last-resort failover targets); what was learnt stays per method.
         refused = dict(self.features.spec_refused)
         refused.update(
             gateway.spec_params.refused(self.body, gateway.spec_methods(), self.kind.path)
         )
-        for name in refused_methods:
+        for name in gateway.spec_methods():
             refused.setdefault(name, learnt or (UNNAMED,))
         features = dataclasses.replace(self.features, spec_refused=refused)
         decision = gateway.policy.decide(features, gateway.registry.snapshot(), gateway.rng)
@@ -127,8 +135,9 @@ class Settle:
         )
         if not order:
             return None
-        with self.trace.discarding():
+        with self.trace.muted():
             await upstream.body.aclose()
+        self.trace.discard()
         gateway.stats.failovers += 1
         self.features = features
         return await open_on(order, self.make_tap())

@@ -21,7 +21,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from tests.fakes.fake_vllm_extra import extra_routes, refusal
+from tests.fakes.fake_vllm_extra import BadBody, bad_body, extra_routes, refusal
 
 
 @dataclass
@@ -172,5 +172,6 @@ def create_fake_vllm(b: FakeBehaviour) -> Starlette:
             Route("/v1/completions", generate, methods=["POST"]),
             Route("/v1/chat/completions", generate, methods=["POST"]),
             *extra_routes(b),
-        ]
+        ],
+        exception_handlers={BadBody: bad_body},
     )

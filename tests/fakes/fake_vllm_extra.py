@@ -54,16 +54,31 @@ def refusal(b: FakeBehaviour, body: Any, stream: bool) -> Response | None:
     return JSONResponse(error, status_code=400)
 
 
+class BadBody(Exception):
+    """A request body that is not JSON (vLLM answers 400)."""
+
+
+async def bad_body(_: Request, __: Exception) -> Response:
+    error = {"message": "JSON decode error", "type": "Bad Request", "param": None, "code": 400}
+    return JSONResponse({"error": error}, status_code=400)
+
+
 def extra_routes(b: FakeBehaviour) -> list[Route]:
     """Routes of the fake's other endpoints, driven by ``b``."""
 
     async def record(request: Request) -> Any:
+        """The JSON body (None when empty); raises :class:`BadBody` when not JSON."""
         raw = await request.body()
         b.received.append({"path": request.url.path, "headers": dict(request.headers), "body": raw})
-        return json.loads(raw) if raw else None
+        try:
+            return json.loads(raw) if raw else None
+        except ValueError:
+            raise BadBody from None
 
     async def responses(request: Request) -> Response:
         body = await record(request)
+        if not isinstance(body, dict):
+            raise BadBody
         stream = bool(body.get("stream"))
         refused = refusal(b, body, stream)
         if refused is not None:
@@ -95,6 +110,8 @@ def extra_routes(b: FakeBehaviour) -> list[Route]:
 
     async def messages(request: Request) -> Response:
         body = await record(request)
+        if not isinstance(body, dict):
+            raise BadBody
         refused = refusal(b, body, bool(body.get("stream")))
         if refused is not None:
             return refused
