@@ -23,7 +23,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from gateway.api import admin, health, metrics, openai, quarantine, status
+from gateway.api import admin, health, metrics, openai, passthrough, quarantine, status
 from gateway.auth import build_auth, require_admin, require_client_key
 from gateway.config import ConfigError, GatewayConfig, load_config
 from gateway.errors import GatewayError, error_envelope
@@ -31,7 +31,9 @@ from gateway.observability import observability
 from gateway.quarantine import QuarantineTable
 from gateway.service import Gateway
 from gateway.settings import Settings
+from gateway.upstream.affinity import ResponseAffinity
 from gateway.upstream.canary import Canary
+from gateway.upstream.catalog import BackendCatalog
 from gateway.upstream.client import AiohttpUpstream, HttpxUpstream, UpstreamClient
 from gateway.upstream.deaths import DeathWatch
 from gateway.upstream.forward import Forwarder
@@ -131,6 +133,14 @@ def create_app(
             app.state.settings = settings
             app.state.gateway = gateway
             app.state.client = client
+            app.state.catalog = BackendCatalog(
+                client,
+                ttl_s=settings.backend_catalog_ttl_s,
+                timeout_s=max(settings.health_timeout_s, 5.0),
+            )
+            app.state.affinity = ResponseAffinity(
+                max_entries=settings.response_affinity_max, ttl_s=settings.response_affinity_ttl_s
+            )
             upstream = build_upstream(settings, client, transport)
             app.state.deaths = watch = build_death_watch(settings, client, registry)
             app.state.forwarder = Forwarder(
@@ -174,6 +184,9 @@ def create_app(
         app.include_router(admin.router, dependencies=[Depends(require_admin)])
         app.include_router(quarantine.router, dependencies=[Depends(require_admin)])
         app.include_router(status.router, dependencies=[Depends(require_admin)])
+        app.include_router(passthrough.admin_router, dependencies=[Depends(require_admin)])
+    # last: every other path a backend serves (after the gateway's own routes)
+    app.include_router(passthrough.router, dependencies=[Depends(require_client_key)])
     install_error_handlers(app)
     document_proxy_routes(app)
     return app

@@ -14,13 +14,18 @@ from typing import Any
 from gateway.config import GatewayConfig
 from gateway.errors import guarded, model_not_found
 from gateway.learning import FeedbackCollector
-from gateway.protocol import ChatCompletionFields, CompletionFields, validate_fields
+from gateway.protocol import (
+    kind_of,
+    read_fields,
+    routing_view,
+)
 from gateway.routing.classifier import classify
 from gateway.routing.explain import decision_json
 from gateway.routing.features import RequestFeatures, header_task, read_temperature
 from gateway.routing.guards import apply_guards
 from gateway.routing.policy import RouteDecision, RoutingPolicy
 from gateway.routing.prompt_stats import PromptStats, prompt_stats
+from gateway.routing.spec_params import SpecParams
 from gateway.trace import RequestTrace
 from gateway.upstream.state import BackendRegistry, DecisionStats
 
@@ -49,6 +54,7 @@ class Gateway:
         self.started_at = time.time()
         self.feedback = FeedbackCollector(lambda: self.config.routing.adaptive)
         self.observers: list[Callable[[RequestTrace], None]] = [self.learn]
+        self.spec_params = SpecParams()
 
     def reload(self, config: GatewayConfig) -> None:
         """Swap in a validated config atomically (one event-loop step).
@@ -87,20 +93,40 @@ class Gateway:
         """The distinct model names the backends serve, in config order."""
         return list(dict.fromkeys(b.served_model for b in self.config.backends.values()))
 
-    def features(
-        self, body: Mapping[str, Any], model: str, task_header: str | None
-    ) -> RequestFeatures:
-        """Read routing features from a validated body.
+    def spec_methods(self) -> set[str]:
+        """The speculation methods of the configured backends."""
+        return {b.spec.method or "" for b in self.config.backends.values() if b.spec.speculative}
 
-        Raises :class:`~gateway.errors.GatewayError` 404 when no backend serves ``model``.
+    def features(
+        self,
+        body: Mapping[str, Any],
+        model: str | None,
+        task_header: str | None,
+        raw_body: Mapping[str, Any] | None = None,
+        endpoint: str = "/v1/chat/completions",
+    ) -> RequestFeatures:
+        """Read routing features from a routing view (see :func:`routing_view`); the
+        sampling parameters speculation refuses on ``endpoint`` are read from ``raw_body``
+        (the client's own body; default ``body``).
+
+        ``model`` None (absent or unreadable) is the first served model, as vLLM serves
+        its only model then. Raises :class:`~gateway.errors.GatewayError` 404 when no
+        backend serves ``model``.
         """
-        if model not in self.served_models():
+        served = self.served_models()
+        if model is None:
+            model = served[0]
+        elif model not in served:
             raise model_not_found(model)
         temperature, given = read_temperature(body, self.config.defaults.temperature)
+        refused = self.spec_params.refused(
+            body if raw_body is None else raw_body, self.spec_methods(), endpoint
+        )
+        stream = bool(body.get("stream"))
         task = header_task(task_header)
         if task is not None:
             return RequestFeatures(
-                model, temperature, given, task, 1.0, "header", bool(body.get("stream"))
+                model, temperature, given, task, 1.0, "header", stream, spec_refused=refused
             )
         guess = classify(body, default_task=self.config.defaults.task)
         return RequestFeatures(
@@ -110,29 +136,28 @@ class Gateway:
             guess.task,
             guess.confidence,
             "classifier",
-            bool(body.get("stream")),
+            stream,
+            spec_refused=refused,
         )
 
-    def explain(self, body: Any, task_header: str | None) -> dict[str, Any]:
-        """The decision for a completions or chat body against the current state, without
-        calling a backend or counting it (see :func:`decision_json` for the shape).
-
-        A body with ``messages`` is read as chat, otherwise as completions. Raises
+    def explain(
+        self, body: Any, task_header: str | None, endpoint: str | None = None
+    ) -> dict[str, Any]:
+        """The decision for a body of a routed ``endpoint`` (default: guessed from the body,
+        see :func:`~gateway.protocol.kind_of`) against the current state, without calling a
+        backend or counting it (see :func:`decision_json` for the shape). Raises
         :class:`~gateway.errors.GatewayError` 400/404 as the real endpoint would.
         """
-        kind = (
-            ChatCompletionFields
-            if isinstance(body, dict) and "messages" in body
-            else (CompletionFields)
-        )
-        fields = validate_fields(kind, body)
-        features = self.features(body, fields.model, task_header)
+        kind = kind_of(body, endpoint)
+        fields = read_fields(kind, body)
+        view = routing_view(kind, body, fields)
+        features = self.features(view, fields.model, task_header, body, kind.path)
         decision = self.policy.decide(
             features,
             self.registry.snapshot(),
             random.Random(0),
             self.feedback.learner.view(),
-            self.prompt_stats(body),
+            self.prompt_stats(view),
         )
         verdict = apply_guards(self.config, decision, body)
         out = decision_json(verdict.decision)
@@ -169,4 +194,6 @@ class Gateway:
         )
         self.stats.by_rule[decision.rule] += 1
         self.stats.by_task[features.task] += 1
+        if features.spec_refused:
+            self.spec_params.passed_over.update(set().union(*features.spec_refused.values()))
         return decision

@@ -73,6 +73,11 @@ class Settings(BaseSettings):
     # near-tie that bf16 numerics explain (bf16 logits of 16-32 step by 0.125; bf16 CPU
     # servers flipped at margins up to 0.19); greedy tokens per canary prompt
     canary_interval_s: float = Field(default=0.0, ge=0)
+    #: Stored Responses: how long and how many ``response id -> backend`` are remembered.
+    response_affinity_ttl_s: float = Field(default=3600.0, gt=0)
+    response_affinity_max: int = Field(default=100_000, ge=1)
+    #: How long a backend's ``/openapi.json`` and ``/v1/models`` answers are reused.
+    backend_catalog_ttl_s: float = Field(default=60.0, gt=0)
     canary_near_tie_margin: float = Field(default=0.5, ge=0)
     canary_max_tokens: int = Field(default=32, ge=1, le=512)
     cache_dir: Path | None = (

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -65,6 +66,33 @@ class RequestTrace:
         if _USAGE_MARK in chunk:
             self.usage_bytes = chunk
 
+    @contextlib.contextmanager
+    def muted(self) -> Iterator[None]:
+        """While in this block, :meth:`finish` records the outcome but tells no observer
+        (an answer being looked at before the gateway decides to relay or retry it): after
+        it, :meth:`notify` tells them, or :meth:`discard` forgets the attempt."""
+        observers, self.observers = self.observers, []
+        try:
+            yield
+        finally:
+            self.observers = observers
+
+    def notify(self) -> None:
+        """Tell every observer about the finished trace (a :meth:`muted` finish); an
+        observer that raises is logged and the others still run."""
+        for observe in self.observers:
+            try:
+                observe(self)
+            except Exception:  # one failing observer must not stop the others (in-flight)
+                logger.exception("request trace observer %r failed", observe)
+
+    def discard(self) -> None:
+        """Forget an attempt thrown away (a refusal retried elsewhere): open again, its
+        outcome and chunk timings cleared."""
+        self.duration_s = self.status = self.error = None
+        self.ttft_s, self._last, self.usage_bytes, self.spec_decoding = None, None, None, None
+        self.gaps_s, self.chunks = [], 0
+
     def finish(self, status: int, error: str | None = None) -> None:
         """Close the trace (once) and hand it to every observer; an observer that raises is
         logged and the others still run."""
@@ -72,11 +100,7 @@ class RequestTrace:
             return
         self.duration_s = time.perf_counter() - self.started
         self.status, self.error = status, error
-        for observe in self.observers:
-            try:
-                observe(self)
-            except Exception:  # one failing observer must not stop the others (in-flight)
-                logger.exception("request trace observer %r failed", observe)
+        self.notify()
 
     def completion_tokens(self) -> int | None:
         """``usage.completion_tokens`` from the response (None when it carried no usage);

@@ -98,6 +98,7 @@ async def routes(request: Request, gateway: GatewayDep) -> dict[str, Any]:
             "failovers": stats.failovers,
             "rejected": stats.rejected,
             "guarded": dict(stats.guarded),
+            "speculation_refuses": gateway.spec_params.snapshot(),
         },
         "guards": {name: g.model_dump() for name, g in config.guards.items()},
         "canary": None if canary is None else canary.to_json(),
@@ -134,18 +135,22 @@ def _advice(spec: Speculation, window: AcceptanceWindow) -> dict[str, Any] | Non
 
 @router.post("/routes/explain")
 async def explain(request: Request, gateway: GatewayDep, settings: SettingsDep) -> dict[str, Any]:
-    """The routing decision for a completions or chat body, against the live backend state,
-    without calling any backend. The body is the request body itself, or
-    ``{"body": {...}, "headers": {"X-Task-Type": ...}}``; an ``X-Task-Type`` header on this
+    """The routing decision for a request body of a routed endpoint, against the live
+    backend state, without calling any backend. The body is the request body itself, or
+    ``{"body": {...}, "headers": {"X-Task-Type": ...}, "endpoint": "/v1/messages"}``
+    (without ``endpoint`` it is guessed from the body); an ``X-Task-Type`` header on this
     request counts too."""
     payload = parse_json(await read_body(request.receive, request.headers, settings.max_body_bytes))
     headers = {k.lower(): v for k, v in request.headers.items()}
+    endpoint = None
     if isinstance(payload, dict) and isinstance(payload.get("body"), dict):
         extra = payload.get("headers")
         if isinstance(extra, dict):
             headers |= {str(k).lower(): str(v) for k, v in extra.items()}
+        if isinstance(payload.get("endpoint"), str):
+            endpoint = payload["endpoint"]
         payload = payload["body"]
-    return gateway.explain(payload, headers.get("x-task-type"))
+    return gateway.explain(payload, headers.get("x-task-type"), endpoint)
 
 
 @router.post("/routes/reload")

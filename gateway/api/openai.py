@@ -1,4 +1,5 @@
-"""OpenAI-compatible endpoints: ``/v1/completions``, ``/v1/chat/completions``, ``/v1/models``.
+"""The routed generation endpoints (``/v1/completions``, ``/v1/chat/completions``,
+``/v1/responses``, ``/v1/messages``) and ``/v1/models``.
 
 Handlers only parse, route and relay: the body bytes the client sent are what the backend
 receives; the response carries ``x-specgate-backend``, ``x-specgate-rule``,
@@ -23,17 +24,22 @@ from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from typing import Any
 
 import httpx
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from starlette.routing import Route
 
 from gateway.api.deps import GatewayDep
+from gateway.api.settle import Settle, pin
 from gateway.auth import check_client_key, header_text
 from gateway.errors import GatewayError, bad_request, no_backend, quarantined, too_busy
 from gateway.protocol import (
     ChatCompletionFields,
     CompletionFields,
+    MessagesFields,
+    ResponsesFields,
+    RoutedFields,
     openapi_body,
-    validate_fields,
+    read_fields,
+    routing_view,
 )
 from gateway.quarantine import QuarantineTable, fingerprint
 from gateway.routing.guards import needs_token_count
@@ -41,6 +47,7 @@ from gateway.routing.policy import RouteDecision
 from gateway.service import Gateway
 from gateway.settings import Settings
 from gateway.trace import RequestTrace
+from gateway.upstream.catalog import BackendCatalog, merge_cards
 from gateway.upstream.deaths import DeathWatch
 from gateway.upstream.feedback import ResponseTap, with_usage
 from gateway.upstream.forward import Forwarder, Upstream, read_all
@@ -50,7 +57,7 @@ Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
-Kind = type[CompletionFields] | type[ChatCompletionFields]
+Kind = type[RoutedFields]
 
 logger = logging.getLogger(__name__)
 router = APIRouter(tags=["openai"])
@@ -68,6 +75,19 @@ ENDPOINTS: tuple[tuple[str, Kind, str, str], ...] = (
         ChatCompletionFields,
         "Chat Completions",
         "OpenAI chat completions, routed to one backend; JSON or SSE as the client asked.",
+    ),
+    (
+        "/v1/responses",
+        ResponsesFields,
+        "Responses",
+        "OpenAI Responses, routed to one backend (to the one holding `previous_response_id`"
+        " when given); JSON or SSE as the client asked.",
+    ),
+    (
+        "/v1/messages",
+        MessagesFields,
+        "Messages",
+        "Anthropic Messages, routed to one backend; JSON or SSE as the client asked.",
     ),
 )
 #: Response headers the gateway sets itself (a backend's own are dropped).
@@ -186,16 +206,21 @@ class ProxyEndpoint:
         gateway.inflight += 1
         trace.observers = [*trace.observers, gateway.on_request_done]
         body = parse_json(raw)
-        fields = validate_fields(self.kind, body)
+        fields = read_fields(self.kind, body)
         trace.stream = bool(fields.stream)
         watch: DeathWatch = state.deaths
         if watch.table.blocking:
             refuse_quarantined(watch.table, self.path, body)
-        features = gateway.features(body, fields.model, headers.get("x-task-type"))
-        prompt = gateway.prompt_stats(body)
+        view = routing_view(self.kind, body, fields)
+        features = gateway.features(view, fields.model, headers.get("x-task-type"), body, self.path)
+        prompt = gateway.prompt_stats(view)
         decision = gateway.decide(features, prompt)
         if gateway.config.guards:
             decision = await _guard(gateway, state.client, decision, self.path, body)
+        affinity = state.affinity
+        if self.kind is ResponsesFields and isinstance(body.get("previous_response_id"), str):
+            held = affinity.backend_of(body["previous_response_id"])
+            decision = pin(decision, held, "holds previous_response_id")
         trace.task, trace.rule = features.task, decision.rule
         trace.features, trace.prompt = features, prompt
         if not decision.backends:
@@ -204,15 +229,25 @@ class ProxyEndpoint:
                 raise too_busy("Every backend for this request is at its in-flight cap.")
             raise no_backend()
         headers["x-request-id"] = trace.request_id
-        tap = None
-        if gateway.config.routing.feedback:
+        tap, strip = None, False
+        if gateway.config.routing.feedback and self.kind.feedback:
             # A stream ends with the usage chunk (and vLLM's per-request acceptance) only if
             # asked for: ask, uncompressed, and the tap removes it again
             # (gateway.upstream.feedback).
             forced = with_usage(raw, body)
             if forced is not None:
                 raw, headers["accept-encoding"] = forced, "identity"
-            tap = ResponseTap(trace, strip=forced is not None)
+            strip = forced is not None
+            tap = ResponseTap(trace, strip=strip)
+        settle = Settle(
+            gateway,
+            self.kind,
+            body,
+            features,
+            trace,
+            lambda: None if tap is None else ResponseTap(trace, strip=strip),
+            affinity,
+        )
         # Forward inline (the in-flight count moves in the same step as the decision), while
         # a watcher cancels this task if the client leaves: closing the upstream request
         # then makes vLLM abort the generation.
@@ -230,6 +265,7 @@ class ProxyEndpoint:
                 trace,
                 tap,
                 send,
+                settle,
             )
         except asyncio.CancelledError:
             if not watcher.done() or watcher.cancelled():
@@ -250,22 +286,26 @@ async def _forward(
     trace: RequestTrace,
     tap: ResponseTap | None,
     send: Send,
+    settle: Settle,
 ) -> None:
     def count_failover(_backend: str, _why: str) -> None:
         gateway.stats.failovers += 1
 
-    upstream = await forwarder.open(
-        gateway.config.backends,
-        gateway.registry.states,
-        decision.backends,
-        path=path,
-        body=request[0],
-        headers=headers,
-        trace=trace,
-        on_failure=count_failover,
-        tap=tap,
-        request=request[1],
-    )
+    async def open_on(order: tuple[str, ...], tap: ResponseTap | None) -> Upstream:
+        return await forwarder.open(
+            gateway.config.backends,
+            gateway.registry.states,
+            order,
+            path=path,
+            body=request[0],
+            headers=headers,
+            trace=trace,
+            on_failure=count_failover,
+            tap=tap,
+            request=request[1],
+        )
+
+    upstream = await settle.settle(await open_on(decision.backends, tap), open_on)
     gateway.stats.by_backend[upstream.backend] += 1
     out = [(k, v) for k, v in upstream.headers if k not in _OWN_HEADERS]
     out += [
@@ -374,11 +414,13 @@ def proxy_openapi_paths() -> dict[str, Any]:
 
 
 @router.get("/v1/models")
-async def models(gateway: GatewayDep) -> dict[str, Any]:
-    """The models the gateway serves, in OpenAI's list format."""
-    created = int(gateway.started_at)
-    data = [
-        {"id": name, "object": "model", "created": created, "owned_by": "specgate"}
-        for name in gateway.served_models()
-    ]
+async def models(request: Request, gateway: GatewayDep) -> dict[str, Any]:
+    """The models the gateway serves, in OpenAI's list format, each with its backends' own
+    card (vLLM's ``root``, ``parent``, ``permission``, and the smallest ``max_model_len`` of
+    the backends serving it; :func:`~gateway.upstream.catalog.merge_cards`)."""
+    catalog: BackendCatalog = request.app.state.catalog
+    healthy = [n for n, s in gateway.registry.states.items() if s.healthy]
+    await catalog.refresh(gateway.config.backends, healthy)
+    cards = {name: catalog.cards(name) for name in gateway.config.backends}
+    data = merge_cards(gateway.served_models(), cards, int(gateway.started_at))
     return {"object": "list", "data": data}

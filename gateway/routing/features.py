@@ -16,7 +16,8 @@ class RequestFeatures:
     ``temperature`` is the request's own value or the configured default
     (``temperature_given`` says which); ``task`` comes from the ``X-Task-Type`` header
     (``task_source == "header"``, confidence 1.0) or the classifier, whose deciding
-    features are in ``task_features``.
+    features are in ``task_features``. ``spec_refused`` maps a speculation method to the
+    request's parameters its backends refuse (see :mod:`gateway.routing.spec_params`).
     """
 
     model: str
@@ -27,6 +28,7 @@ class RequestFeatures:
     task_source: str
     stream: bool = False
     task_features: Mapping[str, float] = field(default_factory=dict)
+    spec_refused: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 def read_temperature(body: Mapping[str, Any], default: float) -> tuple[float, bool]:

@@ -108,7 +108,8 @@ class RoutingPolicy:
     1. The first matching rule gives pools: its pool, then its fallbacks (no match: the
        default pool).
     2. Backends that are unknown, unhealthy or serve another model are dropped.
-    3. Speculative backends over ``max_batch_for_speculation`` (load-aware: vLLM measured
+    3. Speculative backends whose method refuses a parameter of the request
+       (``features.spec_refused``), over ``max_batch_for_speculation`` (load-aware: vLLM measured
        1.4-1.8x slowdowns from speculation at high QPS) or demoted for low acceptance are
        passed over: plain backends serving the model are tried first, the passed-over ones
        stay last-resort failover targets. A demoted backend still takes ``probe_share`` of
@@ -240,7 +241,7 @@ class RoutingPolicy:
             plan.candidates.append(Candidate(name, pool, False, why or "unknown backend"))
             return
         plan.seen.add(name)
-        passed_over = self._pass_over(backend, snap, rng)
+        passed_over = self._pass_over(backend, snap, rng, features)
         if passed_over is not None:
             plan.deferred.append(name)
             plan.candidates.append(Candidate(name, pool, False, passed_over))
@@ -253,10 +254,17 @@ class RoutingPolicy:
         plan.candidates.append(Candidate(name, pool, True, why))
 
     def _pass_over(
-        self, backend: BackendConfig, snap: BackendSnapshot, rng: random.Random
+        self,
+        backend: BackendConfig,
+        snap: BackendSnapshot,
+        rng: random.Random,
+        features: RequestFeatures,
     ) -> str | None:
         if not backend.spec.speculative:
             return None
+        refused = features.spec_refused.get(backend.spec.method or "")
+        if refused:
+            return f"{backend.spec.method} speculation refuses {', '.join(refused)}"
         limit = backend.max_batch_for_speculation
         if limit is not None and snap.batch > limit:
             return f"batch {snap.batch:g} > max_batch_for_speculation {limit}: speculation loses"

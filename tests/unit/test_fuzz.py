@@ -62,6 +62,8 @@ def api_schema() -> schemathesis.BaseSchema:
     [
         ("/v1/completions", "POST"),
         ("/v1/chat/completions", "POST"),
+        ("/v1/responses", "POST"),
+        ("/v1/messages", "POST"),
         ("/v1/models", "GET"),
         ("/routes/explain", "POST"),
         ("/health", "GET"),
@@ -162,3 +164,85 @@ def test_oversized_headers_and_bodies(gateway_url: str) -> None:
             json={"model": MODEL, "prompt": "x", "max_tokens": max_tokens},
         )
         assert resp.status_code == 200  # passed through: the backend decides
+
+
+blocks = st.lists(
+    st.fixed_dictionaries(
+        {"type": st.sampled_from(["text", "tool_use", "tool_result", "input_text", "image"])},
+        optional={"text": st.text() | json_values, "content": json_values, "input": json_values},
+    )
+    | json_values,
+    max_size=3,
+)
+shaped_bodies = st.fixed_dictionaries(
+    {},
+    optional={
+        "model": st.sampled_from([MODEL, "unknown"]) | json_values,
+        "temperature": st.floats(-1, 3) | st.sampled_from(["0.2", "hot", "nan"]) | json_values,
+        "stream": st.booleans() | json_values,
+        "system": st.text() | blocks | json_values,
+        "instructions": st.text() | json_values,
+        "input": st.text()
+        | st.lists(
+            st.fixed_dictionaries(
+                {},
+                optional={
+                    "role": st.sampled_from(["user", "developer", "assistant"]) | json_values,
+                    "type": st.sampled_from(["message", "function_call_output", "reasoning"]),
+                    "content": st.text() | blocks,
+                    "output": json_values,
+                },
+            )
+            | json_values,
+            max_size=3,
+        )
+        | json_values,
+        "messages": st.lists(
+            st.fixed_dictionaries(
+                {},
+                optional={
+                    "role": st.sampled_from(["user", "assistant"]) | json_values,
+                    "content": st.text() | blocks | json_values,
+                },
+            )
+            | json_values,
+            max_size=3,
+        )
+        | json_values,
+        "tools": json_values,
+        "tool_choice": json_values,
+        "text": json_values,
+        "previous_response_id": st.text(max_size=8) | json_values,
+        "min_p": json_values,
+        "logit_bias": json_values,
+    },
+)
+
+
+@given(body=shaped_bodies, path=st.sampled_from(["/v1/responses", "/v1/messages"]))
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+def test_responses_and_messages_bodies_never_5xx(gateway_url: str, body: object, path: str) -> None:
+    """Odd Responses and Messages bodies: routed with what can be read, never a 5xx."""
+    resp = httpx.post(f"{gateway_url}{path}", content=json.dumps(body), timeout=10)
+    assert resp.status_code < 500, (body, resp.text)
+    explained = httpx.post(
+        f"{gateway_url}/routes/explain",
+        content=json.dumps({"body": body, "endpoint": path}),
+        timeout=10,
+    )
+    assert explained.status_code < 500, (body, explained.text)
+
+
+@given(
+    path=st.sampled_from(["/tokenize", "/v1/responses/x", "/v1/responses/x/cancel", "/version"])
+    | st.text(max_size=20).map(lambda p: "/" + p.lstrip("/")),
+    method=st.sampled_from(["GET", "POST", "DELETE", "PUT"]),
+    raw=st.binary(max_size=100),
+)
+@settings(max_examples=80, deadline=None, suppress_health_check=list(HealthCheck))
+def test_passthrough_never_5xx(gateway_url: str, path: str, method: str, raw: bytes) -> None:
+    try:
+        resp = httpx.request(method, f"{gateway_url}{path}", content=raw, timeout=10)
+    except httpx.InvalidURL:
+        return
+    assert resp.status_code < 500 or resp.status_code == 503, (path, resp.text)

@@ -72,6 +72,12 @@ async def test_client_keys(secured: tuple[httpx.AsyncClient, dict]) -> None:
     # the client's key never reaches a backend
     assert all("authorization" not in r["headers"] for f in fakes.values() for r in f.received)
     assert (await client.get("/health")).status_code == 200  # probes stay open
+    # relayed backend paths need a client key too
+    assert (await client.post("/tokenize", json={"prompt": "x"})).status_code == 401
+    ok = await client.post(
+        "/tokenize", json={"prompt": "x"}, headers={"authorization": "Bearer key-one"}
+    )
+    assert ok.status_code == 200
 
 
 async def test_admin_endpoints_need_the_admin_token(
@@ -83,6 +89,7 @@ async def test_admin_endpoints_need_the_admin_token(
         ("POST", "/routes/reload"),
         ("GET", "/status"),
         ("POST", "/routes/explain"),
+        ("POST", "/routes/backends/plain/reset_prefix_cache"),
     ):
         resp = await client.request(method, path, headers={"authorization": "Bearer key-one"})
         assert resp.status_code == 401, path

@@ -1,0 +1,156 @@
+"""What happens between a backend's settled answer and the first byte to the client.
+
+Two things the routed endpoints need that plain forwarding does not give:
+
+* **speculation refusals**: a speculative backend answers a request it cannot serve with a
+  400 naming speculative decoding (a stream: 200, then an error event). The gateway learns
+  the parameters named (:class:`~gateway.routing.spec_params.SpecParams`), routes the
+  request again without that speculation method, and the client gets the plain backend's
+  answer as if nothing happened (the refused attempt is not traced or counted as served).
+* **Response affinity**: a ``POST /v1/responses`` answer's id is remembered with the backend
+  that holds it (:class:`~gateway.upstream.affinity.ResponseAffinity`), and a request with a
+  known ``previous_response_id`` is pinned there (:func:`pin`).
+
+Only answers from speculative backends and Responses answers are looked at; everything else
+is returned untouched.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.protocol import ResponsesFields, RoutedFields
+from gateway.routing.features import RequestFeatures
+from gateway.routing.policy import RouteDecision
+from gateway.routing.spec_params import names_speculation
+from gateway.service import Gateway
+from gateway.trace import RequestTrace
+from gateway.upstream.affinity import ResponseAffinity, response_id
+from gateway.upstream.feedback import ResponseTap
+from gateway.upstream.forward import Upstream
+from gateway.upstream.peek import is_event_stream, peek_body, peek_event
+
+logger = logging.getLogger(__name__)
+
+#: Opens the request on an ordered list of backends (with a fresh response tap).
+Opener = Callable[[tuple[str, ...], ResponseTap | None], Awaitable[Upstream]]
+#: A stranger's backend that named no parameter: still never retried on that method.
+UNNAMED = "(parameter not named by the backend)"
+
+
+def pin(decision: RouteDecision, backend: str | None, why: str) -> RouteDecision:
+    """``decision`` sent to ``backend`` only (no failover: the state is there), or
+    unchanged when ``backend`` is None or no longer configured."""
+    if backend is None or backend not in {c.backend for c in decision.candidates} | set(
+        decision.backends
+    ):
+        return decision
+    return dataclasses.replace(
+        decision, backends=(backend,), reasons=(*decision.reasons, f"{backend}: {why}")
+    )
+
+
+@dataclass(slots=True)
+class Settle:
+    """Settles one routed request's answer (see the module docstring).
+
+    ``make_tap`` builds a fresh feedback tap for a retry (None when feedback is off).
+    """
+
+    gateway: Gateway
+    kind: type[RoutedFields]
+    body: dict[str, Any]
+    features: RequestFeatures
+    trace: RequestTrace
+    make_tap: Callable[[], ResponseTap | None]
+    affinity: ResponseAffinity | None
+
+    async def settle(self, upstream: Upstream, open_on: Opener) -> Upstream:
+        """The answer to relay: ``upstream``, or the answer of a retry after a refusal."""
+        refused_methods: set[str] = set()
+        while True:
+            refusal, upstream = await self._refusal(upstream)
+            if refusal is None:
+                break
+            retried = await self._retry(upstream, refusal, refused_methods, open_on)
+            if retried is None:
+                break  # nothing else can serve it: the client gets the refusal
+            upstream = retried
+        if self.affinity is not None and self.kind is ResponsesFields and upstream.status == 200:
+            upstream = await self._remember(upstream, self.affinity)
+        return upstream
+
+    async def _refusal(self, upstream: Upstream) -> tuple[str | None, Upstream]:
+        backend = self.gateway.config.backends.get(upstream.backend)
+        if backend is None or not backend.spec.speculative:
+            return None, upstream
+        trace = self.trace
+        with trace.muted():  # a refusal read whole must not count as the request's end
+            if upstream.status == 400:
+                content, upstream = await peek_body(upstream)
+                text = content.decode("utf-8", "replace")
+            elif upstream.status == 200 and trace.stream and is_event_stream(upstream):
+                event, upstream = await peek_event(upstream)
+                text = event.data if event is not None and "error" in event.data else ""
+            else:
+                return None, upstream
+        if names_speculation(text):
+            return text, upstream
+        if trace.duration_s is not None:
+            trace.notify()  # the answer ended while muted: the observers hear of it now
+        return None, upstream
+
+    async def _retry(
+        self, upstream: Upstream, message: str, refused_methods: set[str], open_on: Opener
+    ) -> Upstream | None:
+        gateway, backends = self.gateway, self.gateway.config.backends
+        method = backends[upstream.backend].spec.method or ""
+        learnt = gateway.spec_params.learn(method, self.kind.path, self.body, message)
+        refused_methods.add(method)
+        logger.info(
+            "%s (%s) refused %s for speculative decoding; learnt %s; routing again",
+            upstream.backend,
+            method,
+            self.kind.path,
+            list(learnt) or "nothing",
+        )
+        # This request goes plain first: every speculation method is passed over (other
+        # methods stay last-resort failover targets); what was learnt stays per method.
+        refused = dict(self.features.spec_refused)
+        refused.update(
+            gateway.spec_params.refused(self.body, gateway.spec_methods(), self.kind.path)
+        )
+        for name in gateway.spec_methods():
+            refused.setdefault(name, learnt or (UNNAMED,))
+        features = dataclasses.replace(self.features, spec_refused=refused)
+        decision = gateway.policy.decide(features, gateway.registry.snapshot(), gateway.rng)
+        order = tuple(
+            name
+            for name in decision.backends
+            if (backends[name].spec.method or "") not in refused_methods
+        )
+        if not order:
+            return None
+        with self.trace.muted():
+            await upstream.body.aclose()
+        self.trace.discard()
+        gateway.stats.failovers += 1
+        self.features = features
+        return await open_on(order, self.make_tap())
+
+    async def _remember(self, upstream: Upstream, affinity: ResponseAffinity) -> Upstream:
+        if self.trace.stream and is_event_stream(upstream):
+            event, upstream = await peek_event(upstream)
+            rid = response_id(event.data) if event is not None else None
+        elif not self.trace.stream:
+            content, upstream = await peek_body(upstream)
+            rid = response_id(content)
+        else:
+            return upstream
+        if rid is not None:
+            affinity.remember(rid, upstream.backend)
+        return upstream

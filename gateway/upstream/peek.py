@@ -1,0 +1,81 @@
+"""Look at the start of a settled backend answer before relaying it, then relay it whole.
+
+Some decisions need the first bytes of an answer before the client sees anything: whether a
+speculative backend refused the request (a 400, or a stream whose first event is an error),
+or the id of a created Response. :func:`peek_event` reads a stream up to its first complete
+SSE event (parsed by ``httpx-sse``, fed the relayed bytes through an ``httpx.Response``);
+:func:`peek_body` reads a JSON answer whole. Both return an :class:`Upstream` that relays
+every byte read so far and then the rest, so nothing is lost or parsed twice. Only the
+requests that need it are peeked; the plain relay never comes here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import AsyncGenerator
+
+import httpx
+from httpx_sse import EventSource, ServerSentEvent, SSEError
+
+from gateway.upstream.forward import Upstream, read_all
+
+
+async def _replay(first: bytes, rest: AsyncGenerator[bytes, None]) -> AsyncGenerator[bytes, None]:
+    try:
+        yield b""  # primed below: from here aclose() always closes ``rest``
+        if first:
+            yield first
+        async for chunk in rest:
+            yield chunk
+    finally:
+        await rest.aclose()
+
+
+async def _replaying(upstream: Upstream, first: bytes) -> Upstream:
+    body = _replay(first, upstream.body)
+    await anext(body)
+    return dataclasses.replace(upstream, body=body)
+
+
+def is_event_stream(upstream: Upstream) -> bool:
+    """True when the answer's ``Content-Type`` is ``text/event-stream``."""
+    for name, value in upstream.headers:
+        if name == b"content-type":
+            return value.split(b";")[0].strip().lower() == b"text/event-stream"
+    return False
+
+
+async def peek_event(upstream: Upstream) -> tuple[ServerSentEvent | None, Upstream]:
+    """The stream's first SSE event (None when it ends, or fails, before one), and the
+    upstream to relay in its place. Waits at most as long as the relay would for a first
+    chunk (the forwarder's first-byte timeout; a backend failing there ends the stream
+    with an error event, which is then the first event)."""
+    seen: list[bytes] = []
+
+    async def source() -> AsyncGenerator[bytes, None]:
+        while True:
+            try:
+                chunk = await anext(upstream.body)
+            except StopAsyncIteration:
+                return
+            seen.append(chunk)
+            yield chunk
+
+    tee = source()
+    response = httpx.Response(200, headers={"content-type": "text/event-stream"}, content=tee)
+    events = EventSource(response).aiter_sse()
+    try:
+        event = await anext(events, None)
+    except (SSEError, UnicodeDecodeError):
+        event = None
+    finally:
+        await events.aclose()
+        await tee.aclose()
+    return event, await _replaying(upstream, b"".join(seen))
+
+
+async def peek_body(upstream: Upstream) -> tuple[bytes, Upstream]:
+    """A non-streamed answer's whole body and the upstream to relay in its place; raises
+    :class:`~gateway.errors.GatewayError` 502 when the backend fails part-way."""
+    content = await read_all(upstream)
+    return content, await _replaying(upstream, content)

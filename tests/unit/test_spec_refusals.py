@@ -1,0 +1,188 @@
+"""Requests a speculative backend cannot serve go to the plain pool (issue #18, item 1)."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from gateway.config import GatewayConfig
+from gateway.routing.features import RequestFeatures
+from gateway.routing.policy import BackendSnapshot, RoutingPolicy
+from gateway.routing.spec_params import SpecParams, names_speculation
+from tests.unit.conftest import MODEL, InProcess, local_config
+
+CODE = {"model": MODEL, "prompt": "def add(a, b):", "temperature": 0, "max_tokens": 8}
+CHAT = {
+    "model": MODEL,
+    "messages": [{"role": "user", "content": "Fix this Python: def f(x) return x"}],
+    "temperature": 0.3,
+}
+VLLM_MESSAGE = (
+    "The min_p and logit_bias sampling parameters are not yet supported with speculative decoding."
+)
+
+
+def refusing(gw: InProcess, *params: str) -> None:
+    for name in ("ngram", "draft"):
+        gw.fakes[name].refuses = params
+
+
+def served(gw: InProcess) -> dict[str, int]:
+    return {name: len(fake.received) for name, fake in gw.fakes.items() if fake.received}
+
+
+# -- the knowledge, pure -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("body", "refused"),
+    [
+        ({"logit_bias": {"13": -100}}, ("logit_bias",)),
+        ({"min_p": 0.05}, ("min_p",)),
+        ({"min_p": "0.05"}, ("min_p",)),  # read as vLLM reads it
+        ({"min_p": 0}, ()),
+        ({"min_p": 1e-6}, ()),  # vLLM's _SAMPLING_EPS
+        ({"logit_bias": {}}, ()),
+        ({"logit_bias": None}, ()),
+        ({"min_p": "junk"}, ()),
+        ({"trace_decode_token_ids": [1]}, ("trace_decode_token_ids",)),
+    ],
+)
+def test_known_refusals(body: dict, refused: tuple[str, ...]) -> None:
+    got = SpecParams().refused(body, {"ngram", "draft_model"}, "/v1/completions")
+    assert got == ({"ngram": refused, "draft_model": refused} if refused else {})
+
+
+def test_known_refusals_apply_to_the_endpoints_that_read_them() -> None:
+    """vLLM's Responses and Messages request models have no min_p: there it is ignored."""
+    assert SpecParams().refused({"min_p": 0.5}, {"ngram"}, "/v1/messages") == {}
+
+
+def test_learning_from_a_backend_message() -> None:
+    params = SpecParams()
+    body = {"min_p": 0.1, "repetition_penalty": 1.2, "top_k": 0, "seed": 3}
+    message = (
+        "The repetition_penalty and top_k parameters are not supported with speculative decoding."
+    )
+    assert names_speculation(message)
+    assert params.learn("ngram", "/v1/chat/completions", body, message) == ("repetition_penalty",)
+    assert params.refused(
+        {"repetition_penalty": 1.1}, {"ngram", "draft_model"}, "/v1/chat/completions"
+    ) == {"ngram": ("repetition_penalty",)}
+    assert params.refused({"repetition_penalty": 1.1}, {"ngram"}, "/v1/completions") == {}
+    assert params.snapshot()["learnt"] == {"ngram /v1/chat/completions": ["repetition_penalty"]}
+
+
+def test_policy_passes_over_refusing_methods_for_plain() -> None:
+    config: GatewayConfig = local_config()
+    features = RequestFeatures(
+        MODEL, 0.0, True, "code", 1.0, "header", spec_refused={"ngram": ("min_p",)}
+    )
+    state = {name: BackendSnapshot(healthy=True) for name in config.backends}
+    decision = RoutingPolicy(config).decide(features, state, random.Random(0))
+    assert decision.backends[0] == "draft"  # draft_model was not said to refuse
+    features = RequestFeatures(
+        MODEL,
+        0.0,
+        True,
+        "code",
+        1.0,
+        "header",
+        spec_refused={"ngram": ("min_p",), "draft_model": ("min_p",)},
+    )
+    decision = RoutingPolicy(config).decide(features, state, random.Random(0))
+    assert decision.backends[0] == "plain"
+    assert set(decision.backends[1:]) == {"ngram", "draft"}  # last resort only
+    assert any("speculation refuses min_p" in reason for reason in decision.reasons)
+
+
+# -- through the gateway -------------------------------------------------------------------
+
+
+async def test_logit_bias_code_prompt_goes_to_plain(gw: InProcess) -> None:
+    """The issue's example: code at temperature 0 with logit_bias, on /v1/completions."""
+    refusing(gw, "min_p", "logit_bias")
+    resp = await gw.client.post("/v1/completions", json=CODE | {"logit_bias": {"13": -100}})
+    assert resp.status_code == 200
+    assert resp.headers["x-specgate-backend"] == "plain"
+    assert resp.headers["x-specgate-rule"] == "code-rag-speculative"
+    assert served(gw) == {"plain": 1}
+    routes = (await gw.client.get("/routes")).json()
+    assert routes["decisions"]["speculation_refuses"]["passed_over"] == {"logit_bias": 1}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_min_p_chat_goes_to_plain(gw: InProcess, stream: bool) -> None:
+    refusing(gw, "min_p", "logit_bias")
+    body = CHAT | {"min_p": 0.05, "stream": stream}
+    resp = await gw.client.post("/v1/chat/completions", json=body, headers={"x-task-type": "code"})
+    assert resp.status_code == 200
+    assert resp.headers["x-specgate-backend"] == "plain"
+    assert "error" not in resp.text
+
+
+async def test_explain_says_why(gw: InProcess) -> None:
+    resp = await gw.client.post(
+        "/routes/explain", json={"body": CODE | {"min_p": 0.05}, "headers": {"X-Task-Type": "code"}}
+    )
+    decision = resp.json()
+    assert decision["backend"] == "plain"
+    whys = {c["backend"]: c["why"] for c in decision["candidates"] if not c["kept"]}
+    assert whys["ngram"] == "ngram speculation refuses min_p"
+    assert whys["draft"] == "draft_model speculation refuses min_p"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_new_refusal_is_learnt_and_retried_on_plain(gw: InProcess, stream: bool) -> None:
+    """A parameter no list names: the speculative backend's 400 (or a stream's error event)
+    never reaches the client; the gateway retries on plain and routes there from then on."""
+    refusing(gw, "repetition_penalty")
+    body = CODE | {"repetition_penalty": 1.3, "stream": stream}
+    resp = await gw.client.post("/v1/completions", json=body)
+    assert resp.status_code == 200
+    assert resp.headers["x-specgate-backend"] == "plain"
+    assert "speculative decoding" not in resp.text
+    first = served(gw)
+    assert first["plain"] == 1 and sum(first.values()) == 2  # one speculative refusal
+    routes = (await gw.client.get("/routes")).json()
+    learnt = routes["decisions"]["speculation_refuses"]["learnt"]
+    refused_method = "ngram" if "ngram" in first else "draft_model"
+    assert learnt == {f"{refused_method} /v1/completions": ["repetition_penalty"]}
+    assert routes["decisions"]["by_backend"] == {"plain": 1}
+    # the next one goes to the other method (not known to refuse yet) or plain, never back
+    resp = await gw.client.post("/v1/completions", json=body)
+    assert resp.status_code == 200 and resp.headers["x-specgate-backend"] == "plain"
+    resp = await gw.client.post("/v1/completions", json=body)
+    assert resp.status_code == 200 and resp.headers["x-specgate-backend"] == "plain"
+    total = served(gw)
+    assert sum(total.values()) - total["plain"] <= 2  # each method refused at most once
+
+
+async def test_speculative_only_when_nothing_else_is_healthy(gw: InProcess) -> None:
+    refusing(gw)  # these fakes would serve it (another vLLM version)
+    gw.fakes["plain"].healthy = False
+    await gw.poll()
+    resp = await gw.client.post("/v1/completions", json=CODE | {"min_p": 0.05})
+    assert resp.status_code == 200
+    assert resp.headers["x-specgate-backend"] in {"ngram", "draft"}
+
+
+async def test_refusal_without_another_backend_reaches_the_client(gw: InProcess) -> None:
+    refusing(gw, "min_p")
+    gw.fakes["plain"].healthy = False
+    await gw.poll()
+    resp = await gw.client.post("/v1/completions", json=CODE | {"min_p": 0.05})
+    assert resp.status_code == 400
+    assert names_speculation(resp.json()["error"]["message"])
+
+
+async def test_refused_attempt_is_not_traced_as_served(gw: InProcess) -> None:
+    refusing(gw, "repetition_penalty")
+    await gw.client.post("/v1/completions", json=CODE | {"repetition_penalty": 1.3})
+    assert gw.app.state.gateway.inflight == 0
+    metrics = (await gw.client.get("/metrics")).text
+    lines = [line for line in metrics.splitlines() if line.startswith("specgate_requests_total{")]
+    assert len(lines) == 1 and 'backend="plain"' in lines[0] and 'status="200"' in lines[0]
+    assert json.dumps(VLLM_MESSAGE)  # the fake words it as vLLM does
