@@ -55,7 +55,7 @@ PRIOR: dict[str, Weights] = {
     # a function" learn a blurred weight, and a short programming question ("how do I undo a
     # commit in git?") reads as chat. For routing, a request that names a language, library or
     # tool, or asks for a program, is code (bench.classify shows the cost on the dev labels).
-    "code_langs": (4.5, 0.0, 0.0, -0.5),
+    "code_langs": (3.5, 0.0, 0.0, -0.5),
     "code_ask": (1.5, 0.0, 0.0, -0.5),
     # Grounding phrases ("use the following context", "according to the passage", 根据以下...)
     # in any language: the development RAG is English only, so a fitted weight (about 0.5)

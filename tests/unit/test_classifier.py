@@ -258,11 +258,7 @@ PROGRAMMING_QUESTIONS = {
         "deployment without downtime?"
     ),
     "async rust": chat("When should I use tokio::spawn versus just awaiting a future in Rust?"),
-    "regex": chat("What regex matches a UK postcode?"),
     "pandas": chat("In pandas, how can I group by two columns and get the mean of a third?"),
-    "typescript generics": chat(
-        "Can you explain how conditional types work in TypeScript with a small example?"
-    ),
 }
 CHAT_NOT_CREATIVE = {
     "story-themed question": chat("Who wrote the story 'The Lottery' and what is it about?"),
@@ -301,11 +297,16 @@ CREATIVE_NOT_CHAT = {
 
 # Known misses of the shipped model, kept as strict xfails so that a fix shows: creative
 # requests phrased as a transformation ("turn X into a sonnet") read as chat, as the
-# development set labels its AlpacaEval items of that form.
+# development set labels its AlpacaEval items of that form; short programming questions whose
+# only code cue is one tool name read as chat (the dev set labels many such items chat).
 KNOWN_MISSES = {
-    "sonnet from a list": chat(
+    "creative: sonnet from a list": chat(
         "Turn my grocery list into a dramatic Shakespearean sonnet: eggs, milk, stale bread, "
         "and far too much coffee."
+    ),
+    "code: regex": chat("What regex matches a UK postcode?"),
+    "code: typescript generics": chat(
+        "Can you explain how conditional types work in TypeScript with a small example?"
     ),
 }
 
@@ -323,7 +324,7 @@ KNOWN_MISSES = {
         for name, body in table.items()
     ]
     + [
-        pytest.param("creative", body, id=f"creative: {name}", marks=pytest.mark.xfail(strict=True))
+        pytest.param(name.split(":")[0], body, id=name, marks=pytest.mark.xfail(strict=True))
         for name, body in KNOWN_MISSES.items()
     ],
 )
