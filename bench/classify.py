@@ -32,7 +32,14 @@ from pathlib import Path
 from typing import Any
 
 from bench.shapes import SHAPES, shaped
-from gateway.routing.classifier import SHIPPED, TASKS, TaskModel, classify, probabilities
+from gateway.routing.classifier import (
+    SHIPPED,
+    TASKS,
+    TaskModel,
+    classify,
+    probabilities,
+    with_prior,
+)
 from gateway.routing.signals import read_signals
 from gateway.routing.text import read_request
 
@@ -146,10 +153,10 @@ def held_out(
     for held_shape in SHAPES if by_shape else [None]:
         for f in range(k):
             train = [i for i, it in enumerate(items) if fold[i] != f and it[2] != held_shape]
-            model = fit(
+            model = with_prior(fit(
                 [samples[i] for i in train], [items[i][1] for i in train],
                 [items[i][0] for i in train],
-            )  # fmt: skip
+            ))  # fmt: skip
             for i, it in enumerate(items):
                 if fold[i] == f and (held_shape is None or it[2] == held_shape):
                     pred[i] = predict(samples[i], model)

@@ -30,6 +30,7 @@ L2_FEATURES = 0.3  # per unit of item weight summed over the training set
 L2_WORDS = 3.0
 MIN_DF = 3  # a word is a feature if at least this many training items have it
 MAX_WORDS = 4000
+MIN_WORD_WEIGHT = 0.05  # smaller word weights are dropped: fewer lookups per decision
 Sample = tuple[Mapping[str, float], frozenset[str]]
 MODEL_PATH = Path(__file__).resolve().parents[1] / "gateway" / "routing" / "task_model.py"
 
@@ -120,9 +121,10 @@ def fit(samples: Sequence[Sample], labels: Sequence[str], groups: Sequence[str])
     word_weights = {
         word: tuple(round(float(v), 3) for v in w[len(names) + j])
         for j, word in enumerate(words)
-        if np.abs(w[len(names) + j]).max() >= 0.01
+        if np.abs(w[len(names) + j]).max() >= MIN_WORD_WEIGHT
     }
-    return TaskModel(tuple(round(float(v), 3) for v in b), feature_weights, word_weights)  # type: ignore[arg-type]
+    bias = tuple(round(float(v), 3) for v in b)
+    return TaskModel(bias, feature_weights, word_weights)  # type: ignore[arg-type]
 
 
 def render(model: TaskModel, source: str) -> str:

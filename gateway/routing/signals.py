@@ -31,7 +31,6 @@ FEATURES = (
     "doc_tags", "tool_material",
 )  # fmt: skip
 
-OPENING_TOKENS = 24  # tokens of the final message's head read as word pairs
 _SYNTAX = b"{}();=<>[]_"  # bytes frequent in source code, rare in prose
 _SQL = (b"SELECT ", b" FROM ", b" WHERE ", b"JOIN ", b"GROUP BY", b"INSERT INTO")  # upper case
 _STUB = re.compile(
@@ -143,18 +142,15 @@ def _chat(rt: RequestText, words: frozenset[str], opening: frozenset[str]) -> di
 
 def read_signals(rt: RequestText) -> tuple[dict[str, float], frozenset[str]]:
     """Every feature in FEATURES for the bounded text ``rt``, and its terms for word weights:
-    the distinct lower-case tokens of its instruction window (see ``RequestText.instr``), the
-    first three tokens of the final message as ``^word`` and its first word pairs (``a b``).
+    the distinct lower-case tokens of its instruction window (see ``RequestText.instr``) and the
+    first three tokens of the final message as ``^word``.
 
     Word features come from the instruction window, which keeps document and code bodies from
     voting with their incidental vocabulary; named features look at ``lexicon.VOCABULARY`` only.
     """
     tokens = frozenset(lx.tokens(rt.instr))
     words = lx.VOCABULARY & tokens
-    lead = lx.tokens(rt.head)[:OPENING_TOKENS]  # how the final request opens, in word pairs
-    terms = tokens.union(
-        ["^" + t for t in lead[:3]], [f"{a} {b}" for a, b in zip(lead, lead[1:], strict=False)]
-    )
+    terms = tokens.union(["^" + t for t in lx.tokens(rt.head[:40])[:3]])  # how it opens
     opening = lx.known_words(rt.head[:60])
     other = lx.count_non_latin(rt.instr)
     feats = _code(rt, words)

@@ -258,6 +258,7 @@ PROGRAMMING_QUESTIONS = {
         "deployment without downtime?"
     ),
     "async rust": chat("When should I use tokio::spawn versus just awaiting a future in Rust?"),
+    "regex": chat("What regex matches a UK postcode?"),
     "pandas": chat("In pandas, how can I group by two columns and get the mean of a third?"),
 }
 CHAT_NOT_CREATIVE = {
@@ -304,7 +305,6 @@ KNOWN_MISSES = {
         "Turn my grocery list into a dramatic Shakespearean sonnet: eggs, milk, stale bread, "
         "and far too much coffee."
     ),
-    "code: regex": chat("What regex matches a UK postcode?"),
     "code: typescript generics": chat(
         "Can you explain how conditional types work in TypeScript with a small example?"
     ),
