@@ -1,16 +1,21 @@
-"""Task classifier benchmark: accuracy on the prompt datasets, held-out scores, latency.
+"""Task classifier benchmark: held-out scores by shape and by item, latency.
 
-    python -m bench.classify [--data DIR] [--folds 5] [--fit] [--no-latency]
+    python -m bench.classify [--data DIR] [--folds 5] [--no-latency]
 
-Each dataset item's ``prompt`` becomes the request a client would send: HumanEval stubs
-(``prompt_format: "completion"``) a ``/v1/completions`` body, everything else one chat user
-message. Prints, for the shipped weights, per-class precision/recall/F1, macro-F1 and the
-confusion matrix (a training score: the fitted weights saw every item); the same for k-fold
-cross-validation, the weights refit on the training folds only (the honest estimate);
-accuracy on request shapes the dataset lacks, rebuilt from its items (RAG context in a system
-message or an earlier turn, a generic system prompt, the multi-turn items as conversations);
-and latency percentiles in microseconds. ``--fit`` prints weights fitted on every item, to
-paste into ``gateway.routing.classifier``. Timings are reported, never asserted.
+Every dataset item is rebuilt in the request shapes of ``bench.shapes`` (the dataset's own,
+context in the system message, XML document blocks, completion templates, context in an
+earlier turn, multi-turn, content parts, tool-calling conversations). Prints per-class
+precision/recall/F1, macro-F1 and the confusion matrix for:
+
+- leave-one-shape-out: for each shape and each of ``--folds`` folds of items, the weights are
+  refit on the other items in the other shapes and predict the held-out items in the held-out
+  shape (neither the shape nor the item was seen);
+- k-fold cross-validation by item: refit on the other folds' items (all shapes), predict the
+  held-out items as the dataset gives them, and in every shape;
+- the shipped weights (a training score: they saw every item).
+
+Then latency percentiles in microseconds. Timings are reported, never asserted. The fit needs
+the ``bench`` extra (numpy, scipy); the gateway does not.
 """
 
 from __future__ import annotations
@@ -26,11 +31,23 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.classify_fit import FITTED, Model, fit, predict
-from gateway.routing.classifier import TASKS, classify, extract_features
+from bench.shapes import SHAPES, shaped
+from gateway.routing.classifier import (
+    SHIPPED,
+    TASKS,
+    TaskModel,
+    classify,
+    probabilities,
+    with_prior,
+)
+from gateway.routing.signals import read_signals
+from gateway.routing.text import read_request
 
 DEFAULT_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "datasets" / "prompts"
 Item = tuple[str, str, dict[str, Any]]  # (id, task, request body)
+Shaped = tuple[str, str, str, dict[str, Any]]  # (id, task, shape, request body)
+Sample = tuple[dict[str, float], frozenset[str]]
+TARGET_F1, TARGET_CLASS_F1 = 0.92, 0.88
 
 
 def load_rows(data: Path) -> list[dict[str, Any]]:
@@ -63,38 +80,19 @@ def to_items(rows: Iterable[Mapping[str, Any]]) -> list[Item]:
     return [(str(r["id"]), str(r["task"]), to_body(r)) for r in rows]
 
 
-def shape_variants(rows: Sequence[Mapping[str, Any]]) -> dict[str, list[Item]]:
-    """Request shapes absent from the dataset, rebuilt from its items (not used for fitting).
-
-    rag_system: an instruction and the passages in the system message, the question as the
-    user message; rag_bare: bare passages as the system message; rag_turn: passages pasted in
-    an earlier user turn; with_system: every chat-shaped item behind a generic system prompt;
-    multi_turn: the items that have ``turns``, sent as a conversation (the assistant's
-    answers are not in the dataset, so they are left empty).
-    """
-    generic = {"role": "system", "content": "You are a helpful assistant."}
-    names = ("rag_system", "rag_bare", "rag_turn", "with_system", "multi_turn")
-    out: dict[str, list[Item]] = {k: [] for k in names}
-    for r in rows:
-        rid, task = str(r["id"]), str(r["task"])
-        if task == "rag" and isinstance(r.get("context"), list):
-            docs = "\n\n".join(f"{d.get('title', '')}\n{d.get('text', '')}" for d in r["context"])
-            q = {"role": "user", "content": r["question"]}
-            intro = "Answer the user's question using only the context below.\n\nContext:\n"
-            shapes = {
-                "rag_system": [{"role": "system", "content": intro + docs}, q],
-                "rag_bare": [{"role": "system", "content": docs}, q],
-                "rag_turn": [{"role": "user", "content": "Here is some background:\n\n" + docs},
-                             {"role": "assistant", "content": "Thanks, I have read it."}, q],
-            }  # fmt: skip
-            for name, messages in shapes.items():
-                out[name].append((rid, task, {"messages": messages}))
-        body = to_body(r)
-        if "messages" in body:
-            out["with_system"].append((rid, task, {"messages": [generic, *body["messages"]]}))
-        if r.get("turns"):
-            out["multi_turn"].append((rid, task, to_body(r, turns=True)))
+def samples_of(items: Sequence[Shaped]) -> list[Sample]:
+    """(named features, instruction-window words) of every shaped item's body."""
+    out: list[Sample] = []
+    for _, _, _, body in items:
+        rt = read_request(body)
+        out.append(read_signals(rt) if rt is not None else ({}, frozenset()))
     return out
+
+
+def predict(sample: Sample, model: TaskModel) -> str:
+    """The most probable task of a sample under ``model``."""
+    probs = probabilities(sample[0], sample[1], model)
+    return max(probs, key=probs.__getitem__)
 
 
 def scores(truth: Sequence[str], pred: Sequence[str]) -> dict[str, Any]:
@@ -136,18 +134,52 @@ def folds_of(items: Sequence[Item], k: int) -> list[int]:
     return fold
 
 
-def cross_validate(items: Sequence[Item], k: int) -> tuple[list[str], list[str]]:
-    """Held-out predictions: for each fold, fit on the others and predict it."""
-    feats = [extract_features(body) or {} for _, _, body in items]
-    fold = folds_of(items, k)
+def folds_by_item(items: Sequence[Shaped], k: int) -> list[int]:
+    """Fold of each shaped item: every shape of one dataset item falls in the same fold."""
+    ids = sorted({(t, i) for i, t, _, _ in items})
+    fold_of = dict(zip(ids, folds_of([(i, t, {}) for t, i in ids], k), strict=True))
+    return [fold_of[(t, i)] for i, t, _, _ in items]
+
+
+def held_out(
+    items: Sequence[Shaped], samples: Sequence[Sample], k: int, *, by_shape: bool
+) -> list[str]:
+    """Held-out prediction of every shaped item: refit on the items of the other folds (and,
+    ``by_shape``, in the other shapes only) and predict the held-out ones."""
+    from bench.classify_fit import fit  # needs numpy and scipy (the bench extra)
+
+    fold = folds_by_item(items, k)
     pred = [""] * len(items)
-    for f in range(k):
-        train = [i for i in range(len(items)) if fold[i] != f]
-        model = fit([feats[i] for i in train], [items[i][1] for i in train])
-        for i in range(len(items)):
-            if fold[i] == f:
-                pred[i] = predict(feats[i], model)
-    return [t for _, t, _ in items], pred
+    for held_shape in SHAPES if by_shape else [None]:
+        for f in range(k):
+            train = [i for i, it in enumerate(items) if fold[i] != f and it[2] != held_shape]
+            model = with_prior(fit(
+                [samples[i] for i in train], [items[i][1] for i in train],
+                [items[i][0] for i in train],
+            ))  # fmt: skip
+            for i, it in enumerate(items):
+                if fold[i] == f and (held_shape is None or it[2] == held_shape):
+                    pred[i] = predict(samples[i], model)
+    return pred
+
+
+def print_by_shape(items: Sequence[Shaped], pred: Sequence[str]) -> None:
+    """Macro-F1 and accuracy per shape."""
+    print(f"{'shape':<22}{'macro-F1':>9}{'accuracy':>9}   (n)")
+    for name in SHAPES:
+        idx = [i for i, it in enumerate(items) if it[2] == name]
+        s = scores([items[i][1] for i in idx], [pred[i] for i in idx])
+        print(f"{name:<22}{s['macro_f1']:>9.3f}{s['accuracy']:>9.3f}   ({len(idx)})")
+
+
+def verdict(title: str, s: Mapping[str, Any]) -> str:
+    """One line: does ``s`` meet the macro-F1 and per-class targets?"""
+    worst = min(f for _, _, f in s["per"].values())
+    ok = s["macro_f1"] >= TARGET_F1 and worst >= TARGET_CLASS_F1
+    return (
+        f"{title:<34} macro-F1 {s['macro_f1']:.3f} (>= {TARGET_F1}), lowest class F1 "
+        f"{worst:.3f} (>= {TARGET_CLASS_F1}): {'met' if ok else 'NOT met'}"
+    )
 
 
 def percentiles(samples_ns: Sequence[int]) -> tuple[float, float]:
@@ -192,6 +224,8 @@ def report_latency(items: Sequence[Item], rows: Sequence[Mapping[str, Any]]) -> 
     prompt stretched to 8,000 characters, and huge bodies."""
     print("== latency, microseconds per classify() call")
     print_latency(f"dataset requests (n={len(items)})", time_passes([b for _, _, b in items], 10))
+    every = [b for _, _, _, b in shaped(rows)]
+    print_latency(f"every shape (n={len(every)})", time_passes(every, 3))
     long8k = [to_body({**r, "prompt": stretch(r["prompt"], 8000)}) for r in rows]
     print_latency("prompts stretched to 8,000 chars", time_passes(long8k, 10))
     big = stretch(rows[0]["prompt"], 1_000_000)
@@ -202,46 +236,47 @@ def report_latency(items: Sequence[Item], rows: Sequence[Mapping[str, Any]]) -> 
         print_latency(name, time_passes([body] * 50, 4))
 
 
-def print_weights(model: Model) -> None:
-    """Print ``model`` as the BIAS / WEIGHTS constants of gateway.routing.classifier."""
-    print("BIAS: tuple[float, float] = (" + ", ".join(f"{b:.3f}" for b in model[0]) + ")")
-    print("WEIGHTS: dict[str, tuple[float, float]] = {")
-    for name in FITTED:
-        print(f'    "{name}": (' + ", ".join(f"{w:.3f}" for w in model[1][name]) + "),")
-    print("}")
-
-
 def main(argv: Sequence[str] | None = None) -> None:
     """Run the benchmark (see the module docstring)."""
     ap = argparse.ArgumentParser(prog="python -m bench.classify", description=__doc__)
     ap.formatter_class = argparse.RawDescriptionHelpFormatter
     ap.add_argument("--data", type=Path, default=DEFAULT_DATA, help="folder of *.jsonl prompts")
     ap.add_argument("--folds", type=int, default=5, help="cross-validation folds")
-    ap.add_argument("--fit", action="store_true", help="print weights fitted on all items")
     ap.add_argument("--no-latency", action="store_true", help="skip the timing section")
     args = ap.parse_args(argv)
     rows = load_rows(args.data)
     if not rows:
         raise SystemExit(f"no *.jsonl prompts under {args.data}")
-    items = to_items(rows)
-    truth = [t for _, t, _ in items]
-    print(f"{len(items)} prompts from {args.data}")
-    shipped = scores(truth, [classify(b).task for _, _, b in items])
-    print_scores("shipped weights, full set (training score)", shipped)
-    held_out = scores(*cross_validate(items, args.folds))
-    print_scores(f"{args.folds}-fold cross-validation, weights refit per fold (held out)", held_out)
-    print("\n== request shapes not in the dataset (accuracy, shipped weights)")
-    for name, variant in shape_variants(rows).items():
-        ok = sum(classify(b).task == t for _, t, b in variant)
-        print(f"{name:<12} {ok}/{len(variant)} = {ok / max(len(variant), 1):.3f}")
+    items = shaped(rows)
+    truth = [t for _, t, _, _ in items]
+    samples = samples_of(items)
+    plain = [i for i, it in enumerate(items) if it[2] == "plain"]
+    print(f"{len(rows)} prompts from {args.data}, {len(SHAPES)} shapes: {', '.join(SHAPES)}")
+
+    loso = held_out(items, samples, args.folds, by_shape=True)
+    s_loso = scores(truth, loso)
+    print_scores(f"leave-one-shape-out x {args.folds} folds of items (held out)", s_loso)
+    print_by_shape(items, loso)
+
+    cv = held_out(items, samples, args.folds, by_shape=False)
+    s_cv = scores([truth[i] for i in plain], [cv[i] for i in plain])
+    print_scores(f"{args.folds}-fold cross-validation by item, the dataset's shape", s_cv)
+    s_cv_all = scores(truth, cv)
+    print_scores(f"{args.folds}-fold cross-validation by item, every shape", s_cv_all)
+
+    shipped = [predict(x, SHIPPED) for x in samples]
+    s_shipped = scores([truth[i] for i in plain], [shipped[i] for i in plain])
+    print_scores("shipped weights, the dataset's shape (training score)", s_shipped)
+    print_by_shape(items, shipped)
+
+    print("\n== targets")
+    print(verdict("leave-one-shape-out", s_loso))
+    print(verdict(f"{args.folds}-fold CV (dataset shape)", s_cv))
+    print(verdict(f"{args.folds}-fold CV (every shape)", s_cv_all))
     if not args.no_latency:
         load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
         print(f"\n(Python {platform.python_version()}, {os.cpu_count()} CPUs, load average {load})")
-        report_latency(items, rows)
-    if args.fit:
-        feats = [extract_features(b) or {} for _, _, b in items]
-        print("\n== weights fitted on all items\n")
-        print_weights(fit(feats, truth))
+        report_latency(to_items(rows), rows)
 
 
 if __name__ == "__main__":

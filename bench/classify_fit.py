@@ -1,141 +1,186 @@
-"""Offline fit of the task classifier's code and creative weights (stdlib only).
+"""Offline fit of the task classifier's weights (needs the ``bench`` extra: numpy, scipy).
 
-Multinomial logistic regression over the four tasks where only the code and creative logits
-are fitted: chat is the reference (logit 0), the rag logit and the hand weights of
-``gateway.routing.classifier`` enter as fixed offsets. L2 penalty on the weights (not the
-biases), samples weighted by inverse class frequency (macro-F1 treats classes equally),
-solved by Newton's method with step halving.
+    python -m bench.classify_fit [--data DIR] [--write]
+
+Multinomial logistic regression over the four tasks on the named features of
+``gateway.routing.signals`` and the words of the instruction window, fitted on the development
+prompts in every request shape of ``bench.shapes``. L2 penalties (a light one on the named
+features, a heavier one on the words, which are many and specific), samples weighted so that
+each class and each item weigh the same whatever their count of shapes. The prior weights of
+``gateway.routing.classifier.PRIOR`` are left out of the fit and added to its result: a
+policy the development labels disagree with, which the fit must not learn to cancel. Solved
+by L-BFGS (scipy); deterministic, so the fit is reproducible. ``--write`` regenerates
+``gateway/routing/task_model.py``.
 """
 
 from __future__ import annotations
 
-import math
+import argparse
+import json
+from collections import Counter
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
-from gateway.routing.classifier import (
-    FEATURES,
-    HAND_WEIGHTS,
-    RAG_BIAS,
-    RAG_WEIGHTS,
-    TASKS,
-    probabilities,
-)
+import numpy as np
+from scipy import optimize, sparse
 
-FITTED = tuple(name for name in FEATURES if name not in HAND_WEIGHTS)
-L2 = 1.0  # penalty on the summed weighted log-loss; 0.25..4 give similar held-out scores
-BALANCED = True
-ORDER = ("code", "creative", "rag", "chat")  # fitted classes first
-Model = tuple[tuple[float, float], dict[str, tuple[float, float]]]
-Row = list[tuple[int, float]]
+from gateway.routing.classifier import FEATURES, PRIOR, TASKS, TaskModel
+
+L2_FEATURES = 0.3  # per unit of item weight summed over the training set
+L2_WORDS = 3.0
+MIN_DF = 3  # a word is a feature if at least this many training items have it
+MAX_WORDS = 4000
+MIN_WORD_WEIGHT = 0.05  # smaller word weights are dropped: fewer lookups per decision
+Sample = tuple[Mapping[str, float], frozenset[str]]
+MODEL_PATH = Path(__file__).resolve().parents[1] / "gateway" / "routing" / "task_model.py"
 
 
-def _design(feats: Sequence[Mapping[str, float]]) -> tuple[list[Row], list[list[float]]]:
-    """Sparse rows (column 0 is the bias) and fixed logits (code, creative, rag) per sample."""
-    col = {name: j + 1 for j, name in enumerate(FITTED)}
-    rows: list[Row] = []
-    offsets: list[list[float]] = []
-    for f in feats:
-        rows.append([(0, 1.0), *((col[n], v) for n, v in f.items() if v and n in col)])
-        off = [0.0, 0.0, RAG_BIAS]
-        for name, value in f.items():
-            hand = HAND_WEIGHTS.get(name)
-            if hand and value:
-                off[0] += hand[0] * value
-                off[1] += hand[1] * value
-            off[2] += RAG_WEIGHTS.get(name, 0.0) * value
-        offsets.append(off)
-    return rows, offsets
+def _word_ok(word: str) -> bool:
+    return len(word) > 1 and not word.isdigit() and len(word) < 30
 
 
-def _probs(theta: list[list[float]], row: Row, off: list[float]) -> list[float]:
-    """Probabilities in ORDER."""
-    z = [off[c] + sum(theta[c][j] * v for j, v in row) for c in range(2)] + [off[2], 0.0]
-    top = max(z)
-    e = [math.exp(v - top) for v in z]
-    total = sum(e)
-    return [v / total for v in e]
+def vocabulary(samples: Sequence[Sample], groups: Sequence[str]) -> list[str]:
+    """Words in at least MIN_DF distinct training items (by group), most frequent first."""
+    seen: dict[str, set[str]] = {}
+    for (_, toks), g in zip(samples, groups, strict=True):
+        for w in toks:
+            if _word_ok(w):
+                seen.setdefault(w, set()).add(g)
+    df = Counter({w: len(gs) for w, gs in seen.items() if len(gs) >= MIN_DF})
+    return sorted(w for w, _ in df.most_common(MAX_WORDS))
 
 
-def _loss(theta: list[list[float]], data: list[tuple[Row, list[float], int, float]]) -> float:
-    nll = -sum(s * math.log(max(_probs(theta, r, o)[y], 1e-300)) for r, o, y, s in data)
-    return nll + L2 / 2 * sum(w * w for th in theta for w in th[1:])
+def _design(samples: Sequence[Sample], words: Sequence[str]) -> sparse.csr_matrix:
+    """Sparse design matrix: named features (but the PRIOR ones), then words."""
+    col = {name: j for j, name in enumerate(FEATURES)}
+    word_col = {w: len(FEATURES) + j for j, w in enumerate(words)}
+    data: list[float] = []
+    idx: list[int] = []
+    ptr = [0]
+    for feats, toks in samples:
+        for name, value in feats.items():
+            if value and name in col and name not in PRIOR:
+                idx.append(col[name])
+                data.append(value)
+        for w in toks:
+            j = word_col.get(w)
+            if j is not None:
+                idx.append(j)
+                data.append(1.0)
+        ptr.append(len(idx))
+    shape = (len(samples), len(FEATURES) + len(words))
+    return sparse.csr_matrix((data, idx, ptr), shape=shape)
 
 
-def _solve(a: list[list[float]], b: list[float]) -> list[float]:
-    """Solve a x = b by Gaussian elimination with partial pivoting (a positive definite)."""
-    n = len(b)
-    m = [row[:] + [b[i]] for i, row in enumerate(a)]
-    for i in range(n):
-        p = max(range(i, n), key=lambda r: abs(m[r][i]))
-        m[i], m[p] = m[p], m[i]
-        for r in range(i + 1, n):
-            f = m[r][i] / m[i][i]
-            if f:
-                for c in range(i, n + 1):
-                    m[r][c] -= f * m[i][c]
-    x = [0.0] * n
-    for i in range(n - 1, -1, -1):
-        x[i] = (m[i][n] - sum(m[i][c] * x[c] for c in range(i + 1, n))) / m[i][i]
-    return x
+def sample_weights(labels: Sequence[str], groups: Sequence[str]) -> np.ndarray:
+    """Equal total weight per class, and per item within a class (whatever its shapes)."""
+    per_group = Counter(groups)
+    items = {c: len({g for g, t in zip(groups, labels, strict=True) if t == c}) for c in TASKS}
+    n_items = len(per_group)
+    return np.array(
+        [
+            n_items / (len(TASKS) * max(items[t], 1)) / per_group[g]
+            for t, g in zip(labels, groups, strict=True)
+        ]
+    )
 
 
-def _newton_step(
-    theta: list[list[float]], data: list[tuple[Row, list[float], int, float]]
-) -> list[float]:
-    """The Newton direction for the flattened (code, creative) parameters."""
-    d = len(theta[0])
-    grad = [L2 * w if j else 0.0 for th in theta for j, w in enumerate(th)]
-    hess = [[0.0] * (2 * d) for _ in range(2 * d)]
-    for i in range(2 * d):
-        hess[i][i] = L2 if i % d else 1e-6
-    for row, off, y, weight in data:
-        p = _probs(theta, row, off)
-        for c in range(2):
-            err = weight * (p[c] - (1.0 if y == c else 0.0))
-            for j, v in row:
-                grad[c * d + j] += err * v
-            for c2 in range(2):
-                s = weight * p[c] * ((1.0 if c == c2 else 0.0) - p[c2])
-                for j, v in row:
-                    hrow = hess[c * d + j]
-                    for k, u in row:
-                        hrow[c2 * d + k] += s * v * u
-    return _solve(hess, grad)
+def fit(samples: Sequence[Sample], labels: Sequence[str], groups: Sequence[str]) -> TaskModel:
+    """Fit a :class:`TaskModel` on (features, words) samples, their tasks and item ids."""
+    words = vocabulary(samples, groups)
+    x = _design(samples, words)
+    y = np.zeros((len(labels), len(TASKS)))
+    y[np.arange(len(labels)), [TASKS.index(t) for t in labels]] = 1.0
+    sw = sample_weights(labels, groups)[:, None]
+    d, k = x.shape[1], len(TASKS)
+    penalty = np.full((d, 1), L2_WORDS)
+    penalty[: len(FEATURES)] = L2_FEATURES
+    xt = x.T.tocsr()
+
+    def loss(theta: np.ndarray) -> tuple[float, np.ndarray]:
+        w, b = theta[: d * k].reshape(d, k), theta[d * k :]
+        z = x @ w + b
+        z -= z.max(axis=1, keepdims=True)
+        logp = z - np.log(np.exp(z).sum(axis=1, keepdims=True))
+        err = sw * (np.exp(logp) - y)
+        value = -(sw * y * logp).sum() + 0.5 * (penalty * w * w).sum()
+        grad = np.concatenate([(xt @ err + penalty * w).ravel(), err.sum(axis=0)])
+        return float(value), grad
+
+    res = optimize.minimize(
+        loss, np.zeros(d * k + k), jac=True, method="L-BFGS-B", options={"maxiter": 2000}
+    )
+    w, b = res.x[: d * k].reshape(d, k), res.x[d * k :]
+    b = b - b.mean()
+    names = list(FEATURES)
+    feature_weights = {
+        n: tuple(round(float(v), 3) for v in w[j])
+        for j, n in enumerate(names)
+        if n not in PRIOR and np.abs(w[j]).max() >= 0.001
+    }
+    word_weights = {
+        word: tuple(round(float(v), 3) for v in w[len(names) + j])
+        for j, word in enumerate(words)
+        if np.abs(w[len(names) + j]).max() >= MIN_WORD_WEIGHT
+    }
+    bias = tuple(round(float(v), 3) for v in b)
+    return TaskModel(bias, feature_weights, word_weights)  # type: ignore[arg-type]
 
 
-def fit(feats: Sequence[Mapping[str, float]], labels: Sequence[str], iters: int = 30) -> Model:
-    """Fit BIAS and WEIGHTS on feature dicts and their task labels (strings in TASKS)."""
-    rows, offsets = _design(feats)
-    ys = [ORDER.index(t) for t in labels]
-    counts = [max(ys.count(c), 1) for c in range(len(ORDER))]
-    data = [
-        (r, o, y, len(ys) / (len(ORDER) * counts[y]) if BALANCED else 1.0)
-        for r, o, y in zip(rows, offsets, ys, strict=True)
+def render(model: TaskModel, source: str) -> str:
+    """The text of ``gateway/routing/task_model.py`` for ``model``."""
+
+    def row(values: Sequence[float]) -> str:
+        return "(" + ", ".join(f"{v:.3f}" for v in values) + ")"
+
+    lines = [
+        '"""Fitted weights of the task classifier, columns in the order of',
+        f"``gateway.routing.classifier.TASKS`` {TASKS}.",
+        "",
+        "Generated by ``python -m bench.classify_fit --write``: do not edit.",
+        f"Fitted on {source}.",
+        "Named features: see ``gateway.routing.signals``; words: tokens of the instruction",
+        'window (``gateway.routing.text.RequestText.instr``)."""',
+        "",
+        "from __future__ import annotations",
+        "",
+        "Weights = tuple[float, float, float, float]",
+        "",
+        f"BIAS: Weights = {row(model.bias)}",
+        "FEATURE_WEIGHTS: dict[str, Weights] = {",
+        *(f'    "{n}": {row(v)},' for n, v in model.features.items()),
+        "}",
+        "WORD_WEIGHTS: dict[str, Weights] = {",
+        *(
+            f"    {json.dumps(w, ensure_ascii=False)}: {row(v)},"
+            for w, v in sorted(model.words.items())
+        ),
+        "}",
+        "",
     ]
-    d = len(FITTED) + 1
-    theta = [[0.0] * d for _ in range(2)]
-    loss = _loss(theta, data)
-    for _ in range(iters):
-        step = _newton_step(theta, data)
-        scale = 1.0
-        while scale > 1e-4:
-            trial = [
-                [w - scale * step[c * d + j] for j, w in enumerate(theta[c])] for c in range(2)
-            ]
-            new = _loss(trial, data)
-            if new <= loss:
-                break
-            scale /= 2
-        else:
-            break
-        theta, improved, loss = trial, loss - new, new
-        if improved < 1e-7:
-            break
-    weights = {name: (theta[0][j + 1], theta[1][j + 1]) for j, name in enumerate(FITTED)}
-    return (theta[0][0], theta[1][0]), weights
+    return "\n".join(lines)
 
 
-def predict(feats: Mapping[str, float], model: Model) -> str:
-    """The most probable task of a feature dict under ``model``."""
-    probs = probabilities(feats, model[1], model[0])
-    return max(TASKS, key=probs.__getitem__)
+def main(argv: Sequence[str] | None = None) -> None:
+    """Fit on every development item in every shape; print or write the model."""
+    from bench.classify import DEFAULT_DATA, load_rows, samples_of
+    from bench.shapes import shaped
+
+    ap = argparse.ArgumentParser(prog="python -m bench.classify_fit", description=__doc__)
+    ap.formatter_class = argparse.RawDescriptionHelpFormatter
+    ap.add_argument("--data", type=Path, default=DEFAULT_DATA)
+    ap.add_argument("--write", action="store_true", help=f"write {MODEL_PATH.name}")
+    args = ap.parse_args(argv)
+    rows = load_rows(args.data)
+    items = shaped(rows)
+    model = fit(samples_of(items), [t for _, t, _, _ in items], [i for i, _, _, _ in items])
+    text = render(model, f"{len(rows)} development prompts in {len(items) // len(rows)} shapes")
+    if args.write:
+        MODEL_PATH.write_text(text, encoding="utf-8")
+        print(f"wrote {MODEL_PATH} ({len(model.words)} words)")
+    else:
+        print(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,18 +1,27 @@
 """Fast task classifier: code, rag, chat or creative, from an OpenAI request body.
 
-A transparent linear model, multinomial logistic regression with ``chat`` as the reference
-class (logit 0), over the named features of ``gateway.routing.signals``. Each weight is the
-change in log-odds of a task versus chat per unit of a feature:
+A transparent linear model, multinomial logistic regression over two kinds of input:
 
-- the code and creative columns are fitted offline by ``python -m bench.classify --fit`` on
-  the development prompts (L2-regularised, class-balanced; the bench reports held-out scores);
-- the rag column and a few code/creative weights are set by hand, each with its reason below,
-  where the development set cannot teach the right weight (one RAG template, no tools, no
-  context in earlier turns, programming requests labelled chat).
+- the named features of ``gateway.routing.signals`` (code syntax and stubs, passage markers
+  and markup, grounding phrases, tool results, creative-writing verbs in about 30 languages,
+  ...), each a small float;
+- the words of the instruction window (head and tail of the final user message, heads of the
+  system prompt and recent user turns) and the first three words of the final message, each
+  present or absent.
+
+The weights (``gateway.routing.task_model``) are fitted offline by
+``python -m bench.classify_fit --write`` on the development prompts rebuilt in the request
+shapes clients send (``bench.shapes``: context in the system message, XML document blocks,
+completion templates, earlier turns, content parts, tool-calling conversations), so no shape
+and no single RAG template carries the decision; ``python -m bench.classify`` scores it
+leave-one-shape-out and by cross-validation. A few prior weights (``PRIOR``) are set by hand,
+each with its reason, where the development labels cannot teach the right weight.
+
+``tools`` in a request say nothing about the task: a weather or calendar tool call is chat.
 
 Cost: at most ~4,000 characters read whatever the body's size (see ``gateway.routing.text``),
-a few dozen C-level scans and set lookups, one dot product: tens of microseconds per decision
-(``python -m bench.classify`` measures it). No I/O, no mutable state.
+a few dozen C-level scans and set lookups, two small weighted sums: tens of microseconds per
+decision (``python -m bench.classify`` measures it). No I/O, no mutable state.
 """
 
 from __future__ import annotations
@@ -20,70 +29,60 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
-from gateway.routing.signals import FEATURES, extract_features
-from gateway.routing.text import is_structured
+from gateway.routing import task_model
+from gateway.routing.signals import FEATURES, extract_features, read_signals
+from gateway.routing.text import read_request
 
-__all__ = ["FEATURES", "TASKS", "TaskGuess", "classify", "extract_features", "probabilities"]
+__all__ = [
+    "FEATURES",
+    "PRIOR",
+    "TASKS",
+    "TaskGuess",
+    "TaskModel",
+    "classify",
+    "with_prior",
+    "extract_features",
+    "probabilities",
+]
 
 TASKS = ("code", "rag", "chat", "creative")
-_PROB_KEYS = tuple((task, f"p_{task}") for task in TASKS)
+Weights = tuple[float, float, float, float]
 
-# Hand-set rag column. The development set has a single RAG template, so a fitted rag column
-# would learn that template's conjunction of cues; here each cue can carry much of the decision.
-RAG_BIAS = -3.5
-RAG_WEIGHTS: dict[str, float] = {
-    "doc_markers": 1.5,  # [1], <document>, ### Source 2, Title: ... (log1p of the count)
-    "rag_phrases": 1.5,  # "use the following context", "according to the passage", ...
-    "rag_terms": 1.0,  # context, passages, documents, excerpts, ...
-    "qa_labels": 1.0,  # Question: / Answer: / Query:
-    "tail_question": 1.0,  # a question after 1,000+ characters of material
-    "length": 0.5,  # log2 of the final message's length in thousands of characters
-    "context_turn": 4.5,  # documents in the system prompt or an earlier turn, short question
-    "stub": -2.0,  # source code, not documents
-    "indent": -1.0,
+# Hand-set weights (columns as TASKS), left out of the fit and added to the fitted model.
+PRIOR: dict[str, Weights] = {
+    # The development chat class holds ~20 programming requests (AlpacaEval), the code class
+    # ~100 programming questions (Arena-Hard), mostly long: fitted, language names and "write
+    # a function" learn a blurred weight, and a short programming question ("how do I undo a
+    # commit in git?") reads as chat. For routing, a request that names a language, library or
+    # tool, or asks for a program, is code (bench.classify shows the cost on the dev labels).
+    "code_langs": (3.5, 0.0, 0.0, -0.5),
+    "code_ask": (1.5, 0.0, 0.0, -0.5),
+    # Grounding phrases ("use the following context", "according to the passage", 根据以下...)
+    # in any language: the development RAG is English only, so a fitted weight (about 0.5)
+    # leaves non-English RAG to the other cues, which it has never seen in those languages.
+    "rag_phrases": (-0.5, 1.5, -0.3, 0.0),
 }
-# Hand-set (code, creative) weights, not refit by the bench.
-HAND_WEIGHTS: dict[str, tuple[float, float]] = {
-    "structured": (5.0, -2.0),  # tools / JSON output: low-entropy output, like code
-    # The development chat class holds ~20 programming requests (AlpacaEval, MT-Bench); fitted,
-    # these weights learn to discount language names and "write a function ...", which is
-    # wrong for routing (fitted: code_langs 0.76, code_ask 1.66; these cost <0.2 points of
-    # macro-F1 on that set).
-    "code_langs": (2.0, -1.0),
-    "code_ask": (2.0, -1.0),
-    "context_turn": (-1.0, -1.0),
-}
-# Fitted by `python -m bench.classify --fit`: feature -> (code, creative) log-odds vs chat.
-BIAS: tuple[float, float] = (-1.848, -0.537)
-WEIGHTS: dict[str, tuple[float, float]] = {
-    "syntax": (2.599, -0.984),
-    "indent": (1.845, 0.018),
-    "fence": (-0.778, -0.000),
-    "code_tokens": (0.484, -0.163),
-    "code_terms": (0.802, -1.240),
-    "stub": (1.731, -0.071),
-    "doc_markers": (0.034, -0.591),
-    "rag_terms": (-0.792, -0.294),
-    "rag_phrases": (-0.410, -0.606),
-    "qa_labels": (-0.338, -0.040),
-    "length": (1.880, 0.882),
-    "tail_question": (-0.194, 0.025),
-    "write_verb": (0.206, 0.466),
-    "roleplay": (-0.184, 1.507),
-    "creative_nouns": (-0.517, 1.615),
-    "creative_ask": (-0.110, 0.597),
-    "fiction": (-0.430, 0.521),
-    "style": (-0.110, 0.573),
-    "length_spec": (0.150, 0.932),
-    "narrative": (-0.640, 0.411),
-    "info_words": (0.332, -1.052),
-    "chat_verb": (-0.887, -1.456),
-    "question_start": (0.306, -1.915),
-    "question_mark": (-0.657, -0.876),
-    "short": (-0.887, -0.354),
-}
+
+
+class TaskModel(NamedTuple):
+    """Weights of the linear model: ``bias`` per task, ``features`` named feature -> weight per
+    task, ``words`` instruction-window word -> weight per task (columns in TASKS order)."""
+
+    bias: Weights
+    features: Mapping[str, Weights]
+    words: Mapping[str, Weights]
+
+
+def with_prior(model: TaskModel) -> TaskModel:
+    """``model`` with the PRIOR weights in its feature table (one lookup per feature)."""
+    return model._replace(features={**model.features, **PRIOR})
+
+
+SHIPPED = with_prior(
+    TaskModel(task_model.BIAS, task_model.FEATURE_WEIGHTS, task_model.WORD_WEIGHTS)
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,49 +95,32 @@ class TaskGuess:
     features: dict[str, float]
 
 
-def _table(
-    weights: Mapping[str, tuple[float, float]],
-) -> dict[str, tuple[float, float, float]]:
-    """feature -> (code, creative, rag) weights: fitted or hand code/creative, hand rag."""
-    names = {*weights, *HAND_WEIGHTS, *RAG_WEIGHTS}
-    return {
-        name: (
-            *(weights.get(name) or HAND_WEIGHTS.get(name) or (0.0, 0.0)),
-            RAG_WEIGHTS.get(name, 0.0),
-        )
-        for name in names
-    }
-
-
-_SHIPPED = _table(WEIGHTS)
-
-
 def probabilities(
-    feats: Mapping[str, float],
-    weights: Mapping[str, tuple[float, float]] | None = None,
-    bias: tuple[float, float] | None = None,
+    feats: Mapping[str, float], words: frozenset[str] = frozenset(), model: TaskModel = SHIPPED
 ) -> dict[str, float]:
-    """Softmax probability of each task in TASKS given ``feats``.
-
-    ``weights``/``bias``: the fitted (code, creative) columns, default the shipped ones; the
-    rag column and the hand weights are fixed.
-    """
-    table = _SHIPPED if weights is None else _table(weights)
-    code, creative = BIAS if bias is None else bias
-    rag = RAG_BIAS
+    """Softmax probability of each task in TASKS given named features and words (``model``:
+    its feature table includes the PRIOR weights, see :func:`with_prior`)."""
+    code, rag, chat, creative = model.bias
+    table = model.features
     for name, value in feats.items():
         if value:
             wt = table.get(name)
             if wt is not None:
                 code += wt[0] * value
-                creative += wt[1] * value
-                rag += wt[2] * value
-    top = max(code, rag, 0.0, creative)
-    e_code, e_rag = math.exp(code - top), math.exp(rag - top)
-    e_chat, e_creative = math.exp(-top), math.exp(creative - top)
-    total = e_code + e_rag + e_chat + e_creative
-    return {"code": e_code / total, "rag": e_rag / total, "chat": e_chat / total,
-            "creative": e_creative / total}  # fmt: skip
+                rag += wt[1] * value
+                chat += wt[2] * value
+                creative += wt[3] * value
+    vocab = model.words
+    hits = [vocab[word] for word in vocab.keys() & words]
+    if hits:  # column sums in C: ~100 hits cost a few microseconds
+        col = [sum(c) for c in zip(*hits, strict=True)]
+        code, rag, chat, creative = code + col[0], rag + col[1], chat + col[2], creative + col[3]
+    top = max(code, rag, chat, creative)
+    e = (math.exp(code - top), math.exp(rag - top), math.exp(chat - top),
+         math.exp(creative - top))  # fmt: skip
+    total = e[0] + e[1] + e[2] + e[3]
+    return {"code": e[0] / total, "rag": e[1] / total, "chat": e[2] / total,
+            "creative": e[3] / total}  # fmt: skip
 
 
 def classify(body: Mapping[str, Any], *, default_task: str = "chat") -> TaskGuess:
@@ -146,19 +128,18 @@ def classify(body: Mapping[str, Any], *, default_task: str = "chat") -> TaskGues
 
     ``body``: the parsed JSON of a completions request (``prompt``: string, list of strings,
     token ids) or a chat request (``messages`` with string or part-list contents). Malformed
-    or unreadable bodies (e.g. token-id prompts) give ``default_task`` with confidence 0.25,
-    or ``code`` with 0.6 when tools or JSON output are requested. Never raises.
+    or unreadable bodies (e.g. token-id prompts) give ``default_task`` with confidence 0.25.
+    Never raises.
     """
     if default_task not in TASKS:
         default_task = "chat"
-    feats = extract_features(body) if isinstance(body, Mapping) else None
-    if feats is None:
-        if isinstance(body, Mapping) and is_structured(body):
-            return TaskGuess("code", 0.6, {"structured": 1.0})
+    rt = read_request(body) if isinstance(body, Mapping) else None
+    if rt is None:
         return TaskGuess(default_task, 0.25, {})
-    probs = probabilities(feats)
-    task = max(TASKS, key=probs.__getitem__)
+    feats, words = read_signals(rt)
+    probs = probabilities(feats, words)
+    task = max(probs, key=probs.__getitem__)
     shown = {name: value for name, value in feats.items() if value}
-    for t, key in _PROB_KEYS:
-        shown[key] = round(probs[t], 3)
+    for t, p in probs.items():
+        shown[f"p_{t}"] = round(p, 3)
     return TaskGuess(task, round(probs[task], 4), shown)

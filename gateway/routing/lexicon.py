@@ -137,6 +137,16 @@ DOC_MARKERS = re.compile(
     r")",
     re.IGNORECASE,
 )
+# Markup that wraps supplied material (Anthropic-style <documents>, <context>, <search_results>,
+# <source>/<document_content> fields, ...): counted as passage structure, then removed before the
+# code features read the text, so that tags around prose never look like source code.
+DOC_TAGS = re.compile(
+    r"</?(?:documents?|document_content|docs?|contexts?|sources?|passages?|chunks?|snippets?"
+    r"|search_results?|results?|excerpts?|articles?|retrieved\w*|references?|knowledge"
+    r"|title|url|page_content|content|text|metadata|question|query|instructions?|answer"
+    r"|user_query|information|background)\b[^<>\n]{0,80}>",
+    re.IGNORECASE,
+)
 QA_LABELS = (
     ("question", "question:"),
     ("answer", "answer:"),

@@ -27,8 +27,8 @@ FEATURES = (
     "length_spec", "narrative",
     # chat
     "info_words", "chat_verb", "question_start", "question_mark", "short",
-    # request options
-    "structured",
+    # supplied material
+    "doc_tags", "tool_material",
 )  # fmt: skip
 
 _SYNTAX = b"{}();=<>[]_"  # bytes frequent in source code, rare in prose
@@ -68,9 +68,14 @@ def _is_context(rt: RequestText) -> bool:
     """Supplied material (not a persona prompt) of 1,000+ chars before a short final message.
 
     Instructions address the model ("you", "your") several times per 1,000 characters;
-    documents, passages and search results rarely do.
+    documents, passages and search results rarely do. Tool results of 1,000+ characters
+    (search hits, retrieved records) are material too.
     """
-    if rt.context_chars < 1000 or rt.last_chars > 600 or rt.split < 500:
+    if rt.context_chars < 1000 or rt.last_chars > 600:
+        return False
+    if rt.tool_chars >= 1000:
+        return True
+    if rt.split < 500:
         return False
     text, end = rt.text, rt.split
     return (text.count("you", 0, end) + text.count("You", 0, end)) * 1000 < 4 * end
@@ -89,6 +94,8 @@ def _rag(rt: RequestText, words: frozenset[str], other: dict[str, int]) -> dict[
     last_q = "?" in rt.tail or rt.head.startswith(lx.QUESTION_STARTS)
     return {
         "doc_markers": min(math.log1p(len(lx.DOC_MARKERS.findall("\n" + rt.text))), 3.0),
+        "doc_tags": min(math.log1p(rt.doc_tags), 3.0),
+        "tool_material": min(math.log1p(rt.tool_chars / 1000), 3.0),
         "rag_terms": math.log1p(terms),
         "rag_phrases": math.log1p(phrases),
         "qa_labels": min(float(labels), 3.0),
@@ -133,23 +140,31 @@ def _chat(rt: RequestText, words: frozenset[str], opening: frozenset[str]) -> di
     }
 
 
-def extract_features(body: Mapping[str, Any]) -> dict[str, float] | None:
-    """Every feature in FEATURES for a request body, or None if it has no readable text.
+def read_signals(rt: RequestText) -> tuple[dict[str, float], frozenset[str]]:
+    """Every feature in FEATURES for the bounded text ``rt``, and its terms for word weights:
+    the distinct lower-case tokens of its instruction window (see ``RequestText.instr``) and the
+    first three tokens of the final message as ``^word``.
 
-    ``body``: a parsed ``/v1/completions`` or ``/v1/chat/completions`` JSON body. Reads at
-    most a few thousand characters whatever the body's size. Word features come from the
-    instruction window (see ``RequestText.instr``), which keeps document and code bodies from
-    voting with their incidental vocabulary; only tokens of ``lexicon.VOCABULARY`` matter.
+    Word features come from the instruction window, which keeps document and code bodies from
+    voting with their incidental vocabulary; named features look at ``lexicon.VOCABULARY`` only.
     """
-    rt = read_request(body)
-    if rt is None:
-        return None
-    words = lx.known_words(rt.instr)
+    tokens = frozenset(lx.tokens(rt.instr))
+    words = lx.VOCABULARY & tokens
+    terms = tokens.union(["^" + t for t in lx.tokens(rt.head[:40])[:3]])  # how it opens
     opening = lx.known_words(rt.head[:60])
     other = lx.count_non_latin(rt.instr)
     feats = _code(rt, words)
     feats.update(_rag(rt, words, other))
     feats.update(_creative(rt, words, opening, other))
     feats.update(_chat(rt, words, opening))
-    feats["structured"] = 1.0 if rt.structured else 0.0
-    return feats
+    return feats, terms
+
+
+def extract_features(body: Mapping[str, Any]) -> dict[str, float] | None:
+    """Every feature in FEATURES for a request body, or None if it has no readable text.
+
+    ``body``: a parsed ``/v1/completions`` or ``/v1/chat/completions`` JSON body. Reads at
+    most a few thousand characters whatever the body's size.
+    """
+    rt = read_request(body)
+    return None if rt is None else read_signals(rt)[0]

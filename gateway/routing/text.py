@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
+from gateway.routing.lexicon import DOC_TAGS
+
 # Messages looked at: the first few (system prompts) and the last few (the live exchange).
 HEAD_MESSAGES = 2
 TAIL_MESSAGES = 8
@@ -25,6 +27,9 @@ INSTR_OTHER = 400  # head characters of the system prompt and earlier user turns
 EDGE = 300  # characters of the final user message's own head and tail
 
 _CONTEXT_ROLES = frozenset({"system", "developer"})
+# Results of tool calls: supplied material (search hits, records), read apart from the text so
+# that a weather JSON or a search-result list never reads as source code.
+_TOOL_ROLES = frozenset({"tool", "function", "ipython"})
 
 
 class RequestText(NamedTuple):
@@ -38,7 +43,10 @@ class RequestText(NamedTuple):
     300 lower-cased characters from each end of the final user message. ``last_chars``: true
     length in characters of the final user message; ``context_chars``: of the other examined
     messages except assistant turns (system prompts, earlier user turns, tool results).
-    ``structured``: tools or a JSON response format are requested.
+    ``structured``: tools or a JSON response format are requested. ``tool_text``: slices of
+    the tool results (lower case, at most 600 characters), ``tool_chars`` their true length
+    (also counted in ``context_chars``). ``doc_tags``: markup tags around supplied material
+    (``<document>``, ``<source>``, ...) that were removed from ``text`` and ``instr``.
     """
 
     text: str
@@ -50,6 +58,9 @@ class RequestText(NamedTuple):
     n_messages: int
     structured: bool
     split: int
+    tool_text: str = ""
+    tool_chars: int = 0
+    doc_tags: int = 0
 
 
 def clip(s: str, head: int, tail: int) -> str:
@@ -119,14 +130,23 @@ def _last_user_index(messages: list[Mapping[str, Any]]) -> int:
     return len(messages) - 1
 
 
-def _from_messages(
-    messages: Sequence[Any],
-) -> tuple[str, list[str], str, int, int, int] | None:
-    """(text, instruction heads of other messages, last, last_chars, context_chars,
-    n_messages) of a chat request, or None.
+class _Messages(NamedTuple):
+    text: str
+    heads: list[str]
+    last: str
+    last_chars: int
+    context_chars: int
+    n_messages: int
+    tool_text: str
+    tool_chars: int
+
+
+def _from_messages(messages: Sequence[Any]) -> _Messages | None:
+    """The bounded views of a chat request, or None.
 
     The character budget goes to system prompts first, then to the most recent turns.
     ``context_chars`` counts supplied material only: assistant turns are the model's own output.
+    Tool results are kept apart (``tool_text``): material, not the conversation's text.
     """
     picked = _pick_messages(messages)
     if not picked:
@@ -137,19 +157,33 @@ def _from_messages(
     others.sort(key=lambda i: (_role(picked[i]) not in _CONTEXT_ROLES, -i))
     kept: dict[int, str] = {}
     heads: dict[int, str] = {}
-    context_chars = budget = 0
+    tools: list[str] = []
+    context_chars = budget = tool_chars = 0
     for i in others:
         role = _role(picked[i])
         piece, n = _content(picked[i].get("content"), *OTHER_SLICE)
         if role != "assistant":
             context_chars += n
+        if role in _TOOL_ROLES:
+            tool_chars += n
+            tools.append(piece[:INSTR_OTHER])
+            continue
         if budget < OTHER_BUDGET and piece:
             kept[i] = piece[: OTHER_BUDGET - budget]
             budget += len(kept[i])
         if role in _CONTEXT_ROLES or (role == "user" and i > last_i - 4):
             heads[i] = piece[:INSTR_OTHER].lower()
     text = "\n".join([*(kept[i] for i in sorted(kept)), last])  # last starts at len - len(last)
-    return text, [heads[i] for i in sorted(heads)], last, last_chars, context_chars, len(messages)
+    return _Messages(
+        text,
+        [heads[i] for i in sorted(heads)],
+        last,
+        last_chars,
+        context_chars,
+        len(messages),
+        "\n".join(tools)[:600].lower(),
+        tool_chars,
+    )
 
 
 def read_request(body: Mapping[str, Any]) -> RequestText | None:
@@ -161,19 +195,28 @@ def read_request(body: Mapping[str, Any]) -> RequestText | None:
     if not isinstance(body, Mapping):
         return None
     messages = body.get("messages")
+    tool_text, tool_chars = "", 0
     if isinstance(messages, Sequence) and not isinstance(messages, str | bytes | bytearray):
         got = _from_messages(messages)
         if got is None:
             return None
-        text, heads, last, last_chars, context_chars, n = got
+        text, heads, last, last_chars, context_chars, n, tool_text, tool_chars = got
     else:
         prompt = _from_prompt(body.get("prompt"))
         if prompt is None:
             return None
         text, last_chars = prompt
         heads, last, context_chars, n = [], text, 0, 1
-    if not text.strip():
+    if not text.strip() and not tool_text.strip():
         return None
+    tags = 0
+    if "<" in text:  # markup around documents: counted, then dropped (it is not code)
+        before, last = text[: len(text) - len(last)], last
+        before, n_before = DOC_TAGS.subn(" ", before)
+        last, n_last = DOC_TAGS.subn(" ", last)
+        tags = n_before + n_last
+        text = before + last
+        heads = [DOC_TAGS.sub(" ", h) for h in heads]
     window = clip(last, *INSTR_SLICE).lower()
     return RequestText(
         text=text,
@@ -185,4 +228,7 @@ def read_request(body: Mapping[str, Any]) -> RequestText | None:
         n_messages=n,
         structured=is_structured(body),
         split=len(text) - len(last),
+        tool_text=tool_text,
+        tool_chars=tool_chars,
+        doc_tags=tags,
     )

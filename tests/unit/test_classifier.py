@@ -167,12 +167,165 @@ CHAT = {
 }
 
 
+CLIMATE = (
+    "Glaciers in the Alps lost about 10% of their remaining volume between 2022 and 2023, the "
+    "largest two-year loss since measurements began. Scientists attribute the loss to low "
+    "winter snowfall followed by record summer heat. Smaller glaciers below 3,000 metres are "
+    "expected to disappear entirely by 2050 under current emission trends."
+)
+POLICY = (
+    "Refunds are available within 30 days of purchase for unused items in their original "
+    "packaging. Items bought on sale can be exchanged but not refunded. Refunds are issued to "
+    "the original payment method within 5-7 business days after the return is received."
+)
+RELEASE = (
+    "Version 4.2 adds offline mode for the mobile app, so field teams can log inspections "
+    "without a connection; entries sync when the device is back online. The release also "
+    "drops support for Android 8 and fixes the crash on login reported by several users."
+)
+
+
+def xml_docs(*docs: tuple[str, str], indent: str = "", newline: str = "\n") -> str:
+    """Anthropic-style document blocks."""
+    return (
+        f"<documents>{newline}"
+        + "".join(
+            f'{indent}<document index="{i}">{newline}{indent * 2}<source>{title}</source>'
+            f"{newline}{indent * 2}<document_content>{newline}{text}{newline}"
+            f"{indent * 2}</document_content>{newline}{indent}</document>{newline}"
+            for i, (title, text) in enumerate(docs, 1)
+        )
+        + "</documents>"
+    )
+
+
+XML_RAG = {
+    "anthropic blocks then a question": chat(
+        xml_docs(("alps_glaciers_2023.pdf", CLIMATE * 2), ("policy.md", POLICY))
+        + "\n\nHow much ice did Alpine glaciers lose in 2022-2023?"
+    ),
+    "indented blocks, instruction after": chat(
+        xml_docs(("Return policy", POLICY * 2), ("FAQ", POLICY), indent="  ")
+        + "\n\nAnswer the customer's question using only the documents. Quote the relevant "
+        "part.\n\nCan I get my money back for something I bought on sale?"
+    ),
+    "one-line blocks in the system message": chat(
+        "does the new version still work on android 8?",
+        system="You are the support bot of FieldLog. Use these documents to answer:\n"
+        + xml_docs(("release-notes-4.2", RELEASE), ("release-notes-4.1", RELEASE), newline=""),
+    ),
+    "question tag first": chat(
+        "<question>Why are the Alpine glaciers shrinking so fast?</question>\n\n"
+        + xml_docs(("news", CLIMATE), ("report summary", CLIMATE), ("blog", CLIMATE))
+    ),
+    "context and doc tags": chat(
+        "<context>\n"
+        + "".join(f'<doc id="{i}" title="Release notes">{RELEASE}</doc>\n' for i in range(3))
+        + "</context>\n\nWhat does offline mode do?"
+    ),
+    "search results markup": chat(
+        "<search_results>\n"
+        + "".join(
+            f"<result>\n<title>{t}</title>\n<url>https://example.org/{i}</url>\n"
+            f"<content>{x}</content>\n</result>\n"
+            for i, (t, x) in enumerate([("Glacier loss", CLIMATE), ("Refunds", POLICY)] * 2)
+        )
+        + "</search_results>\n\nUsing the search results, summarise what happened to the "
+        "glaciers."
+    ),
+    "xml documents in an earlier turn": chat(
+        "Please read these:\n" + xml_docs(("notes", RELEASE), ("policy", POLICY), indent="\t"),
+        "I've read both documents.",
+        "Which Android version is no longer supported?",
+    ),
+}
+PROGRAMMING_QUESTIONS = {
+    "memory in python": chat(
+        "How do you handle issues with memory in Python, i.e. preventing the app from using "
+        "too much memory?"
+    ),
+    "spring security": chat(
+        "help me with spring security. i want to use different filters for different referer "
+        "header values. how do i do this?"
+    ),
+    "atomics in c++": chat(
+        "Is there a way in C++ to atomically compare and exchange an atomic integer only if it "
+        "is smaller than a bound?"
+    ),
+    "git history": chat("How do I undo my last commit in git but keep the changes?"),
+    "kubernetes": chat(
+        "What's the best way to roll out a config change to all pods in a Kubernetes "
+        "deployment without downtime?"
+    ),
+    "async rust": chat("When should I use tokio::spawn versus just awaiting a future in Rust?"),
+    "regex": chat("What regex matches a UK postcode?"),
+    "pandas": chat("In pandas, how can I group by two columns and get the mean of a third?"),
+}
+CHAT_NOT_CREATIVE = {
+    "story-themed question": chat("Who wrote the story 'The Lottery' and what is it about?"),
+    "summary of a novel": chat("Summarize the plot of Pride and Prejudice in a few sentences."),
+    "edit grammar": chat(
+        "Correct the grammar in this sentence: 'Me and him goes to the store yesterday.'"
+    ),
+    "poetry facts": chat("What is the difference between a sonnet and a villanelle?"),
+    "song recommendation": chat("Recommend some songs for a road trip playlist."),
+    "movie history": chat("Why was the movie Casablanca so successful when it came out?"),
+    "email tips": chat("What are some tips for writing a professional email to a recruiter?"),
+    "word meaning": chat("What does the word 'petrichor' mean?"),
+}
+CREATIVE_NOT_CHAT = {
+    "script without a verb": chat(
+        "A long script of two raccoons planning a heist on a campsite cooler, with lots of banter."
+    ),
+    "fantasy backstory": chat(
+        "Write a dark, mysterious backstory for my tiefling warlock who made a pact with a "
+        "forgotten sea god."
+    ),
+    "eulogy": chat(
+        "write a eulogy for my grandfather, a fisherman who loved crossword puzzles and "
+        "never missed a sunrise"
+    ),
+    "continue the story": chat(
+        "Continue this story: The lighthouse keeper found the door open, though he had "
+        "locked it himself the night before."
+    ),
+    "wedding toast": chat("Draft a funny wedding toast for my sister and her husband Tom."),
+    "limerick with a system prompt": chat(
+        "a limerick about a cat who hates mondays", system="You are a helpful assistant."
+    ),
+    "italian poem": chat("Scrivi una poesia sul mare d'inverno."),
+}
+
+# Known misses of the shipped model, kept as strict xfails so that a fix shows: creative
+# requests phrased as a transformation ("turn X into a sonnet") read as chat, as the
+# development set labels its AlpacaEval items of that form; short programming questions whose
+# only code cue is one tool name read as chat (the dev set labels many such items chat).
+KNOWN_MISSES = {
+    "creative: sonnet from a list": chat(
+        "Turn my grocery list into a dramatic Shakespearean sonnet: eggs, milk, stale bread, "
+        "and far too much coffee."
+    ),
+    "code: typescript generics": chat(
+        "Can you explain how conditional types work in TypeScript with a small example?"
+    ),
+}
+
+
 @pytest.mark.parametrize(
     ("task", "body"),
     [
         pytest.param(task, body, id=f"{task}: {name}")
-        for task, table in (("rag", RAG), ("code", CODE), ("creative", CREATIVE), ("chat", CHAT))
+        for task, table in (
+            ("rag", RAG | XML_RAG),
+            ("code", CODE | PROGRAMMING_QUESTIONS),
+            ("creative", CREATIVE | CREATIVE_NOT_CHAT),
+            ("chat", CHAT | CHAT_NOT_CREATIVE),
+        )
         for name, body in table.items()
+    ]
+    + [
+        pytest.param(name.split(":")[0], body, id=name, marks=pytest.mark.xfail(strict=True))
+        for name, body in KNOWN_MISSES.items()
     ],
 )
 def test_real_request_shapes(task: str, body: dict[str, Any]) -> None:
@@ -239,38 +392,152 @@ def test_content_parts_are_read() -> None:
     assert classify(body).task == "creative"
 
 
-TOOLS = [
-    {
+def tool(name: str, description: str, **params: str) -> dict[str, Any]:
+    """An OpenAI ``tools`` entry."""
+    properties = {k: {"type": "string", "description": v} for k, v in params.items()}
+    return {
         "type": "function",
         "function": {
-            "name": "get_weather",
-            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+            "name": name,
+            "description": description,
+            "parameters": {"type": "object", "properties": properties, "required": list(params)},
         },
     }
-]
+
+
+WEATHER = tool("get_weather", "Current weather for a city", city="City name, e.g. Paris")
+SEARCH = tool("web_search", "Search the web", query="What to search for")
+CALENDAR = tool("create_event", "Add an event to the user's calendar", title="", start="ISO time")
+CUSTOMERS = tool("find_customer", "Look up a customer in the CRM database", email="")
+ORDERS = tool("sql_query", "Run a read-only SQL query on the orders database", query="SQL")
+RUN_CODE = tool("run_python", "Execute Python code in a sandbox", code="Python source")
+
+
+def with_tools(body: dict[str, Any], *tools: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    return {**body, "tools": list(tools), **extra}
+
+
+def tool_turns(ask: str, name: str, arguments: str, result: str, *rest: str) -> dict[str, Any]:
+    """A conversation: the user asks, the assistant calls a tool, the tool answers, then the
+    assistant and the user alternate with ``rest``."""
+    messages: list[dict[str, Any]] = [
+        {"role": "user", "content": ask},
+        {"role": "assistant", "content": None, "tool_calls": [{
+            "id": "call_1", "type": "function",
+            "function": {"name": name, "arguments": arguments},
+        }]},
+        {"role": "tool", "tool_call_id": "call_1", "content": result},
+    ]  # fmt: skip
+    for i, turn in enumerate(rest):
+        messages.append({"role": "assistant" if i % 2 == 0 else "user", "content": turn})
+    return {"model": "m", "messages": messages}
+
+
+TOOL_CHAT = {
+    "weather question with a weather tool": with_tools(
+        chat("What's the weather like in Lisbon this afternoon?"), WEATHER
+    ),
+    "weather with tool_choice required": with_tools(
+        chat("Do I need an umbrella in Manchester tomorrow?"), WEATHER, tool_choice="required"
+    ),
+    "forced function call": with_tools(
+        chat("how cold is it in Montreal"),
+        WEATHER,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+    ),
+    "search tool offered": with_tools(
+        chat(
+            "Who won the women's singles at Wimbledon last year?",
+            system="You are a helpful assistant. Use the tools when you need fresh information.",
+        ),
+        SEARCH,
+        WEATHER,
+    ),  # fmt: skip
+    "calendar booking": with_tools(
+        chat("Book a 30 minute call with Priya next Tuesday at 10am and call it 'Q3 review'."),
+        CALENDAR,
+    ),
+    "customer database lookup": with_tools(
+        chat("Can you pull up the account for m.okafor@example.org and tell me their plan?"),
+        CUSTOMERS,
+        ORDERS,
+    ),  # fmt: skip
+    "legacy functions field": {
+        **chat("Remind me what meetings I have on Friday."),
+        "functions": [{"name": "list_events", "parameters": {"type": "object"}}],
+    },
+    "after a weather tool result": with_tools(
+        tool_turns(
+            "Is it warm enough for the beach in Nice today?",
+            "get_weather",
+            '{"city": "Nice"}',
+            '{"city": "Nice", "temp_c": 24, "conditions": "sunny", "wind_kph": 9}',
+        ),
+        WEATHER,
+    ),  # fmt: skip
+    "follow-up after a calendar result": with_tools(
+        tool_turns(
+            "What's on my calendar tomorrow?",
+            "list_events",
+            '{"date": "2024-05-14"}',
+            '[{"title": "Standup", "start": "09:30"}, {"title": "Lunch with Sam", '
+            '"start": "12:30"}, {"title": "1:1 with Dana", "start": "15:00"}]',
+            "You have a standup at 9:30, lunch with Sam at 12:30 and a 1:1 with Dana at 3pm.",
+            "Can you move the lunch to 1pm?",
+        ),
+        CALENDAR,
+    ),
+    "order lookup result": with_tools(
+        tool_turns(
+            "Where is my order 88123?",
+            "sql_query",
+            '{"query": "SELECT status, carrier FROM orders WHERE id = 88123"}',
+            '{"rows": [{"status": "shipped", "carrier": "DHL", "eta": "2024-06-02"}]}',
+        ),
+        ORDERS,
+    ),  # fmt: skip
+    "json answer format": {
+        **chat("List three facts about octopuses."),
+        "response_format": {"type": "json_object"},
+    },
+}
+TOOL_CODE = {
+    "code request with a sandbox tool": with_tools(
+        chat(
+            "Write a Python function that parses ISO 8601 durations like PT1H30M into "
+            "seconds, and test it."
+        ),
+        RUN_CODE,
+    ),  # fmt: skip
+    "sql to write, tools offered": with_tools(
+        chat(
+            "Write a SQL query that returns the ten customers with the highest total order "
+            "value in 2023, joining the customers and orders tables."
+        ),
+        ORDERS,
+    ),  # fmt: skip
+    "fix a bug with tools offered": with_tools(
+        chat(
+            "My React component re-renders forever:\n\nuseEffect(() => {\n  setItems([...items,"
+            " x]);\n}, [items]);\n\nHow do I fix it?"
+        ),
+        SEARCH,
+    ),  # fmt: skip
+}
 
 
 @pytest.mark.parametrize(
-    "extra",
-    [
-        {"tools": TOOLS},
-        {"tools": TOOLS, "tool_choice": "auto"},
-        {"tool_choice": {"type": "function", "function": {"name": "get_weather"}}},
-        {"response_format": {"type": "json_object"}},
-        {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}},
-        {"functions": [{"name": "f", "parameters": {}}]},
-    ],
+    ("task", "body"),
+    [pytest.param("chat", b, id=f"chat: {n}") for n, b in TOOL_CHAT.items()]
+    + [pytest.param("code", b, id=f"code: {n}") for n, b in TOOL_CODE.items()],
 )
-def test_structured_output_pushes_to_code(extra: dict[str, Any]) -> None:
-    for body in (chat("What's the weather in Paris today?"), chat("Write a poem about rain.")):
-        assert classify({**body, **extra}).task == "code"
-    assert classify({"prompt": [1, 2, 3], **extra}).task == "code"
+def test_tools_do_not_decide_the_task(task: str, body: dict[str, Any]) -> None:
+    """Tools, tool results and JSON output are no evidence of code: what is asked decides."""
+    assert classify(body).task == task, classify(body).features
 
 
-def test_tools_disabled_or_text_format_do_not_push() -> None:
-    body = chat("What's the weather in Paris today?")
-    assert classify({**body, "tools": TOOLS, "tool_choice": "none"}).task == "chat"
-    assert classify({**body, "response_format": {"type": "text"}}).task == "chat"
+def test_unreadable_prompt_with_tools_uses_the_default() -> None:
+    assert classify({"prompt": [1, 2, 3], "tools": [WEATHER]}) == TaskGuess("chat", 0.25, {})
 
 
 def test_huge_bodies_return() -> None:
