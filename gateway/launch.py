@@ -81,11 +81,12 @@ def _interrupt(signum: int, _frame: FrameType | None) -> None:
 
 
 def up(settings: Settings, config: GatewayConfig, *, startup_timeout_s: float) -> int:
-    """Prepare, launch every local backend, wait until healthy, then serve in the foreground
-    while a :class:`~backends.supervisor.Supervisor` restarts any that crashes.
+    """Prepare, run the pre-launch checks (:func:`preflight`; errors stop here, before any
+    server starts), launch every local backend, wait until healthy, then serve in the
+    foreground while a :class:`~backends.supervisor.Supervisor` restarts any that crashes.
 
     SIGINT or SIGTERM at any point stops the gateway and every process this started.
-    Returns the exit code (0 on a clean stop, 1 when a backend failed to start).
+    Returns the exit code (0 on a clean stop, 1 when a check failed or a backend did not start).
     """
     from gateway.cli import run_gateway
 
@@ -94,9 +95,11 @@ def up(settings: Settings, config: GatewayConfig, *, startup_timeout_s: float) -
     paths = cache_paths(settings)
     try:
         python = prepare(settings)
-        stack = LocalStack(
-            local_backends(config, paths, python), timeout_s=startup_timeout_s, log=_say
-        )
+        backends = local_backends(config, paths, python)
+        if not preflight(backends):  # before any server starts
+            _say("refusing to start the local stack: fix the errors above")
+            return 1
+        stack = LocalStack(backends, timeout_s=startup_timeout_s, log=_say)
         with stack, supervisor(stack, settings, startup_timeout_s) as watching:
             _say(
                 f"all backends healthy {time.monotonic() - started:.1f} s after start; "
