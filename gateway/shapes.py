@@ -73,6 +73,18 @@ def _tool_choice(choice: Any) -> Any:
     return choice if isinstance(choice, str) else None
 
 
+def _chat_view(body: dict[str, Any], messages: list[dict[str, Any]]) -> dict[str, Any]:
+    """The fields every chat view carries: ``messages`` as read, the rest from ``body``."""
+    return {
+        "model": body.get("model"),
+        "temperature": body.get("temperature"),
+        "stream": body.get("stream"),
+        "messages": messages,
+        "tools": body.get("tools"),
+        "tool_choice": _tool_choice(body.get("tool_choice")),
+    }
+
+
 def messages_view(body: dict[str, Any]) -> dict[str, Any]:
     """The chat view of an Anthropic Messages body: ``system`` (string or text blocks) as a
     system message, each message's content blocks (text, tool_use input, tool_result
@@ -84,14 +96,7 @@ def messages_view(body: dict[str, Any]) -> dict[str, Any]:
     for msg in _items(body.get("messages")):
         if isinstance(msg, Mapping):
             messages.append(_message(msg.get("role"), msg.get("content")))
-    return {
-        "model": body.get("model"),
-        "temperature": body.get("temperature"),
-        "stream": body.get("stream"),
-        "messages": messages,
-        "tools": body.get("tools"),
-        "tool_choice": _tool_choice(body.get("tool_choice")),
-    }
+    return _chat_view(body, messages)
 
 
 def responses_view(body: dict[str, Any]) -> dict[str, Any]:
@@ -115,12 +120,4 @@ def responses_view(body: dict[str, Any]) -> dict[str, Any]:
             messages.append(_message(role, item))
     text = body.get("text")
     fmt = text.get("format") if isinstance(text, Mapping) else None
-    return {
-        "model": body.get("model"),
-        "temperature": body.get("temperature"),
-        "stream": body.get("stream"),
-        "messages": messages,
-        "tools": body.get("tools"),
-        "tool_choice": _tool_choice(body.get("tool_choice")),
-        "response_format": fmt,
-    }
+    return {**_chat_view(body, messages), "response_format": fmt}

@@ -11,9 +11,7 @@ start, and the message names what is missing.
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -23,7 +21,6 @@ import yaml
 
 from backends.compose import build_compose
 from backends.k8s import build_manifests
-from backends.paths import CachePaths
 from backends.stack import (
     ADMIN_TOKEN_VAR,
     API_KEYS_VAR,
@@ -43,6 +40,7 @@ from tests.fakes.deployment import (
     k8s_gateway,
 )
 from tests.fakes.sandbox import Observed, Scenario, run_scenario, sandbox_problem
+from tests.fakes.vllm_python import VLLM_PYTHON, run_in_vllm
 
 ROOT = Path(__file__).resolve().parents[2]
 SOURCE = "config/production.example.yaml"
@@ -211,8 +209,6 @@ def test_k8s_gateway_with_an_empty_token_refuses_naming_the_variable(
 
 # -- the backends: every vLLM command parses with vLLM's own `vllm serve` parser -------------
 
-VLLM_PYTHON = CachePaths.default().vllm_python
-
 #: `vllm serve` as vLLM's CLI builds it (vllm/entrypoints/cli/main.py), parse and validate only
 PARSE_SERVE = """
 import json, sys
@@ -259,18 +255,7 @@ def test_every_backend_command_parses_with_vllm() -> None:
     assert len(commands) == 2 * len(config.backends)
     argvs = [argv[1:] for argv in commands.values()]  # "serve", model, flags...
     old_flag = [*argvs[0], "--speculative-model", "org/draft"]  # proves the parser is live
-    try:
-        proc = subprocess.run(
-            [str(VLLM_PYTHON), "-c", PARSE_SERVE, json.dumps([*argvs, old_flag])],
-            capture_output=True,
-            text=True,
-            timeout=300,
-            check=False,
-        )
-    except subprocess.TimeoutExpired:
-        pytest.skip("importing vLLM took too long on this machine")
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    parsed = json.loads(proc.stdout.strip().splitlines()[-1])
+    parsed = run_in_vllm(PARSE_SERVE, [*argvs, old_flag], timeout_s=300)
     assert parsed[-1] == {"exit": 2}
     by_service = {service_name(name): b for name, b in config.backends.items()}
     for (where, _), got in zip(commands.items(), parsed, strict=False):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import shlex
-import subprocess
 from typing import Any
 
 import pytest
@@ -12,8 +11,8 @@ import yaml
 
 from backends.launch_profile import build_argv
 from backends.migrate import DROPPED, SPEC_FLAGS, MigrationError, migrate, profile_yaml
-from backends.paths import CachePaths
 from gateway.cli import main
+from tests.fakes.vllm_python import VLLM_PYTHON, run_in_vllm
 
 API = "python -m vllm.entrypoints.openai.api_server"
 LEGACY = tuple(SPEC_FLAGS) + tuple(DROPPED)
@@ -229,8 +228,6 @@ def test_cli_prints_command_profile_and_changes(capsys: pytest.CaptureFixture[st
     assert "not a vLLM server command" in capsys.readouterr().err
 
 
-VLLM_PYTHON = CachePaths.default().vllm_python
-
 #: Parses each argv with vLLM's own OpenAI-server parser; prints speculative_config as JSON.
 PARSE_WITH_VLLM = """
 import json, sys
@@ -252,20 +249,7 @@ def test_migrated_commands_parse_with_real_vllm() -> None:
     """vLLM's real parser (no server started) accepts every migrated argv, rejects the old."""
     migrated = [migrate(old).argv[3:] for old, *_ in CASES]
     old = shlex.split(CASES[0][0])[3:]
-    try:
-        proc = subprocess.run(
-            [str(VLLM_PYTHON), "-c", PARSE_WITH_VLLM, json.dumps([*migrated, old])],
-            capture_output=True,
-            text=True,
-            timeout=180,
-            check=False,
-        )
-    except subprocess.TimeoutExpired:
-        pytest.skip("importing vLLM took too long on this machine")
-    if proc.returncode != 0 and "ModuleNotFoundError" in proc.stderr:
-        pytest.skip(f"this vLLM has another parser layout: {proc.stderr.splitlines()[-1]}")
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    parsed = json.loads(proc.stdout.strip().splitlines()[-1])
+    parsed = run_in_vllm(PARSE_WITH_VLLM, [*migrated, old], timeout_s=180)
     expected = [json.loads(argv[argv.index("--speculative-config") + 1]) for argv in migrated]
     assert parsed[:-1] == expected
     assert parsed[-1] == "exit 2"  # --speculative-model is gone from current vLLM
