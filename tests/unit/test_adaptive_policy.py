@@ -126,7 +126,7 @@ async def test_explain_and_routes_show_the_estimates(gw: InProcess) -> None:
     out = await gw.client.post("/routes/explain", json=body, headers={"x-task-type": "code"})
     adaptive = out.json()["adaptive"]
     assert adaptive["task"] == "code" and adaptive["bucket"] == "greedy/norep"
-    assert {e["backend"] for e in adaptive["estimates"]} == {"ngram", "draft", "plain"}
+    assert {e["backend"] for e in adaptive["estimates"]} == {"eagle3", "ngram", "draft", "plain"}
     assert sum(e["requests"] for e in adaptive["estimates"]) == 3
     assert out.json()["backend"] == adaptive["chosen"]
     routes = (await gw.client.get("/routes")).json()["adaptive"]
