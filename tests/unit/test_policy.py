@@ -161,9 +161,13 @@ snapshots = st.builds(
     model=st.sampled_from([MODEL, "other"]),
 )
 def test_policy_properties(
-    task: str, temperature: float | None, state: dict, seed: int, model: str
+    policy: RoutingPolicy,
+    task: str,
+    temperature: float | None,
+    state: dict,
+    seed: int,
+    model: str,
 ) -> None:
-    policy = RoutingPolicy(load_config(ROOT / "config" / "local.yaml"))
     f = features(task, temperature, model)
     decision = policy.decide(f, state, random.Random(seed))
     # never an unhealthy or unknown backend, never one twice, always the model's backends
