@@ -16,7 +16,7 @@ choice of backend per task. Writes ``results.json``, ``speedup.md`` and charts t
 warmed up first (see :mod:`bench.adaptive_bench`; use ``--concurrency 1``).
 
 ``--launch`` starts the config's ``local: true`` backends itself (on free ports, so a stack
-already running on 8001-8003 is left alone), the gateway in a subprocess, and stops them all
+already running on 8001-8004 is left alone), the gateway in a subprocess, and stops them all
 at the end, error or Ctrl-C. It needs about 10 GB of free memory. Timings are reported,
 never asserted.
 """

@@ -1,4 +1,5 @@
-"""Real vLLM CPU backends (plain, ngram, draft_model) from config/local.yaml, on free ports.
+"""Real vLLM CPU backends (plain, ngram, draft_model, eagle3) from config/local.yaml, on free
+ports.
 
 The session fixture prepares the vLLM environment and the local models (idempotent, cached
 under SPECGATE_CACHE_DIR or ~/.cache/specgate), launches every local backend with the same
@@ -35,7 +36,7 @@ def local_config_data() -> dict[str, Any]:
 
 @pytest.fixture(scope="session")
 def stack_config() -> Iterator[GatewayConfig]:
-    """The shipped local config, its three real vLLM servers running."""
+    """The shipped local config, its four real vLLM servers running."""
     settings = Settings()
     python = prepare(settings)
     config = parse_config(local_config_data(), "config/local.yaml (test ports)")

@@ -27,8 +27,8 @@ async def test_canary_round_finds_no_fault_in_float32(stack_config: GatewayConfi
         )
         await canary.run_round()
     report = canary.to_json()["backends"]
-    assert set(report) == {"ngram", "draft"}
-    for name in ("ngram", "draft"):
+    assert set(report) == {"ngram", "draft", "eagle3"}
+    for name in ("ngram", "draft", "eagle3"):
         assert report[name]["twin"] == "plain"
         assert report[name]["last_round"]["matched"] == len(CANARY_PROMPTS), report[name]
         assert registry.states[name].suspect is None

@@ -1,5 +1,5 @@
 """Differential conformance: a corpus of requests sent to a real vLLM CPU backend directly and
-through specgate (in front of the real plain, ngram and draft servers); see
+through specgate (in front of the real plain, ngram, draft and eagle3 servers); see
 ``tests/integration/conformance.py`` for the corpus, the comparison and the differences
 that are on purpose. Prints a table of what matched (``pytest -s`` or ``-rA`` shows it)."""
 

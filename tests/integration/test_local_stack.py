@@ -83,7 +83,7 @@ def test_seed_request_returns_a_completion(gateway_url: str) -> None:
     assert resp.headers["x-specgate-task"] == "code"
 
 
-@pytest.mark.parametrize("speculative", ["ngram", "draft"])
+@pytest.mark.parametrize("speculative", ["ngram", "draft", "eagle3"])
 def test_speculation_is_lossless_in_float32(stack_config: GatewayConfig, speculative: str) -> None:
     """Greedy token ids through each speculative backend equal the plain backend's."""
     for prompt in GREEDY_PROMPTS:
@@ -123,7 +123,7 @@ def test_task_header_routes_and_routes_counts(gateway_url: str, client: openai.O
         extra_headers={"X-Task-Type": "code"},
     )
     chosen = code.headers["x-specgate-backend"]
-    assert chosen in {"ngram", "draft"}
+    assert chosen in {"eagle3", "ngram", "draft"}
     assert code.headers["x-specgate-rule"] == "code-rag-speculative"
     after = httpx.get(f"{gateway_url}/routes").json()
     by_rule = after["decisions"]["by_rule"]

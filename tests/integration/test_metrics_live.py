@@ -90,7 +90,7 @@ def test_counts_histograms_and_acceptance(gateway_url: str) -> None:
     assert total(metrics, "specgate_time_to_first_token_seconds_count") == n
     assert total(metrics, "specgate_inter_token_latency_seconds_count") >= 1  # the stream
     assert total(metrics, "specgate_completion_tokens_total") == tokens > 0
-    for name in ("plain", "ngram", "draft"):
+    for name in ("plain", "ngram", "draft", "eagle3"):
         assert total(metrics, "specgate_backend_healthy", backend=name) == 1.0
         assert total(metrics, "specgate_backend_inflight", backend=name) == 0.0
     assert_acceptance_matches_routes(gateway_url)

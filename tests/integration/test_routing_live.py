@@ -65,7 +65,7 @@ def test_acceptance_in_routes_equals_the_backend_counters(
     )
 
 
-def test_poor_draft_is_demoted_and_code_moves_to_ngram(gateway_url: str) -> None:
+def test_poor_draft_is_demoted_and_code_moves_off_it(gateway_url: str) -> None:
     with httpx.Client(base_url=gateway_url, timeout=300) as client:
         body = {"model": MODEL, "prompt": CODE_PROMPT, "max_tokens": 96, "temperature": 0}
         served: Counter[str] = Counter()
@@ -83,4 +83,6 @@ def test_poor_draft_is_demoted_and_code_moves_to_ngram(gateway_url: str) -> None
             small = body | {"max_tokens": 8}
             resp = client.post("/v1/completions", json=small, headers={"X-Task-Type": "code"})
             after[resp.headers["x-specgate-backend"]] += 1
-        assert after["ngram"] >= 6, after  # the rest is the probe share (about 2.5%)
+        # ngram and eagle3 take the code traffic; the rest is draft's probe share (5% of the
+        # time it is kept, then it competes with the other two)
+        assert after["ngram"] + after["eagle3"] >= 6, after

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import random
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -39,15 +41,20 @@ def local_config() -> GatewayConfig:
     return load_config(ROOT / "config" / "local.yaml")
 
 
-@pytest.fixture
-async def gw() -> AsyncIterator[InProcess]:
+def gateway_settings(**overrides: Any) -> Settings:
+    """The in-process gateway's settings: a small body limit, no background health polls."""
+    return Settings(max_body_bytes=64 * 1024, health_interval_s=60, **overrides)
+
+
+@asynccontextmanager
+async def in_process(settings: Settings) -> AsyncIterator[InProcess]:
+    """The shipped local config behind ``settings``, a fake vLLM server per backend."""
     config = local_config()
     fakes = {name: FakeBehaviour(name=name) for name in config.backends}
     apps = {
         b.base_url.removeprefix("http://"): create_fake_vllm(fakes[name])
         for name, b in config.backends.items()
     }
-    settings = Settings(max_body_bytes=64 * 1024, health_interval_s=60)
     app = create_app(
         settings, config=config, transport=BackendsTransport(apps), rng=random.Random(1)
     )
@@ -55,3 +62,9 @@ async def gw() -> AsyncIterator[InProcess]:
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://gw") as client:
             yield InProcess(client, fakes, config, app)
+
+
+@pytest.fixture
+async def gw() -> AsyncIterator[InProcess]:
+    async with in_process(gateway_settings()) as gateway:
+        yield gateway

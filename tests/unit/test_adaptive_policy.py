@@ -31,7 +31,8 @@ def features(task: str, temperature: float) -> RequestFeatures:
 
 def healthy(**batch: float) -> dict[str, BackendSnapshot]:
     return {
-        n: BackendSnapshot(True, running=batch.get(n, 0.0)) for n in ("plain", "ngram", "draft")
+        n: BackendSnapshot(True, running=batch.get(n, 0.0))
+        for n in ("plain", "ngram", "draft", "eagle3")
     }
 
 
@@ -45,10 +46,12 @@ def learnt(task: str, bucket: str, speeds: dict[str, float], n: int = 20) -> Lea
 
 def test_adaptive_puts_the_fastest_allowed_backend_first() -> None:
     policy = RoutingPolicy(adaptive_config())
-    learner = learnt("code", "greedy/norep", {"plain": 30.0, "ngram": 20.0, "draft": 9.0})
+    learner = learnt(
+        "code", "greedy/norep", {"plain": 30.0, "ngram": 20.0, "draft": 9.0, "eagle3": 15.0}
+    )
     decision = policy.decide(features("code", 0.0), healthy(), random.Random(0), learner.view())
     assert decision.backends[0] == "plain"  # a plain fallback may win: no guard rail crossed
-    assert set(decision.backends) == {"plain", "ngram", "draft"}  # failover order kept
+    assert set(decision.backends) == {"plain", "ngram", "draft", "eagle3"}  # failover order kept
     assert decision.adaptive is not None and decision.adaptive.best == "plain"
     plain = next(e for e in decision.adaptive.estimates if e.backend == "plain")
     assert plain.speed_tps == pytest.approx(30.0) and plain.relative == pytest.approx(1.0)
@@ -67,7 +70,9 @@ def test_rules_stay_the_guard_rails() -> None:
 
 def test_passed_over_backends_are_not_eligible() -> None:
     policy = RoutingPolicy(adaptive_config())
-    learner = learnt("code", "greedy/norep", {"plain": 10.0, "ngram": 50.0, "draft": 9.0})
+    learner = learnt(
+        "code", "greedy/norep", {"plain": 10.0, "ngram": 50.0, "draft": 9.0, "eagle3": 9.0}
+    )
     state = healthy(ngram=9.0)  # over ngram's max_batch_for_speculation of 4
     decision = policy.decide(features("code", 0.0), state, random.Random(0), learner.view())
     assert decision.backends[0] != "ngram" and decision.backends[-1] == "ngram"
@@ -75,7 +80,9 @@ def test_passed_over_backends_are_not_eligible() -> None:
 
 def test_static_policy_ignores_estimates() -> None:
     policy = RoutingPolicy(local_config())
-    learner = learnt("code", "greedy/norep", {"plain": 90.0, "ngram": 1.0, "draft": 1.0})
+    learner = learnt(
+        "code", "greedy/norep", {"plain": 90.0, "ngram": 1.0, "draft": 1.0, "eagle3": 1.0}
+    )
     for seed in range(10):
         with_estimates = policy.decide(
             features("code", 0.0), healthy(), random.Random(seed), learner.view()
@@ -89,7 +96,9 @@ def test_rule_policy_overrides_the_default() -> None:
     data["rules"][2]["policy"] = "adaptive"  # code-rag-speculative only
     config = parse_config(data)
     assert config.rules[2].policy == "adaptive" and config.routing.policy == "static"
-    learner = learnt("code", "greedy/norep", {"plain": 90.0, "ngram": 1.0, "draft": 1.0})
+    learner = learnt(
+        "code", "greedy/norep", {"plain": 90.0, "ngram": 1.0, "draft": 1.0, "eagle3": 1.0}
+    )
     decision = RoutingPolicy(config).decide(
         features("code", 0.0), healthy(), random.Random(0), learner.view()
     )
@@ -101,7 +110,9 @@ def test_rule_policy_overrides_the_default() -> None:
 
 def test_overlap_buckets_requests() -> None:
     policy = RoutingPolicy(adaptive_config())
-    learner = learnt("code", "greedy/rep", {"plain": 10.0, "ngram": 40.0, "draft": 5.0})
+    learner = learnt(
+        "code", "greedy/rep", {"plain": 10.0, "ngram": 40.0, "draft": 5.0, "eagle3": 5.0}
+    )
     rep = PromptStats(chars=900, overlap=0.3)
     decision = policy.decide(
         features("code", 0.0), healthy(), random.Random(0), learner.view(), rep
@@ -126,7 +137,7 @@ async def test_explain_and_routes_show_the_estimates(gw: InProcess) -> None:
     out = await gw.client.post("/routes/explain", json=body, headers={"x-task-type": "code"})
     adaptive = out.json()["adaptive"]
     assert adaptive["task"] == "code" and adaptive["bucket"] == "greedy/norep"
-    assert {e["backend"] for e in adaptive["estimates"]} == {"ngram", "draft", "plain"}
+    assert {e["backend"] for e in adaptive["estimates"]} == {"eagle3", "ngram", "draft", "plain"}
     assert sum(e["requests"] for e in adaptive["estimates"]) == 3
     assert out.json()["backend"] == adaptive["chosen"]
     routes = (await gw.client.get("/routes")).json()["adaptive"]

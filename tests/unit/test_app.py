@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from tests.unit.conftest import MODEL, InProcess
+from tests.unit.conftest import MODEL, InProcess, gateway_settings, in_process
 
 CODE = {"model": MODEL, "prompt": "def fib(n):\n    ", "max_tokens": 8, "temperature": 0}
 
@@ -30,7 +30,7 @@ async def test_completion_is_routed_and_forwarded_byte_for_byte(gw: InProcess) -
     )
     assert resp.status_code == 200
     backend = resp.headers["x-specgate-backend"]
-    assert backend in {"ngram", "draft"}
+    assert backend in {"eagle3", "ngram", "draft"}
     assert resp.headers["x-specgate-rule"] == "code-rag-speculative"
     assert resp.headers["x-specgate-task"] == "code"
     assert resp.json()["served_by"] == backend
@@ -139,17 +139,21 @@ async def test_backend_4xx_passes_through_unchanged(gw: InProcess) -> None:
     assert resp.headers["x-specgate-backend"] == "plain"
 
 
-async def test_503_fails_over_then_all_down_is_503(gw: InProcess) -> None:
-    gw.fakes["ngram"].status = 503
-    gw.fakes["draft"].status = 502
-    resp = await gw.client.post("/v1/completions", json=CODE, headers={"x-task-type": "code"})
-    assert resp.status_code == 200
-    assert resp.headers["x-specgate-backend"] == "plain"
-    gw.fakes["plain"].status = 503
-    resp = await gw.client.post("/v1/completions", json=CODE, headers={"x-task-type": "code"})
-    assert_envelope(resp, 503, "no_healthy_backend")
-    routes = (await gw.client.get("/routes")).json()
-    assert routes["decisions"]["failovers"] == 5
+async def test_503_fails_over_then_all_down_is_503() -> None:
+    # one attempt per local backend: the three speculative ones, then plain
+    async with in_process(gateway_settings(max_attempts=4)) as gw:
+        gw.fakes["eagle3"].status = 503
+        gw.fakes["ngram"].status = 503
+        gw.fakes["draft"].status = 502
+        code = {"x-task-type": "code"}
+        resp = await gw.client.post("/v1/completions", json=CODE, headers=code)
+        assert resp.status_code == 200
+        assert resp.headers["x-specgate-backend"] == "plain"
+        gw.fakes["plain"].status = 503
+        resp = await gw.client.post("/v1/completions", json=CODE, headers=code)
+        assert_envelope(resp, 503, "no_healthy_backend")
+        routes = (await gw.client.get("/routes")).json()
+        assert routes["decisions"]["failovers"] == 7  # 3 to reach plain, then all 4 down
 
 
 async def test_models_health_ready_routes(gw: InProcess) -> None:
@@ -157,11 +161,12 @@ async def test_models_health_ready_routes(gw: InProcess) -> None:
     assert [m["id"] for m in models["data"]] == [MODEL]
     assert (await gw.client.get("/health")).json() == {"status": "ok"}
     ready = (await gw.client.get("/ready")).json()
-    assert sorted(ready["healthy_backends"]) == ["draft", "ngram", "plain"]
+    assert sorted(ready["healthy_backends"]) == ["draft", "eagle3", "ngram", "plain"]
     await gw.client.post("/v1/completions", json=CODE, headers={"x-task-type": "code"})
     routes = (await gw.client.get("/routes")).json()
-    assert [b["name"] for b in routes["backends"]] == ["plain", "ngram", "draft"]
+    assert [b["name"] for b in routes["backends"]] == ["plain", "ngram", "draft", "eagle3"]
     assert routes["backends"][1]["speculation"]["method"] == "ngram"
+    assert routes["backends"][3]["speculation"]["method"] == "eagle3"
     assert routes["decisions"]["by_rule"] == {"code-rag-speculative": 1}
     assert sum(routes["decisions"]["by_backend"].values()) == 1
     assert [r["name"] for r in routes["rules"]][-1] == "default"
@@ -182,7 +187,7 @@ def queue_metrics(running: int, waiting: int) -> str:
 
 
 async def test_long_queue_moves_low_temperature_code_to_plain(gw: InProcess) -> None:
-    for name in ("ngram", "draft"):
+    for name in ("eagle3", "ngram", "draft"):
         gw.fakes[name].metrics_text = queue_metrics(running=4, waiting=12)
     await gw.poll()
     routes = (await gw.client.get("/routes")).json()
@@ -194,13 +199,14 @@ async def test_long_queue_moves_low_temperature_code_to_plain(gw: InProcess) -> 
         assert resp.headers["x-specgate-rule"] == "code-rag-speculative"
     explained = (await gw.client.post("/routes/explain", json=CODE | {"prompt": "def f():"})).json()
     why = {c["backend"]: c["why"] for c in explained["candidates"] if not c["kept"]}
-    assert why["ngram"] == "batch 16 > max_batch_for_speculation 4: speculation loses"
+    for name in ("eagle3", "ngram", "draft"):
+        assert why[name] == "batch 16 > max_batch_for_speculation 4: speculation loses"
     # the queue drains: speculation is back
-    for name in ("ngram", "draft"):
+    for name in ("eagle3", "ngram", "draft"):
         gw.fakes[name].metrics_text = queue_metrics(running=1, waiting=0)
     await gw.poll()
     resp = await gw.client.post("/v1/completions", json=CODE, headers={"x-task-type": "code"})
-    assert resp.headers["x-specgate-backend"] in {"ngram", "draft"}
+    assert resp.headers["x-specgate-backend"] in {"eagle3", "ngram", "draft"}
 
 
 async def test_unreachable_metrics_keep_previous_figures(gw: InProcess) -> None:
@@ -228,20 +234,25 @@ def spec_metrics(drafts: int, accepted: int, k: int = 3) -> str:
 async def test_low_acceptance_demotes_then_recovery_restores(gw: InProcess) -> None:
     gw.fakes["draft"].metrics_text = spec_metrics(drafts=0, accepted=0)
     gw.fakes["ngram"].metrics_text = spec_metrics(drafts=0, accepted=0, k=5)
+    gw.fakes["eagle3"].metrics_text = spec_metrics(drafts=0, accepted=0)
     await gw.poll()
     gw.fakes["draft"].metrics_text = spec_metrics(drafts=300, accepted=9)  # 1% acceptance
     gw.fakes["ngram"].metrics_text = spec_metrics(drafts=100, accepted=150, k=5)  # 30%
+    gw.fakes["eagle3"].metrics_text = spec_metrics(drafts=100, accepted=210)  # 70%
     await gw.poll()
     routes = {b["name"]: b for b in (await gw.client.get("/routes")).json()["backends"]}
     assert routes["draft"]["acceptance"]["rate"] == pytest.approx(0.01)
     assert routes["draft"]["acceptance"]["mean_length"] == pytest.approx(1.03)
     assert routes["draft"]["demoted"] is True and routes["draft"]["demotions"] == 1
     assert routes["ngram"]["demoted"] is False  # 0.30 >= its floor of 0.15
+    assert routes["eagle3"]["demoted"] is False  # 0.70 >= the default floor of 0.5
     served = []
     for _ in range(40):
         resp = await gw.client.post("/v1/completions", json=CODE, headers={"x-task-type": "code"})
         served.append(resp.headers["x-specgate-backend"])
-    assert served.count("ngram") >= 35  # draft keeps only its probe share
+    # the two kept backends share the traffic; draft keeps only its probe share
+    assert served.count("ngram") + served.count("eagle3") >= 35
+    assert served.count("ngram") > 0 and served.count("eagle3") > 0
     gw.fakes["draft"].metrics_text = spec_metrics(drafts=600, accepted=909)  # recovers
     await gw.poll()
     routes = {b["name"]: b for b in (await gw.client.get("/routes")).json()["backends"]}

@@ -164,10 +164,11 @@ async def test_fault_marks_suspect_stops_routing_and_recovers(gw: InProcess) -> 
     c = canary(gw)
     gw.fakes["plain"].completion_override = real("fp32_plain")
     gw.fakes["draft"].completion_override = real("fp32_draft")
+    gw.fakes["eagle3"].completion_override = real("fp32_draft")
     gw.fakes["ngram"].completion_override = with_token(real("fp32_plain"), 2, 40, "8")
     await c.run_round()
     states = gw.app.state.gateway.registry.states
-    assert states["draft"].suspect is None
+    assert states["draft"].suspect is None and states["eagle3"].suspect is None
     assert states["ngram"].suspect == (
         "canary: prompt 0 diverged at token 2: plain '7' vs '8', top-2 margin 3.015 nats"
         " (the plain model was sure of its token)"
@@ -175,12 +176,12 @@ async def test_fault_marks_suspect_stops_routing_and_recovers(gw: InProcess) -> 
     body = gw.fakes["ngram"].received[0]["body"]
     sent = json.loads(body)
     assert sent["temperature"] == 0 and sent["logprobs"] == 2 and sent["return_token_ids"]
-    assert len(gw.fakes["plain"].received) == 5  # once per prompt, shared by both backends
+    assert len(gw.fakes["plain"].received) == 5  # once per prompt, shared by all three backends
 
     routes = (await gw.client.get("/routes")).json()
     by_name = {b["name"]: b for b in routes["backends"]}
     assert by_name["ngram"]["suspect"] == states["ngram"].suspect
-    assert by_name["draft"]["suspect"] is None
+    assert by_name["draft"]["suspect"] is None and by_name["eagle3"]["suspect"] is None
     report = routes["canary"]["backends"]
     assert report["ngram"]["twin"] == "plain"
     assert report["ngram"]["last_round"] == {
@@ -191,6 +192,7 @@ async def test_fault_marks_suspect_stops_routing_and_recovers(gw: InProcess) -> 
     }
     assert report["ngram"]["last_divergence"]["position"] == 2
     assert report["draft"]["last_round"]["matched"] == 5
+    assert report["eagle3"]["last_round"]["matched"] == 5
     assert routes["canary"]["rounds"] == 1 and routes["canary"]["last_round"] is not None
     explained = (
         await gw.client.post(
@@ -198,7 +200,7 @@ async def test_fault_marks_suspect_stops_routing_and_recovers(gw: InProcess) -> 
         )
     ).json()
     assert routed_why(explained)["ngram"].startswith("suspect: canary: prompt 0")
-    assert await routed(gw) == {"draft"}
+    assert await routed(gw) == {"draft", "eagle3"}
 
     gw.fakes["ngram"].completion_override = real("fp32_draft")
     await c.run_round()
@@ -206,7 +208,7 @@ async def test_fault_marks_suspect_stops_routing_and_recovers(gw: InProcess) -> 
     routes = (await gw.client.get("/routes")).json()
     assert routes["canary"]["backends"]["ngram"]["totals"]["fault"] == 5
     assert routes["canary"]["backends"]["ngram"]["last_round"]["matched"] == 5
-    assert await routed(gw, 12) == {"ngram", "draft"}
+    assert await routed(gw, 12) == {"ngram", "draft", "eagle3"}
 
 
 def routed_why(explained: dict[str, Any]) -> dict[str, str]:

@@ -23,16 +23,23 @@ def test_shipped_configs_are_valid(name: str) -> None:
     assert config.rules
 
 
-def test_local_config_defines_three_local_backends() -> None:
+def test_local_config_defines_four_local_backends() -> None:
     config = load_config(ROOT / "config" / "local.yaml")
     methods = {n: b.spec.method for n, b in config.backends.items()}
-    assert methods == {"plain": "none", "ngram": "ngram", "draft": "draft_model"}
+    assert methods == {
+        "plain": "none",
+        "ngram": "ngram",
+        "draft": "draft_model",
+        "eagle3": "eagle3",
+    }
     assert all(b.local for b in config.backends.values())
     assert {b.base_url for b in config.backends.values()} == {
         "http://127.0.0.1:8001",
         "http://127.0.0.1:8002",
         "http://127.0.0.1:8003",
+        "http://127.0.0.1:8004",
     }
+    assert config.pools == {"plain": ["plain"], "speculative": ["eagle3", "ngram", "draft"]}
 
 
 def issues_of(data: dict) -> list[tuple[str, str]]:
@@ -43,11 +50,11 @@ def issues_of(data: dict) -> list[tuple[str, str]]:
 
 def test_unknown_pool_and_backend_references() -> None:
     data = base()
-    data["pools"]["speculative"].append("eagle")
+    data["pools"]["speculative"].append("medusa")
     data["rules"][2]["fallbacks"] = ["nowhere"]
     data["defaults"]["pool"] = "missing"
     assert issues_of(data) == [
-        ("pools.speculative.2", "unknown backend 'eagle'"),
+        ("pools.speculative.3", "unknown backend 'medusa'"),
         ("defaults.pool", "unknown pool 'missing'"),
         ("rules.2.fallbacks.0", "unknown pool 'nowhere'"),
     ]

@@ -86,7 +86,8 @@ async def test_admin_views_list_and_clear_the_quarantine(gw: InProcess) -> None:
     assert "specgate_quarantine_refused_total 1.0" in metrics
     assert (await gw.client.delete(f"/routes/quarantine/{fp}")).json() == {"cleared": 1}
     assert (await gw.client.delete(f"/routes/quarantine/{fp}")).status_code == 404
-    gw.fakes["ngram"].poison = gw.fakes["draft"].poison = None
+    for name in ("eagle3", "ngram", "draft"):
+        gw.fakes[name].poison = None
     cleared = await gw.client.post(CHAT, json=DEADLY)  # served again (plain is still down)
     assert cleared.status_code == 200 and cleared.headers["x-specgate-backend"] != "plain"
 

@@ -28,9 +28,9 @@ async def test_explain_over_http(gw: InProcess) -> None:
     assert out["task_source"] == "classifier"
     assert out["temperature"] == 0.2
     assert out["rule"] == "code-rag-speculative"
-    assert out["backend"] in {"ngram", "draft"}
+    assert out["backend"] in {"eagle3", "ngram", "draft"}
     kept = {c["backend"] for c in out["candidates"] if c["kept"]}
-    assert kept == {"ngram", "draft", "plain"}
+    assert kept == {"eagle3", "ngram", "draft", "plain"}
     assert out["reasons"][0].startswith("rule 'code-rag-speculative' matched")
     assert not any(f.received for f in gw.fakes.values())  # no backend was called
     routes = (await gw.client.get("/routes")).json()

@@ -28,10 +28,10 @@ def dashboard_exprs() -> list[str]:
 
 
 async def test_every_dashboard_metric_is_exported(gw: InProcess) -> None:
-    for name, k in (("ngram", 5), ("draft", 3)):
+    for name, k in (("ngram", 5), ("draft", 3), ("eagle3", 3)):
         gw.fakes[name].metrics_text = vllm_metrics_page(drafts=0, accepted_per_pos=(0,) * k)
     await gw.poll()
-    for name, k in (("ngram", 5), ("draft", 3)):
+    for name, k in (("ngram", 5), ("draft", 3), ("eagle3", 3)):
         gw.fakes[name].metrics_text = vllm_metrics_page(drafts=100, accepted_per_pos=(50,) * k)
     await gw.poll()
     body = {"model": MODEL, "prompt": "def f():", "max_tokens": 4, "temperature": 0}

@@ -123,7 +123,7 @@ async def test_backend_gauges_follow_the_live_state(gw: InProcess) -> None:
     assert not select(samples, "specgate_backend_acceptance_rate", backend="plain")
     per_pos = select(samples, "specgate_backend_acceptance_per_position", backend="ngram")
     assert sorted(per_pos.values()) == sorted(v for v in ngram["acceptance"]["per_position"])
-    assert all(gauge("circuit_open", b) == 0.0 for b in ("plain", "ngram", "draft"))
+    assert all(gauge("circuit_open", b) == 0.0 for b in ("plain", "ngram", "draft", "eagle3"))
 
 
 async def test_circuit_and_inflight_gauges(gw: InProcess) -> None:

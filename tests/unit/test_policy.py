@@ -15,6 +15,8 @@ from gateway.routing.policy import BackendSnapshot, RoutingPolicy
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = "smollm2-135m-instruct"
+BACKENDS = ("plain", "ngram", "draft", "eagle3")  # config/local.yaml's
+SPECULATIVE = {"eagle3", "ngram", "draft"}
 
 
 @pytest.fixture(scope="module")
@@ -28,17 +30,15 @@ def features(task: str, temperature: float | None, model: str = MODEL) -> Reques
 
 
 def all_healthy(**inflight: int) -> dict[str, BackendSnapshot]:
-    return {
-        n: BackendSnapshot(True, inflight=inflight.get(n, 0)) for n in ("plain", "ngram", "draft")
-    }
+    return {n: BackendSnapshot(True, inflight=inflight.get(n, 0)) for n in BACKENDS}
 
 
 @pytest.mark.parametrize(
     ("task", "temperature", "rule", "first_pool"),
     [
-        ("code", 0.0, "code-rag-speculative", {"ngram", "draft"}),
-        ("code", 0.6, "code-rag-speculative", {"ngram", "draft"}),
-        ("rag", 0.2, "code-rag-speculative", {"ngram", "draft"}),
+        ("code", 0.0, "code-rag-speculative", SPECULATIVE),
+        ("code", 0.6, "code-rag-speculative", SPECULATIVE),
+        ("rag", 0.2, "code-rag-speculative", SPECULATIVE),
         ("code", 0.7, "default", {"plain"}),
         ("code", 0.8, "hot-plain", {"plain"}),
         ("rag", None, "hot-plain", {"plain"}),  # absent temperature means 1.0
@@ -56,25 +56,26 @@ def test_rules_table(
     assert decision.rule == rule
     assert decision.backend in first_pool
     if rule == "code-rag-speculative":
-        assert set(decision.backends) == {"ngram", "draft", "plain"}
+        assert set(decision.backends) == SPECULATIVE | {"plain"}
         assert decision.backends[-1] == "plain"  # the fallback pool comes last
 
 
 def test_unhealthy_backends_are_skipped_and_fallbacks_follow(policy: RoutingPolicy) -> None:
-    state = all_healthy() | {"ngram": BackendSnapshot(False)}
+    state = all_healthy() | {"ngram": BackendSnapshot(False), "eagle3": BackendSnapshot(False)}
     decision = policy.decide(features("code", 0.0), state, random.Random(0))
     assert decision.backends == ("draft", "plain")
     skipped = {c.backend: c.why for c in decision.candidates if not c.kept}
-    assert skipped == {"ngram": "unhealthy"}
+    assert skipped == {"ngram": "unhealthy", "eagle3": "unhealthy"}
 
 
 def test_least_outstanding_first(policy: RoutingPolicy) -> None:
-    decision = policy.decide(features("code", 0.0), all_healthy(ngram=3, draft=1), random.Random(0))
-    assert decision.backends == ("draft", "ngram", "plain")
+    state = all_healthy(ngram=3, draft=1, eagle3=2)
+    decision = policy.decide(features("code", 0.0), state, random.Random(0))
+    assert decision.backends == ("draft", "eagle3", "ngram", "plain")
 
 
 def test_no_healthy_backend_gives_empty_try_list(policy: RoutingPolicy) -> None:
-    state = {n: BackendSnapshot(False) for n in ("plain", "ngram", "draft")}
+    state = {n: BackendSnapshot(False) for n in BACKENDS}
     decision = policy.decide(features("chat", 0.5), state, random.Random(0))
     assert decision.backends == ()
     assert decision.backend is None
@@ -93,9 +94,9 @@ def test_same_state_and_seed_gives_same_decision(policy: RoutingPolicy) -> None:
 
 
 def test_loaded_speculative_backend_is_passed_over_for_plain(policy: RoutingPolicy) -> None:
-    state = all_healthy() | {"ngram": BackendSnapshot(True, running=3, waiting=2)}
+    state = all_healthy(eagle3=1) | {"ngram": BackendSnapshot(True, running=3, waiting=2)}
     decision = policy.decide(features("code", 0.0), state, random.Random(0))
-    assert decision.backends == ("draft", "plain", "ngram")  # ngram stays a last resort
+    assert decision.backends == ("draft", "eagle3", "plain", "ngram")  # ngram: a last resort
     [ngram] = [c for c in decision.candidates if c.backend == "ngram"]
     assert not ngram.kept
     assert ngram.why == "batch 5 > max_batch_for_speculation 4: speculation loses"
@@ -105,6 +106,7 @@ def test_gateway_inflight_counts_as_load_before_the_scrape_sees_it(policy: Routi
     state = all_healthy() | {
         "ngram": BackendSnapshot(True, inflight=5),
         "draft": BackendSnapshot(True, inflight=5),
+        "eagle3": BackendSnapshot(True, inflight=5),
     }
     decision = policy.decide(features("rag", 0.1), state, random.Random(0))
     assert decision.backends[0] == "plain"
@@ -113,9 +115,11 @@ def test_gateway_inflight_counts_as_load_before_the_scrape_sees_it(policy: Routi
 def test_demoted_backend_loses_traffic_but_keeps_a_probe_share(policy: RoutingPolicy) -> None:
     state = all_healthy() | {"draft": BackendSnapshot(True, demoted=True, acceptance_rate=0.01)}
     rng = random.Random(3)
-    firsts = [policy.decide(features("code", 0.0), state, rng).backend for _ in range(2000)]
-    share = firsts.count("draft") / len(firsts)
-    assert 0.01 < share < 0.05  # probe_share 0.05 of the time it competes with ngram
+    decisions = [policy.decide(features("code", 0.0), state, rng) for _ in range(2000)]
+    kept = [any(c.backend == "draft" and c.kept for c in d.candidates) for d in decisions]
+    assert 0.03 < kept.count(True) / len(kept) < 0.07  # its probe_share of 0.05
+    share = [d.backend for d in decisions].count("draft") / len(decisions)
+    assert 0.005 < share < 0.03  # kept, it ties with ngram and eagle3: first a third of that
     decision = policy.decide(features("code", 0.0), state, random.Random(0))
     [draft] = [c for c in decision.candidates if c.backend == "draft"]
     if not draft.kept:
@@ -131,10 +135,11 @@ def test_all_speculative_passed_over_adds_plain_even_without_fallback() -> None:
         "plain": BackendSnapshot(True),
         "ngram": BackendSnapshot(True, running=9),
         "draft": BackendSnapshot(True, running=9),
+        "eagle3": BackendSnapshot(True, running=9),
     }
     decision = policy.decide(features("code", 0.0), state, random.Random(0))
     assert decision.backends[0] == "plain"
-    assert set(decision.backends[1:]) == {"ngram", "draft"}
+    assert set(decision.backends[1:]) == SPECULATIVE
 
 
 snapshots = st.builds(
@@ -151,14 +156,18 @@ snapshots = st.builds(
 @given(
     task=st.sampled_from(["code", "rag", "chat", "creative"]),
     temperature=st.none() | st.floats(0, 2),
-    state=st.fixed_dictionaries({n: snapshots for n in ("plain", "ngram", "draft")}),
+    state=st.fixed_dictionaries({n: snapshots for n in BACKENDS}),
     seed=st.integers(0, 2**32),
     model=st.sampled_from([MODEL, "other"]),
 )
 def test_policy_properties(
-    task: str, temperature: float | None, state: dict, seed: int, model: str
+    policy: RoutingPolicy,
+    task: str,
+    temperature: float | None,
+    state: dict,
+    seed: int,
+    model: str,
 ) -> None:
-    policy = RoutingPolicy(load_config(ROOT / "config" / "local.yaml"))
     f = features(task, temperature, model)
     decision = policy.decide(f, state, random.Random(seed))
     # never an unhealthy or unknown backend, never one twice, always the model's backends

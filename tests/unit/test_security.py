@@ -30,8 +30,8 @@ def config_file(tmp_path: Path) -> Path:
 
 
 async def client_for(settings: Settings) -> AsyncIterator[tuple[httpx.AsyncClient, dict]]:
-    fakes = {n: FakeBehaviour(name=n) for n in ("plain", "ngram", "draft")}
-    ports = {"plain": 8001, "ngram": 8002, "draft": 8003}
+    fakes = {n: FakeBehaviour(name=n) for n in ("plain", "ngram", "draft", "eagle3")}
+    ports = {"plain": 8001, "ngram": 8002, "draft": 8003, "eagle3": 8004}
     apps = {f"127.0.0.1:{ports[n]}": create_fake_vllm(f) for n, f in fakes.items()}
     app = create_app(settings, transport=BackendsTransport(apps), rng=random.Random(0))
     async with app.router.lifespan_context(app):

@@ -59,7 +59,7 @@ async def test_status_page_renders_the_live_state(gw: InProcess) -> None:
     assert resp.status_code == 200 and resp.headers["content-type"].startswith("text/html")
     html = resp.text
     assert '<meta http-equiv="refresh"' in html
-    for name in ("plain", "ngram", "draft"):
+    for name in ("plain", "ngram", "draft", "eagle3"):
         assert f'<tr data-backend="{name}">' in html
     assert "65.6%" in html and "4.28" in html  # 59/90 accepted, 1 + 59/18 tokens per step
     assert '<span class="pill down"' in html  # draft

@@ -24,7 +24,7 @@ async def test_observers_see_each_request_once(gw: InProcess) -> None:
         (404, False, "model_not_found"),
     ]
     first, streamed, missing = seen
-    assert first.backend in {"ngram", "draft"} and first.rule == "code-rag-speculative"
+    assert first.backend in {"eagle3", "ngram", "draft"} and first.rule == "code-rag-speculative"
     assert first.completion_tokens() == 8  # from the JSON body's usage
     assert streamed.request_id == "r2" and streamed.backend == "plain"
     assert streamed.chunks >= 1 and streamed.ttft_s is not None
