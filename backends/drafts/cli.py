@@ -23,6 +23,11 @@ DEFAULT_CONFIG = REPO_ROOT / "config" / "local.yaml"
 DEFAULT_DATA = REPO_ROOT.parent / "shared" / "datasets" / "prompts"
 
 
+def say(line: str) -> None:
+    """Print one progress line now (stdout may be a file)."""
+    print(line, flush=True)
+
+
 def add_drafts_commands(sub: Any) -> None:
     """Register ``specgate drafts`` and its subcommands on the top-level subparsers."""
     drafts = sub.add_parser("drafts", help="EAGLE-3 draft heads: check (the gate) and train")
@@ -129,8 +134,8 @@ def run_check(head: Path, target: Path, served: str, data: Path, settings: Any) 
 
     paths = CachePaths.default()
     try:
-        python = ensure_vllm_env(paths)
-        report = run_gate(head, target, served, python, data, paths.logs, settings)
+        python = ensure_vllm_env(paths, log=say)
+        report = run_gate(head, target, served, python, data, paths.logs, settings, log=say)
     except (BackendError, SetupError, OSError, httpx.HTTPError) as exc:
         print(f"specgate drafts check: {exc}", file=sys.stderr)
         return 1
