@@ -124,3 +124,21 @@ def test_check_refuses_bad_heads_before_any_server(
     assert "without transformer_layer_config" in capsys.readouterr().err
     assert main(["drafts", "check", str(tmp_path / "none"), "--config", str(config)]) == 2
     assert "no such head folder" in capsys.readouterr().err
+
+
+def test_speculators_env_is_ready_only_with_a_matching_marker(tmp_path: Path) -> None:
+    from backends.drafts import spec_env
+    from backends.paths import CachePaths
+
+    paths = CachePaths(tmp_path)
+    python = spec_env.speculators_python(paths)
+    assert python == tmp_path / "speculators-venv" / "bin" / "python"
+    assert not spec_env.is_speculators_env_ready(paths)
+    python.parent.mkdir(parents=True)
+    python.touch()
+    marker = python.parents[1] / spec_env.MARKER_NAME
+    marker.write_text(json.dumps({"requirements": ["speculators==0.8.0"]}))
+    assert not spec_env.is_speculators_env_ready(paths)  # other pins: set up again
+    marker.write_text(json.dumps(spec_env._expected_marker(paths)))
+    assert spec_env.is_speculators_env_ready(paths)
+    assert spec_env.ensure_speculators_env(paths, Path("/nonexistent")) == python  # cached
