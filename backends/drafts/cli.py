@@ -1,6 +1,7 @@
 """``specgate drafts ...``: check (the gate) and train EAGLE-3 heads for the local target.
 
-- ``check DIR [--config FILE] [--k 1,2,3] [--prompts N] [--data DIR]``: bad input is refused
+- ``check DIR [--config FILE] [--k 1,2,3] [--prompts N] [--data DIR]`` (``--prompts`` is
+  ``--gate-prompts`` elsewhere): bad input is refused
   before any server starts (exit 2); a head whose greedy output differs from plain is refused
   (exit 1); a lossless head under 1.1x plain is "not worth serving" (exit 0, said).
 - ``train --config FILE --prompts JSONL --out DIR [...]``: distill, prepare-data, hidden
@@ -35,7 +36,7 @@ def add_drafts_commands(sub: Any) -> None:
 
     check = commands.add_parser("check", help="lossless? accepted? faster? writes gate.json")
     check.add_argument("head", type=Path, help="the head folder (config.json, model.safetensors)")
-    _common(check)
+    _common(check, "--prompts")
 
     train = commands.add_parser("train", help="build a head: distill, hidden states, train")
     train.add_argument("--prompts", type=Path, required=True, help='{"id","messages"} JSONL')
@@ -51,10 +52,18 @@ def add_drafts_commands(sub: Any) -> None:
     _common(train)
 
 
-def _common(p: argparse.ArgumentParser) -> None:
+def _common(p: argparse.ArgumentParser, *prompt_flags: str) -> None:
+    """Flags of the gate: ``check`` also takes ``--prompts N`` (``train``'s is the JSONL)."""
     p.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="names the target")
     p.add_argument("--k", default="1,2,3", help="speculative tokens to try, e.g. 1,2,3")
-    p.add_argument("--gate-prompts", "--n", dest="gate_prompts", type=int, default=8)
+    p.add_argument(
+        "--gate-prompts",
+        *prompt_flags,
+        dest="gate_prompts",
+        type=int,
+        default=8,
+        help="held-out prompts per task (chat, code)",
+    )
     p.add_argument("--data", type=Path, default=DEFAULT_DATA, help="held-out gate prompts")
 
 
@@ -112,6 +121,8 @@ def cmd_check(args: argparse.Namespace) -> int:
 
     try:
         ks = parse_ks(args.k)
+        if args.gate_prompts < 1:
+            raise ValueError(f"--prompts {args.gate_prompts}: at least 1 prompt per task")
         target, served = plain_target(args.config)
         info = check_head(args.head, target)
         load_gate_prompts(args.data, args.gate_prompts)

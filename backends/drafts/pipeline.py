@@ -141,6 +141,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         if args.engine != "transformers":
             raise ValueError("--engine vllm is not implemented yet; use transformers")
         ks = parse_ks(args.k)
+        for flag in ("epochs", "max_new_tokens", "gate_prompts", "draft_vocab_size"):
+            if getattr(args, flag) < 1:
+                raise ValueError(f"--{flag.replace('_', '-')} must be at least 1")
         target, served = plain_target(args.config)
         hidden_size = int(read_json(target / "config.json")["hidden_size"])
         plan = plan_run(args.prompts, args.max_samples, args.max_new_tokens, hidden_size)

@@ -142,3 +142,12 @@ def test_speculators_env_is_ready_only_with_a_matching_marker(tmp_path: Path) ->
     marker.write_text(json.dumps(spec_env._expected_marker(paths)))
     assert spec_env.is_speculators_env_ready(paths)
     assert spec_env.ensure_speculators_env(paths, Path("/nonexistent")) == python  # cached
+
+
+@pytest.mark.parametrize("flag", ["--epochs", "--max-new-tokens", "--gate-prompts"])
+def test_train_refuses_non_positive_settings(
+    tmp_path: Path, config: Path, flag: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["drafts", "train", "--config", str(config), "--prompts", str(SMOKE)]
+    assert main([*argv, "--out", str(tmp_path / "out"), flag, "0"]) == 2
+    assert f"{flag} must be at least 1" in capsys.readouterr().err
