@@ -147,6 +147,10 @@ def cmd_train(args: argparse.Namespace) -> int:
         target, served = plain_target(args.config)
         hidden_size = int(read_json(target / "config.json")["hidden_size"])
         plan = plan_run(args.prompts, args.max_samples, args.max_new_tokens, hidden_size)
+        if not args.no_gate:  # refused now, not after hours of training
+            from backends.drafts.gate import load_gate_prompts
+
+            load_gate_prompts(args.data, args.gate_prompts)
     except (HeadError, ValueError, OSError, KeyError) as exc:
         print(f"specgate drafts train: {exc}", file=sys.stderr)
         return 2

@@ -34,6 +34,8 @@ def run_stages(args: argparse.Namespace, target: Path, plan: Plan, log: LogFn = 
     work: Path = args.work or args.out.with_name(args.out.name + ".work")
     work.mkdir(parents=True, exist_ok=True)
     stages = Stages(work, plan, args.epochs, log)
+    if not (args.out / "model.safetensors").is_file():
+        stages.marker("head").unlink(missing_ok=True)  # the head was removed since: redo it
     rows, prep, hs, ckpt = work / "rows.jsonl", work / "prep", work / "hs", work / "ckpt"
 
     def distill() -> None:

@@ -151,3 +151,11 @@ def test_train_refuses_non_positive_settings(
     argv = ["drafts", "train", "--config", str(config), "--prompts", str(SMOKE)]
     assert main([*argv, "--out", str(tmp_path / "out"), flag, "0"]) == 2
     assert f"{flag} must be at least 1" in capsys.readouterr().err
+
+
+def test_train_refuses_missing_gate_prompts_before_training(
+    tmp_path: Path, config: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["drafts", "train", "--config", str(config), "--prompts", str(SMOKE)]
+    assert main([*argv, "--out", str(tmp_path / "out"), "--data", str(tmp_path)]) == 2
+    assert "chat.jsonl: missing" in capsys.readouterr().err
