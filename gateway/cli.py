@@ -1,4 +1,4 @@
-"""The ``specgate`` command line: serve, up, models prepare, config check."""
+"""The ``specgate`` command line: serve, up, models prepare, config check, backends, drafts."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from backends.cli import add_backends_commands, run_backends_command
+from backends.drafts.cli import add_drafts_commands, run_drafts_command
 from gateway.auth import InsecureSettings, build_auth
 from gateway.config import ConfigError, GatewayConfig, load_config
 from gateway.settings import Settings
@@ -49,6 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("--task-type", help="as the X-Task-Type header would")
 
     add_backends_commands(sub)
+    add_drafts_commands(sub)
     add_tune_command(sub)
 
     config = sub.add_parser("config", help="config files")
@@ -187,6 +189,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_tune(args)
     if args.command == "backends":
         return run_backends_command(args)
+    if args.command == "drafts":
+        return run_drafts_command(args)
     if args.command == "models":
         from backends.vllm_env import SetupError
         from gateway.launch import prepare
