@@ -7,9 +7,9 @@ import json
 
 import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 from safetensors import safe_open
 
+from backends.drafts.gate_report import counter_delta, spec_counters
 from backends.models import HEADS_DIR
 from gateway.config import GatewayConfig
 from tests.integration.conftest import MODEL, backend_url
@@ -26,18 +26,6 @@ PROMPTS = [
 ]
 
 
-def spec_counters(url: str) -> dict[str, float]:
-    """Sums of vLLM's ``vllm:spec_decode_*`` counters on the server at ``url``."""
-    totals: dict[str, float] = {}
-    text = httpx.get(f"{url}/metrics", timeout=30).text
-    for family in text_string_to_metric_families(text):
-        if family.name.startswith("vllm:spec_decode_num"):
-            for sample in family.samples:
-                if sample.name.endswith("_total") and "position" not in sample.labels:
-                    totals[sample.name] = totals.get(sample.name, 0.0) + sample.value
-    return totals
-
-
 def test_committed_head_has_no_embedding_and_fits_the_size_cap() -> None:
     with safe_open(str(HEAD / "model.safetensors"), framework="numpy") as handle:
         names = set(handle.keys())  # noqa: SIM118
@@ -51,7 +39,7 @@ def test_committed_head_has_no_embedding_and_fits_the_size_cap() -> None:
 
 def test_eagle3_is_lossless_and_speculates(stack_config: GatewayConfig) -> None:
     plain, eagle3 = backend_url(stack_config, "plain"), backend_url(stack_config, "eagle3")
-    before = spec_counters(eagle3)
+    before = spec_counters(httpx.get(f"{eagle3}/metrics", timeout=30).text)
     for prompt in PROMPTS:
         body = {
             "model": MODEL,
@@ -63,13 +51,8 @@ def test_eagle3_is_lossless_and_speculates(stack_config: GatewayConfig) -> None:
         got = httpx.post(f"{eagle3}/v1/chat/completions", json=body, timeout=300).json()
         assert got["choices"][0]["message"]["content"] == want["choices"][0]["message"]["content"]
         assert got["usage"]["completion_tokens"] == want["usage"]["completion_tokens"]
-    after = spec_counters(eagle3)
-    drafts = after["vllm:spec_decode_num_drafts_total"] - before.get(
-        "vllm:spec_decode_num_drafts_total", 0.0
-    )
-    accepted = after["vllm:spec_decode_num_accepted_tokens_total"] - before.get(
-        "vllm:spec_decode_num_accepted_tokens_total", 0.0
-    )
-    assert drafts > 0
+    after = spec_counters(httpx.get(f"{eagle3}/metrics", timeout=30).text)
+    delta = counter_delta(after, before)
+    assert delta.drafts > 0
     # A trained head: well over one token accepted per ten drafts (an untrained one gets 0).
-    assert accepted / drafts > 0.3
+    assert delta.accepted_tokens / delta.drafts > 0.3
