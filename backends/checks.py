@@ -226,15 +226,45 @@ def _check_mtp(name: str, p: BackendProfile, look: ModelLookup) -> list[Problem]
     return []
 
 
+_PROFILING_RACE = (
+    "GPU {gpu} on node '{node}' is shared and this server's KV cache is sized from its "
+    "gpu_memory_utilization share: vLLM's startup memory profiling counts the other servers' "
+    "allocations, so servers starting together can fail with 'No available memory for the "
+    "cache blocks'; fix the cache with extra_args [--kv-cache-memory-bytes, SIZE]"
+)
+
+
 def _check_gpu_collisions(profiles: Mapping[str, BackendProfile]) -> list[Problem]:
-    owner: dict[tuple[str, int], str] = {}
-    out = []
+    """Backends on the same GPU of the same node may share it when each sets its share
+    (``gpu_memory_utilization``) and the shares sum to at most 1.0 (vLLM sizes its memory
+    from that fraction of the whole device, ``vllm serve --help``); otherwise an error on
+    every backend after the GPU's first. Sharers whose KV cache is not fixed
+    (``--kv-cache-memory-bytes``) get a warning: seen on an H200 with vLLM 0.26, four servers
+    starting together at 0.1 each failed their memory profiling (docs/benchmarks.md, section 5).
+    """
+    sharers: dict[tuple[str, int], list[str]] = {}
     for name, p in profiles.items():
         for gpu in p.gpus or []:
-            key = (p.node or "default", gpu)
-            if key in owner:
-                msg = f"GPU {gpu} on node '{key[0]}' is also used by backend '{owner[key]}'"
-                out.append(Problem(name, "gpus", msg))
-            else:
-                owner[key] = name
+            sharers.setdefault((p.node or "default", gpu), []).append(name)
+    out = []
+    for (node, gpu), names in sharers.items():
+        if len(names) < 2:
+            continue
+        shares = [profiles[n].gpu_memory_utilization for n in names]
+        if all(s is not None for s in shares) and sum(s or 0 for s in shares) <= 1.0:
+            out += [
+                Problem(n, "extra_args", _PROFILING_RACE.format(gpu=gpu, node=node), "warning")
+                for n in names
+                if "--kv-cache-memory-bytes" not in " ".join(profiles[n].extra_args)
+            ]
+            continue
+        unset = [n for n, s in zip(names, shares, strict=True) if s is None]
+        why = (
+            f"without a gpu_memory_utilization share ({', '.join(unset)})"
+            if unset
+            else f"with gpu_memory_utilization summing to {sum(s or 0 for s in shares):g} > 1"
+        )
+        for name in names[1:]:
+            msg = f"GPU {gpu} on node '{node}' is also used by backend '{names[0]}' {why}"
+            out.append(Problem(name, "gpus", msg))
     return out

@@ -4,6 +4,8 @@
   memory estimate and pre-launch checks; exit 1 when there are errors.
 - ``migrate -- OLD COMMAND``: a 2024-style command in the ``--speculative-config`` form, and
   as a backend profile.
+- ``bundle -o DIR``: an offline install (vLLM, specgate and the local models' sources) for a
+  host without network (:mod:`backends.bundle`).
 - ``compose --config FILE [-o FILE]`` and ``k8s --config FILE [-o DIR|FILE]``: deployments;
   ``--admin token`` (default: admin endpoints on, their token from the deployment's secret,
   required) or ``--admin off`` (admin endpoints off, no token).
@@ -20,6 +22,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from backends.bundle import DEFAULT_EXTRA, DEFAULT_VLLM
 from backends.launch_profile import BackendProfile
 from backends.stack import ADMIN_MODES, GATEWAY_IMAGE, VLLM_IMAGE, StackError
 from gateway.config import ConfigError, GatewayConfig, load_config
@@ -47,6 +50,51 @@ def add_backends_commands(sub: Any) -> None:
     )
     plan.add_argument("--python", default="python", help="interpreter shown in the commands")
 
+    bundle = commands.add_parser(
+        "bundle", help="wheels and model sources for installing on a host without network"
+    )
+    bundle.add_argument("-o", "--output", type=Path, required=True, help="bundle folder")
+    bundle.add_argument(
+        "--vllm", default=DEFAULT_VLLM, help="vLLM requirement (default: %(default)s)"
+    )
+    bundle.add_argument(
+        "--extra",
+        action="append",
+        default=list(DEFAULT_EXTRA),
+        help="more requirements (repeatable; default: %(default)s)",
+    )
+    bundle.add_argument(
+        "--have",
+        type=Path,
+        help="the host's `python3 -m pip list --format=freeze`: what it has is not bundled",
+    )
+    bundle.add_argument(
+        "--prefer-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="keep the host's version of NAME even where the resolver picks another",
+    )
+    bundle.add_argument(
+        "--exclude",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="leave out a resolved package the servers never import (repeatable)",
+    )
+    bundle.add_argument(
+        "--exclude-unused",
+        action="store_true",
+        help="leave out vLLM's kernels for other GPU generations and model families "
+        "(backends.bundle.UNUSED_ON_DENSE): 585 MiB less for a dense model on Hopper",
+    )
+    bundle.add_argument("--python-version", default="3.12", help="the host's Python (X.Y)")
+    bundle.add_argument("--glibc", default="2.39", help="the host's glibc (ldd --version)")
+    bundle.add_argument("--arch", default="x86_64")
+    bundle.add_argument(
+        "--no-models", action="store_true", help="leave out the local models' sources"
+    )
+
     migrate = commands.add_parser("migrate", help="convert a 2024-style vLLM command")
     migrate.add_argument("old", nargs=argparse.REMAINDER, help="-- the old command")
 
@@ -71,6 +119,8 @@ def run_backends_command(args: argparse.Namespace) -> int:
     """Run the ``specgate backends`` subcommand in ``args``; returns the exit code."""
     if args.backends_command == "plan":
         return _plan(args)
+    if args.backends_command == "bundle":
+        return _bundle(args)
     if args.backends_command == "migrate":
         return _migrate(args.old)
     if args.backends_command in ("compose", "k8s"):
@@ -173,4 +223,44 @@ def _generate(args: argparse.Namespace) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text, encoding="utf-8")
     print(f"wrote {out}", file=sys.stderr)
+    return 0
+
+
+def _bundle(args: argparse.Namespace) -> int:
+    from importlib.metadata import requires
+
+    from backends.bundle import (
+        MODEL_TOOLS,
+        UNUSED_ON_DENSE,
+        BundleError,
+        Target,
+        make_bundle,
+        read_have,
+    )
+    from backends.models import fetch_model_source
+    from backends.paths import CachePaths
+
+    repo = Path(__file__).resolve().parent.parent
+    source = repo if (repo / "pyproject.toml").is_file() else None
+    own = [r for r in (requires("specgate") or []) if "extra ==" not in r]
+    try:
+        have = read_have(args.have.read_text(encoding="utf-8").splitlines()) if args.have else {}
+        models = [] if args.no_models else [fetch_model_source(CachePaths.default())]
+        reqs = [args.vllm, *args.extra, *own, *([] if args.no_models else MODEL_TOOLS)]
+        target = Target(python_version=args.python_version, arch=args.arch, glibc=args.glibc)
+        make_bundle(
+            args.output,
+            requirements=reqs,
+            target=target,
+            have=have,
+            prefer_host=args.prefer_host,
+            source=source,
+            model_files=models,
+            exclude=[*args.exclude, *(UNUSED_ON_DENSE if args.exclude_unused else ())],
+            log=lambda line: print(f"specgate: {line}", file=sys.stderr),
+        )
+    except (BundleError, OSError) as exc:
+        print(f"specgate backends bundle: {exc}", file=sys.stderr)
+        return 1
+    print(f"wrote {args.output} (install: {args.output / 'INSTALL.md'})")
     return 0

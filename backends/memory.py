@@ -14,8 +14,12 @@ KV cache, which must hold at least one ``max_model_len`` sequence or vLLM refuse
   ``expected_concurrency`` (else the plan's default). For Llama-3.1-8B in 16-bit,
   128 KiB/token x 8192 x 4 sequences = 4 GiB.
 
-Not counted: activations, CUDA graphs and the CUDA context (typically 1-3 GiB, taken from the
-same budget), so an estimate just under the budget is tight.
+- ``--kv-cache-memory-bytes`` in ``extra_args`` (vLLM >= 0.11) fixes the KV cache at that
+  size, whatever ``gpu_memory_utilization`` leaves: the estimate then counts that size.
+
+Not in ``need``: activations, CUDA graphs and the CUDA context, taken from the same budget, so
+an estimate just under the budget is tight. :attr:`MemoryEstimate.expected_gib` adds
+:data:`ENGINE_OVERHEAD_GIB` for them: what ``nvidia-smi`` should show per server.
 """
 
 from __future__ import annotations
@@ -31,6 +35,13 @@ GIB = 1024**3
 DEFAULT_UTILIZATION = 0.9
 #: Element bytes of ``--kv-cache-dtype`` values that shrink the cache (fp8 variants).
 KV_DTYPE_BYTES = {"fp8": 1.0, "fp8_e4m3": 1.0, "fp8_e5m2": 1.0, "fp8_inc": 1.0}
+#: CUDA context, activations and CUDA graphs of one server, per GPU, in GiB. Measured
+#: (nvidia-smi minus weights and the fixed KV cache) on one H200, vLLM 0.26.0, SmolLM2-135M
+#: bf16 with CUDA graphs: plain 2.2, ngram 2.6, draft model 2.9, EAGLE-3 3.3
+#: (docs/benchmarks.md, section 5); ``--enforce-eager`` captures no graphs (not measured
+#: here: 1 GiB assumed). Larger models need more activation memory: a floor, not a bound.
+ENGINE_OVERHEAD_GIB = 2.5
+EAGER_OVERHEAD_GIB = 1.0
 
 
 @dataclass(frozen=True)
@@ -54,11 +65,19 @@ class MemoryEstimate:
     gpu_memory_gib: float
     utilization: float
     notes: list[str] = field(default_factory=list)
+    overhead_gib: float = ENGINE_OVERHEAD_GIB
+    kv_fixed: bool = False
 
     @property
     def need_gib(self) -> float:
         """Weights plus KV cache for ``context x concurrency`` tokens."""
         return sum(line.gib for line in self.lines)
+
+    @property
+    def expected_gib(self) -> float:
+        """``need_gib`` plus the engine's own overhead (context, activations, CUDA graphs):
+        what one server should take per GPU when its KV cache is fixed."""
+        return self.need_gib + self.overhead_gib
 
     @property
     def budget_gib(self) -> float:
@@ -70,6 +89,29 @@ class MemoryEstimate:
         """Tokens of KV cache the budget leaves after the weights (0 when none)."""
         room = (self.budget_gib - self.weights_gib) * GIB
         return max(0, int(room // self.kv_bytes_per_token)) if self.kv_bytes_per_token else 0
+
+
+def _arg_value(profile: BackendProfile, flag: str) -> str | None:
+    """The value of ``flag`` in ``extra_args`` (``--flag V`` or ``--flag=V``), else None."""
+    args = profile.extra_args
+    for i, arg in enumerate(args):
+        if arg.startswith(flag + "="):
+            return arg.partition("=")[2]
+        if arg == flag and i + 1 < len(args):
+            return args[i + 1]
+    return None
+
+
+def parse_human_int(text: str) -> int:
+    """vLLM's human-readable integers (``human_readable_int`` in its argument parser):
+    ``k``/``m``/``g``/``t`` are powers of 1000, ``K``/``M``/``G``/``T`` powers of 1024
+    (``6G`` = 6 GiB). Raises ValueError."""
+    units = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+    units |= {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+    text = text.strip()
+    if text and text[-1] in units:
+        return int(float(text[:-1]) * units[text[-1]])
+    return int(text)
 
 
 def _kv_element_bytes(profile: BackendProfile, dtype_bytes: float) -> float:
@@ -139,7 +181,22 @@ def estimate_memory(
     context = profile.max_model_len or target.get("max_position_embeddings") or 4096
     seqs = profile.expected_concurrency or concurrency
     weights = sum(line.gib for line in lines)
-    for label, bytes_per_token in kv_lines:
+    fixed = _arg_value(profile, "--kv-cache-memory-bytes")
+    kv_fixed = False
+    if fixed is not None:
+        try:
+            size = parse_human_int(fixed)
+        except ValueError:
+            notes.append(f"--kv-cache-memory-bytes {fixed!r} not understood: not used")
+        else:
+            kv_fixed = True
+            per_token_all = sum(b for _, b in kv_lines)
+            tokens = int(size // per_token_all) if per_token_all else 0
+            detail = f"--kv-cache-memory-bytes {fixed}: {tokens:,} tokens"
+            detail += f" = {tokens / context:.1f} sequences of {context:,}"
+            lines.append(MemoryLine("KV cache (fixed)", size / GIB, detail))
+            seqs = max(1, tokens // context) if tokens >= context else seqs
+    for label, bytes_per_token in [] if kv_fixed else kv_lines:
         detail = f"{bytes_per_token / 1024:.1f} KiB/token x {context * seqs:,} tokens"
         detail += f" ({context:,} context x {seqs} sequences)"
         lines.append(MemoryLine(label, bytes_per_token * context * seqs / GIB, detail))
@@ -152,6 +209,10 @@ def estimate_memory(
         gpu_memory_gib=profile.gpu_memory_gb or gpu_memory_gb,
         utilization=profile.gpu_memory_utilization or DEFAULT_UTILIZATION,
         notes=notes,
+        overhead_gib=EAGER_OVERHEAD_GIB
+        if "--enforce-eager" in profile.extra_args
+        else ENGINE_OVERHEAD_GIB,
+        kv_fixed=kv_fixed,
     )
     return estimate, _memory_problems(name, estimate)
 

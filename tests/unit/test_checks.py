@@ -153,11 +153,42 @@ def test_gpu_indices(lookup: ModelLookup) -> None:
         ("e", "gpus", "warning"),
         ("b", "gpus", "error"),
     ]
-    assert problems[-1].message == "GPU 1 on node 'default' is also used by backend 'a'"
+    assert problems[-1].message == (
+        "GPU 1 on node 'default' is also used by backend 'a' without a "
+        "gpu_memory_utilization share (a, b)"
+    )
     assert "lists 1 GPU(s) but tensor_parallel_size is 2" in problems[0].message
 
 
+def test_one_gpu_shared_by_memory_shares(lookup: ModelLookup) -> None:
+    """Four servers on one GPU (config/gpu-single.yaml) are fine while the shares fit."""
+    fits = {n: profile(gpus=[0], gpu_memory_utilization=0.2) for n in "abcd"}
+    problems = check_profiles(fits, lookup)
+    assert [p for p in problems if p.field == "gpus"] == []
+    race = [p for p in problems if p.field == "extra_args"]
+    assert [(p.backend, p.severity) for p in race] == [(n, "warning") for n in "abcd"]
+    assert "No available memory for the cache blocks" in race[0].message
+    fixed = {
+        n: profile(
+            gpus=[0], gpu_memory_utilization=0.2, extra_args=["--kv-cache-memory-bytes", "6G"]
+        )
+        for n in "abcd"
+    }
+    assert [p for p in check_profiles(fixed, lookup) if p.field in ("gpus", "extra_args")] == []
+    over = {n: profile(gpus=[0], gpu_memory_utilization=0.3) for n in "abcd"}
+    problems = [p for p in check_profiles(over, lookup) if p.field == "gpus"]
+    assert [(p.backend, p.severity) for p in problems] == [
+        ("b", "error"),
+        ("c", "error"),
+        ("d", "error"),
+    ]
+    assert problems[0].message == (
+        "GPU 0 on node 'default' is also used by backend 'a' with gpu_memory_utilization "
+        "summing to 1.2 > 1"
+    )
+
+
 def test_check_backends_on_the_shipped_configs() -> None:
-    for name in ("production.example.yaml", "local.yaml"):
+    for name in ("production.example.yaml", "local.yaml", "gpu-single.yaml"):
         problems = check_backends(load_config(ROOT / "config" / name))
         assert [p for p in problems if p.severity == "error"] == [], name

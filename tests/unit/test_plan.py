@@ -267,3 +267,26 @@ def test_cli_plan_exits_1_on_errors(tmp_path: Path, capsys: pytest.CaptureFixtur
     (tmp_path / "bad.yaml").write_text("model: x\n")
     assert main(["backends", "plan", "--profile", str(tmp_path / "bad.yaml")]) == 1
     assert "served_model_name: Field required" in capsys.readouterr().err
+
+
+def test_fixed_kv_cache_and_expected_memory(lookup: ModelLookup) -> None:
+    """``--kv-cache-memory-bytes`` fixes the KV line; ``expected`` adds the engine overhead
+    measured on an H200 (config/gpu-single.yaml: plain measured 8.47 GiB in nvidia-smi)."""
+    p = profile(
+        dtype="float16",
+        max_model_len=8192,
+        gpu_memory_gb=80,
+        extra_args=["--kv-cache-memory-bytes", "6G"],
+    )
+    memory, _ = estimate_memory("plain", p, lookup)
+    assert memory is not None and memory.kv_fixed
+    got = {line.label: round(line.gib, 2) for line in memory.lines}
+    assert got == {"target weights": 14.96, "KV cache (fixed)": 6.0}
+    assert "49,152 tokens = 6.0 sequences of 8,192" in memory.lines[1].detail  # 128 KiB/token
+    assert memory.expected_gib == pytest.approx(memory.need_gib + 2.5)
+    eager = p.model_copy(update={"extra_args": ["--enforce-eager", "--kv-cache-memory-bytes=6g"]})
+    memory, _ = estimate_memory("plain", eager, lookup)
+    assert memory is not None and memory.overhead_gib == 1.0
+    assert round(memory.lines[1].gib, 3) == round(6e9 / GIB, 3)  # lowercase: powers of 1000
+    text = render_plan(plan_profiles({"plain": p}, lookup=lookup))
+    assert "expected" in text and "what nvidia-smi shows" in text

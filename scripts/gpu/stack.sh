@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# The GPU stack run of docs/benchmarks.md section 5, host side: run from the repository root on
+# a GPU host without network, each step as its own command (see scripts/gpu/README.md):
+#
+#   stack.sh put DIR...   copy carried bundle parts (from `specgate backends bundle`, split) to $STAGE
+#   stack.sh install-a    join + unpack part set a (model source, small wheels), install them
+#                         into $ROOT/site (PYTHONPATH), start `models prepare`
+#   stack.sh install-b    join + unpack part set b (the vLLM wheel), install it, import-check it
+#   stack.sh up           `specgate up --config config/gpu-single.yaml` (adaptive, port 8000)
+#                         and a static-policy gateway on the same servers (port 8010), detached
+#   stack.sh wait SECS    until both gateways say ready (prints the servers' progress)
+#   stack.sh bench OUT    plan, bench.speedup (c=1,8,32; direct, static, adaptive), bench.gpu_checks
+set -euo pipefail
+STAGE=${STAGE:-/root/sg-stage}
+ROOT=${ROOT:-/root/sg}
+# The host's python3 is itself a virtual environment (/opt/torch/.venv): a venv made from it
+# with --system-site-packages would not see its torch, so the bundle goes to a --target folder.
+SITE=$ROOT/site
+PY=$(command -v python3)
+export SPECGATE_CACHE_DIR=$ROOT/cache SPECGATE_VLLM_PYTHON=$PY PYTHONPATH=$SITE:$PWD
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+
+say() { echo "stack.sh: $*"; }
+
+case "${1:-}" in
+put)
+    shift
+    mkdir -p "$STAGE"
+    for d in "$@"; do cp "$d"/* "$STAGE"/; done
+    ls -la "$STAGE" | tail -n +2
+    ;;
+install-a)
+    mkdir -p "$ROOT/bundle" "$SPECGATE_CACHE_DIR/downloads"
+    (cd "$STAGE" && sha256sum -c --ignore-missing SHA256SUMS)
+    cat "$STAGE"/a.* | tar -x -C "$ROOT/bundle"
+    grep -v -e '^vllm==' -e '^specgate' "$ROOT/bundle/requirements.txt" > "$ROOT/req-a.txt"
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$SITE" \
+        --find-links "$ROOT/bundle/wheels" -r "$ROOT/req-a.txt"
+    cp "$ROOT/bundle/downloads/"* "$SPECGATE_CACHE_DIR/downloads/"
+    setsid nohup "$PY" -m gateway models prepare > "$ROOT/prepare.log" 2>&1 < /dev/null &
+    say "installed $(wc -l < "$ROOT/req-a.txt") wheels; models prepare started (log $ROOT/prepare.log)"
+    ;;
+install-b)
+    (cd "$STAGE" && sha256sum -c --ignore-missing SHA256SUMS)
+    cat "$STAGE"/b.* | tar -x -C "$ROOT/bundle"
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$SITE" "$ROOT"/bundle/wheels/vllm-*.whl
+    "$PY" -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__, torch.cuda.get_device_name(0))"
+    "$PY" -m pip check 2>&1 | tail -25 || true
+    tail -5 "$ROOT/prepare.log"
+    ;;
+up)
+    for _ in $(seq 120); do grep -q "model smollm2-135m-draft-8l" "$ROOT/prepare.log" && break; sleep 1; done
+    tail -3 "$ROOT/prepare.log"
+    sed 's/^  policy: adaptive/  policy: static/' config/gpu-single.yaml > "$ROOT/gpu-static.yaml"
+    setsid nohup "$PY" -m gateway up --config config/gpu-single.yaml \
+        > "$ROOT/up.log" 2>&1 < /dev/null &
+    say "specgate up started (log $ROOT/up.log)"
+    ;;
+wait)
+    deadline=$((SECONDS + ${2:-480}))
+    until curl -sf localhost:8000/ready > /dev/null; do
+        if ((SECONDS > deadline)); then tail -40 "$ROOT/up.log"; exit 1; fi
+        sleep 10
+        tail -1 "$ROOT/up.log"
+    done
+    if ! curl -sf localhost:8010/ready > /dev/null; then
+        SPECGATE_PORT=8010 setsid nohup "$PY" -m gateway serve \
+            --config "$ROOT/gpu-static.yaml" > "$ROOT/static.log" 2>&1 < /dev/null &
+        for _ in $(seq 60); do curl -sf localhost:8010/ready > /dev/null && break; sleep 1; done
+    fi
+    grep -h -i -e "all backends healthy" -e "KV cache" -e "Available" "$ROOT/up.log" "$SPECGATE_CACHE_DIR"/logs/*.log | tail -20
+    say "ready: adaptive :8000, static :8010"
+    ;;
+bench)
+    out=${2:?bench OUT}
+    mkdir -p "$out"
+    nvidia-smi > "$out/nvidia-smi.txt"
+    "$PY" -m gateway backends plan --config config/gpu-single.yaml > "$out/plan.txt" 2>&1 || true
+    "$PY" -m bench.gpu_checks --config config/gpu-single.yaml --gateway http://127.0.0.1:8010 \
+        --prompts .gpu/prompts --out "$out" 2>&1 | tail -60
+    "$PY" -m bench.speedup --config "$ROOT/gpu-static.yaml" --gateway http://127.0.0.1:8010 \
+        --adaptive --adaptive-gateway http://127.0.0.1:8000 --prompts .gpu/prompts \
+        --per-task 16 --max-tokens 128 --concurrency "${CONCURRENCY:-1,8,32}" --warmup 20 \
+        --out "$out/speedup" 2>&1 | grep -v -e '^bench: ' -e 'it/s' | tail -60
+    curl -s localhost:8000/routes > "$out/routes-adaptive.json" || true
+    cp "$ROOT/up.log" "$out/" 2>/dev/null || true
+    tar -czf "$out/server-logs.tgz" -C "$SPECGATE_CACHE_DIR" logs 2>/dev/null || true
+    ;;
+*)
+    sed -n 2,13p "$0"
+    exit 2
+    ;;
+esac

