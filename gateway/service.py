@@ -23,6 +23,7 @@ from gateway.routing.classifier import classify
 from gateway.routing.explain import decision_json
 from gateway.routing.features import RequestFeatures, header_task, read_temperature
 from gateway.routing.guards import apply_guards
+from gateway.routing.load import break_even
 from gateway.routing.policy import RouteDecision, RoutingPolicy
 from gateway.routing.prompt_stats import PromptStats, prompt_stats
 from gateway.routing.spec_params import SpecParams
@@ -55,6 +56,8 @@ class Gateway:
         self.feedback = FeedbackCollector(lambda: self.config.routing.adaptive)
         self.observers: list[Callable[[RequestTrace], None]] = [self.learn]
         self.spec_params = SpecParams()
+        #: Called after each successful :meth:`reload` (e.g. to save the learnt state).
+        self.reload_hooks: list[Callable[[], None]] = []
 
     def reload(self, config: GatewayConfig) -> None:
         """Swap in a validated config atomically (one event-loop step).
@@ -66,6 +69,8 @@ class Gateway:
         self.registry.sync(config.backends)
         self.config = config
         self.reloads += 1
+        for hook in self.reload_hooks:
+            hook()
 
     def learn(self, trace: RequestTrace) -> None:
         """Observer: feed a finished request to the adaptive learner (``routing.feedback``)."""
@@ -79,6 +84,31 @@ class Gateway:
             if all(rule.policy != "adaptive" for rule in self.config.rules):
                 return None
         return prompt_stats(body, routing.adaptive.max_prompt_chars)
+
+    def break_even(self) -> dict[str, Any]:
+        """Per speculative backend and task, its learnt speed relative to the first plain
+        backend per load band and the band where it stopped paying (see
+        :func:`gateway.routing.load.break_even`; ``{}`` without a plain backend), with the
+        configured ``max_batch_for_speculation`` it falls back to until measured."""
+        if not self.policy.plain:
+            return {}
+        settings = self.config.routing.adaptive
+        spec = {n: b for n, b in self.config.backends.items() if b.spec.speculative}
+        learnt = break_even(
+            self.feedback.learner.view(),
+            spec,
+            self.policy.plain[0],
+            min_weight=settings.min_load_weight,
+            decay=settings.decay,
+        )
+        return {
+            name: {
+                "against": self.policy.plain[0],
+                "max_batch_for_speculation": backend.max_batch_for_speculation,
+                "tasks": learnt.get(name, {}),
+            }
+            for name, backend in spec.items()
+        }
 
     def on_request_done(self, _trace: RequestTrace) -> None:
         """Observer: a request counted in :attr:`inflight` has ended."""

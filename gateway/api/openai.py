@@ -223,6 +223,7 @@ class ProxyEndpoint:
             decision = pin(decision, held, "holds previous_response_id")
         trace.task, trace.rule = features.task, decision.rule
         trace.features, trace.prompt = features, prompt
+        trace.concurrency = decision.concurrency
         if not decision.backends:
             gateway.stats.rejected += 1
             if decision.saturated:

@@ -47,7 +47,7 @@ def stack_config() -> Iterator[GatewayConfig]:
 @pytest.fixture(scope="module")
 def gateway_url(stack_config: GatewayConfig) -> Iterator[str]:
     """A gateway on a free port in front of the real backends (fresh counters per module)."""
-    app = create_app(Settings(health_interval_s=0.5), config=stack_config)
+    app = create_app(Settings(health_interval_s=0.5, state_persist=False), config=stack_config)
     with running_server(app) as url:
         yield url
 

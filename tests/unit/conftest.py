@@ -41,6 +41,14 @@ def local_config() -> GatewayConfig:
     return load_config(ROOT / "config" / "local.yaml")
 
 
+def static_config() -> GatewayConfig:
+    """The shipped local config under ``policy: static`` (for tests of the rules' own
+    mechanics: demotion, probes, canary exclusions)."""
+    config = local_config()
+    routing = config.routing.model_copy(update={"policy": "static"})
+    return config.model_copy(update={"routing": routing})
+
+
 def gateway_settings(**overrides: Any) -> Settings:
     """The in-process gateway's settings: a small body limit, no background health polls."""
     return Settings(max_body_bytes=64 * 1024, health_interval_s=60, **overrides)
@@ -68,3 +76,10 @@ async def in_process(settings: Settings) -> AsyncIterator[InProcess]:
 async def gw() -> AsyncIterator[InProcess]:
     async with in_process(gateway_settings()) as gateway:
         yield gateway
+
+
+@pytest.fixture(autouse=True)
+def _no_shared_state_file(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Gateways built by tests keep their adaptive state under the test's tmp_path, never
+    in the real cache directory."""
+    monkeypatch.setenv("SPECGATE_STATE_FILE", str(tmp_path / "state" / "adaptive-routing.json"))
