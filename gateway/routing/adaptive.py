@@ -39,7 +39,7 @@ BANDS = (1, 2, 4, 8, 16)
 def load_band(concurrency: float) -> int:
     """The band (a power of two in :data:`BANDS`) of ``concurrency`` requests sharing the
     compute a request runs on, itself included (values under 1 count as 1)."""
-    return max(b for b in BANDS if b <= max(concurrency, 1.0))
+    return 1 << min(max(int(concurrency), 1).bit_length() - 1, 4)
 
 
 def bucket_of(

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -83,18 +83,29 @@ class Estimate(NamedTuple):
         }
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class AdaptiveChoice:
     """The adaptive pick for one request: ``chosen`` (the largest draw), ``best`` (the
     highest posterior mean), ``explored`` (they differ: this request pays for exploration),
-    and the estimate behind each candidate."""
+    ``untried`` (nothing was measured for the task: the rules' choice), and
+    :attr:`estimates`, the estimate behind each candidate (built on first read: a routed
+    request never reads it, ``/routes/explain`` does)."""
 
     task: str
     bucket: str
     chosen: str
     best: str
     explored: bool
-    estimates: tuple[Estimate, ...]
+    untried: bool
+    _rows: Callable[[], tuple[Estimate, ...]]
+    _estimates: tuple[Estimate, ...] | None = None
+
+    @property
+    def estimates(self) -> tuple[Estimate, ...]:
+        """One :class:`Estimate` per candidate, in candidate order."""
+        if self._estimates is None:
+            self._estimates = self._rows()
+        return self._estimates
 
     def to_json(self) -> dict[str, Any]:
         """The ``adaptive`` object of ``/routes/explain``."""
@@ -191,7 +202,10 @@ def choose(
     optimistic = max((k.stats.mean for k in known if k is not None), default=0.0)
     var = _noise(prior, decay)
     post = {n: _posterior(b, t, prior_weight, optimistic, var) for n, (b, t) in seen.items()}
-    shift = {n: math.log(min(max((penalties or {}).get(n, 1.0), 1e-6), 1.0)) for n in names}
+    shift = dict.fromkeys(names, 0.0)
+    for n, factor in (penalties or {}).items():
+        if n in shift:
+            shift[n] = math.log(min(max(factor, 1e-6), 1.0))
     draws: dict[str, float] = {}
     untried = all(post[n].source == "prior" for n in candidates)
     if len(candidates) > 1 and not untried:
@@ -201,29 +215,36 @@ def choose(
     else:
         best = max(candidates, key=lambda n: post[n].mean + shift[n])
         chosen = max(candidates, key=lambda n: draws[n]) if draws else candidates[0]
-    base = post[baseline] if baseline is not None else None
-    base_mean = base.mean if base is not None and base.source != "prior" else None
-    rows = []
-    for n in candidates:
-        p, here = post[n], seen[n][0]
-        stats = here.stats if here is not None else None
-        rows.append(
-            Estimate(
-                n,
-                p.source,
-                stats.requests if stats else 0,
-                p.weight,
-                math.exp(p.mean) if p.source != "prior" else 0.0,
-                p.sd,
-                None if base_mean is None or p.source == "prior" else math.exp(p.mean - base_mean),
-                stats.acceptance_rate if stats else None,
-                stats.mean_acceptance_length if stats else None,
-                math.exp(draws[n]) if n in draws else None,
-                math.exp(shift[n]),
-                buckets[n],
+
+    def rows() -> tuple[Estimate, ...]:
+        base = post[baseline] if baseline is not None else None
+        base_mean = base.mean if base is not None and base.source != "prior" else None
+        out = []
+        for n in candidates:
+            p, here = post[n], seen[n][0]
+            stats = here.stats if here is not None else None
+            relative = None
+            if base_mean is not None and p.source != "prior":
+                relative = math.exp(p.mean - base_mean)
+            out.append(
+                Estimate(
+                    n,
+                    p.source,
+                    stats.requests if stats else 0,
+                    p.weight,
+                    math.exp(p.mean) if p.source != "prior" else 0.0,
+                    p.sd,
+                    relative,
+                    stats.acceptance_rate if stats else None,
+                    stats.mean_acceptance_length if stats else None,
+                    math.exp(draws[n]) if n in draws else None,
+                    math.exp(shift[n]),
+                    buckets[n],
+                )
             )
-        )
-    return AdaptiveChoice(task, buckets[chosen], chosen, best, chosen != best, tuple(rows))
+        return tuple(out)
+
+    return AdaptiveChoice(task, buckets[chosen], chosen, best, chosen != best, untried, rows)
 
 
 def _round(value: float | None, digits: int = 4) -> float | None:

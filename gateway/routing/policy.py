@@ -7,7 +7,7 @@ caller's ``random.Random``, so a decision is deterministic for a given state and
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from gateway.config import BackendConfig, GatewayConfig
@@ -104,7 +104,8 @@ class _Plan:
     reasons: list[str] = field(default_factory=list)
     seen: set[str] = field(default_factory=set)
     saturated: bool = False
-    measured: frozenset[str] = frozenset()  # speculative backends with learnt speeds at load
+    # whether a speculative backend's and a plain one's speeds were learnt at this load
+    measured: Callable[[str], bool] | None = None
 
 
 class RoutingPolicy:
@@ -166,24 +167,26 @@ class RoutingPolicy:
         plan = _Plan(reasons=reasons)
         buckets: dict[str, str] = {}
         if learnt is not None:
-            buckets = {
-                n: bucket_of(features.temperature, overlap, settings.overlap_threshold, c + 1)
-                for n, c in load.concurrency.items()
-            }
-            plan.measured = frozenset(
-                n
-                for n, b in self.config.backends.items()
-                if b.spec.speculative
-                and measured_at_load(
+            by_load: dict[float, str] = {}
+            for n, c in load.concurrency.items():
+                bucket = by_load.get(c)
+                if bucket is None:
+                    t, threshold = features.temperature, settings.overlap_threshold
+                    bucket = by_load[c] = bucket_of(t, overlap, threshold, c + 1)
+                buckets[n] = bucket
+
+            def measured(name: str) -> bool:
+                return measured_at_load(
                     learnt,
                     features.task,
                     buckets,
-                    n,
+                    name,
                     self.plain,
                     min_weight=settings.min_load_weight,
                     decay=settings.decay,
                 )
-            )
+
+            plan.measured = measured
         order: list[str] = []
         for pool in pools:
             plan.kept = []
@@ -251,7 +254,7 @@ class RoutingPolicy:
         order.remove(choice.chosen)
         order.insert(0, choice.chosen)
         why = "exploring" if choice.explored else "best expected decode speed"
-        if all(e.source == "prior" for e in choice.estimates):
+        if choice.untried:
             why = "nothing measured yet: the rules' choice"
         plan.reasons.append(f"adaptive ({choice.bucket}): {choice.chosen}, {why}")
         spread = sorted(load.spreads.intersection(eligible))
@@ -293,7 +296,7 @@ class RoutingPolicy:
             plan.candidates.append(Candidate(name, pool, False, why or "unknown backend"))
             return
         plan.seen.add(name)
-        passed_over = self._pass_over(backend, snap, rng, features, measured=name in plan.measured)
+        passed_over = self._pass_over(name, backend, snap, rng, features, plan.measured)
         if passed_over is not None:
             plan.deferred.append(name)
             plan.candidates.append(Candidate(name, pool, False, passed_over))
@@ -307,23 +310,24 @@ class RoutingPolicy:
 
     def _pass_over(
         self,
+        name: str,
         backend: BackendConfig,
         snap: BackendSnapshot,
         rng: random.Random,
         features: RequestFeatures,
-        *,
-        measured: bool,
+        measured: Callable[[str], bool] | None,
     ) -> str | None:
-        """Why a speculative backend is passed over now (None: kept). ``measured``: its
-        speed and a plain backend's were learnt at this load, so the configured batch limit
-        gives way to them."""
+        """Why a speculative backend is passed over now (None: kept). ``measured(name)``:
+        its speed and a plain backend's were learnt at this load, so the configured batch
+        limit gives way to them."""
         if not backend.spec.speculative:
             return None
         refused = features.spec_refused.get(backend.spec.method or "")
         if refused:
             return f"{backend.spec.method} speculation refuses {', '.join(refused)}"
         limit = backend.max_batch_for_speculation
-        if limit is not None and snap.batch > limit and not measured:
+        over = limit is not None and snap.batch > limit
+        if over and (measured is None or not measured(name)):
             return f"batch {snap.batch:g} > max_batch_for_speculation {limit}: speculation loses"
         if snap.demoted and rng.random() >= self.config.routing.probe_share:
             floor = backend.acceptance_floor(self.config.routing.min_acceptance_rate)
