@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from gateway.config import AdaptiveSettings
 from gateway.routing.adaptive import Learner, Observation, bucket_of
@@ -44,7 +44,7 @@ class FeedbackCollector:
     def __init__(self, settings: Callable[[], AdaptiveSettings]) -> None:
         self.settings = settings
         self.learner = Learner(settings().decay)
-        self.recent: deque[dict[str, Any]] = deque(maxlen=RECENT)
+        self.recent: deque[_Recent] = deque(maxlen=RECENT)
         self.ignored = 0
 
     def bucket(self, trace: RequestTrace) -> str | None:
@@ -87,7 +87,12 @@ class FeedbackCollector:
         )
         self.learner.decay = settings.decay
         self.learner.observe(obs)
-        self.recent.append(_record(trace, obs, decode_s))
+        self.recent.append(_Recent(trace, obs, decode_s))  # rendered when /routes asks
+
+    def records(self, last: int = RECENT) -> list[dict[str, Any]]:
+        """The newest ``last`` requests that taught the learner, oldest first, as
+        ``GET /routes`` shows them (numbers only, never text)."""
+        return [_record(*r) for r in list(self.recent)[-last:]]
 
     def to_json(self) -> dict[str, Any]:
         """The learner's estimates and the newest records, for ``GET /routes``."""
@@ -96,8 +101,16 @@ class FeedbackCollector:
             "ignored": self.ignored,
             "decay": self.learner.decay,
             "groups": self.learner.summary(),
-            "recent": list(self.recent)[-50:],
+            "recent": self.records(50),
         }
+
+
+class _Recent(NamedTuple):
+    """A request that taught the learner, kept as is (no per-request formatting)."""
+
+    trace: RequestTrace
+    obs: Observation
+    decode_s: float
 
 
 def _record(trace: RequestTrace, obs: Observation, decode_s: float) -> dict[str, Any]:

@@ -212,8 +212,9 @@ class ProxyEndpoint:
         if watch.table.blocking:
             refuse_quarantined(watch.table, self.path, body)
         view = routing_view(self.kind, body, fields)
-        features = gateway.features(view, fields.model, headers.get("x-task-type"), body, self.path)
-        prompt = gateway.prompt_stats(view)
+        features, prompt = gateway.read(
+            view, fields.model, headers.get("x-task-type"), body, self.path
+        )
         decision = gateway.decide(features, prompt)
         if gateway.config.guards:
             decision = await _guard(gateway, state.client, decision, self.path, body)
