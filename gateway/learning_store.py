@@ -178,8 +178,11 @@ class LearningStore:
         return aside
 
     def snapshot(self, learner: Learner) -> bytes | None:
-        """The bytes to write now, or None when nothing was learnt since the last save."""
+        """The bytes to write now, or None when nothing was learnt since the last save (or
+        ever: a gateway that served nothing leaves no file)."""
         if self.saved_observations == learner.observations:
+            return None
+        if self.saved_observations is None and learner.observations == 0:
             return None
         self.saved_observations = learner.observations
         return dump_state(learner).model_dump_json().encode()

@@ -66,6 +66,8 @@ def test_default_path_is_under_the_cache_dir(
 def test_write_is_atomic_and_versioned(tmp_path: Path) -> None:
     path = tmp_path / "deep" / "state.json"
     store = LearningStore(path)
+    store.save(Learner())
+    assert not path.exists()  # nothing learnt: no file
     learner = taught(Learner())
     store.save(learner)
     data = json.loads(path.read_text())
