@@ -9,6 +9,7 @@ from gateway.routing.adaptive import Learner, Observation
 from gateway.routing.features import RequestFeatures
 from gateway.routing.load import break_even, load_view, measured_at_load
 from gateway.routing.policy import BackendSnapshot, RoutingPolicy
+from gateway.upstream.state import BackendState
 from tests.unit.conftest import MODEL, local_config, static_config
 
 RAG = RequestFeatures(MODEL, 0.0, True, "rag", 1.0, "header")
@@ -82,3 +83,16 @@ def test_measured_speeds_at_load_replace_the_configured_batch_limit() -> None:
     learnt("greedy/norep/c8", {"plain": 10.0, "ngram": 6.0}, learner=learner)
     report = break_even(learner.view(), ["ngram"], "plain", min_weight=3, decay=0.98)
     assert report["ngram"]["rag"]["stops_paying_at"] == 8
+
+
+def test_a_scrape_older_than_the_last_answer_does_not_count_as_load() -> None:
+    """One request at a time: the scrape taken while the last one ran is stale once it
+    ended, so the next request is not filed (or penalised) as concurrent."""
+    state = BackendState(healthy=True, running=1.0, scraped_at=10.0)
+    assert state.snapshot(11.0).batch == 1.0  # scraped after our last answer: trusted
+    state.inflight = 1
+    state.release()  # our request there ended after that scrape
+    assert state.done_at > state.scraped_at
+    assert state.snapshot(11.0).batch == 0.0
+    state.scraped_at = state.done_at + 1.0  # a newer scrape counts again (other clients)
+    assert state.snapshot(11.0).batch == 1.0
