@@ -52,5 +52,16 @@ def gateway_url(stack_config: GatewayConfig) -> Iterator[str]:
         yield url
 
 
+@pytest.fixture(scope="module")
+def static_gateway_url(stack_config: GatewayConfig) -> Iterator[str]:
+    """The same under ``routing.policy: static``: for tests of the rules' own mechanics
+    (demotion, probe share), which adaptive routing would steer around once it measured."""
+    routing = stack_config.routing.model_copy(update={"policy": "static"})
+    config = stack_config.model_copy(update={"routing": routing})
+    app = create_app(Settings(health_interval_s=0.5, state_persist=False), config=config)
+    with running_server(app) as url:
+        yield url
+
+
 def backend_url(config: GatewayConfig, name: str) -> str:
     return config.backends[name].base_url

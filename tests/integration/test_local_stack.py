@@ -123,7 +123,9 @@ def test_task_header_routes_and_routes_counts(gateway_url: str, client: openai.O
         extra_headers={"X-Task-Type": "code"},
     )
     chosen = code.headers["x-specgate-backend"]
-    assert chosen in {"eagle3", "ngram", "draft"}
+    # the rule's speculative pool, or its plain fallback once adaptive routing (the shipped
+    # default) has measured code on this module's gateway and found plain faster
+    assert chosen in {"eagle3", "ngram", "draft", "plain"}
     assert code.headers["x-specgate-rule"] == "code-rag-speculative"
     after = httpx.get(f"{gateway_url}/routes").json()
     by_rule = after["decisions"]["by_rule"]
