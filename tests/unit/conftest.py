@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import random
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -76,6 +76,16 @@ async def in_process(settings: Settings) -> AsyncIterator[InProcess]:
 async def gw() -> AsyncIterator[InProcess]:
     async with in_process(gateway_settings()) as gateway:
         yield gateway
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_real_state_file(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The same for gateways built by module-scoped fixtures (test_fuzz's), which are set up
+    before any function-scoped fixture runs: without it they saved to the real cache."""
+    path = tmp_path_factory.mktemp("state") / "adaptive-routing.json"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("SPECGATE_STATE_FILE", str(path))
+        yield
 
 
 @pytest.fixture(autouse=True)
