@@ -140,11 +140,14 @@ def dump_yaml_all(documents: list[Any]) -> str:
 
 def gateway_environment(admin: AdminMode) -> dict[str, str]:
     """The gateway container's plain (non-secret) variables: where it listens, its config,
-    and ``SPECGATE_ADMIN_ENABLED=false`` when ``admin`` is ``off``."""
+    where it keeps what adaptive routing learnt (the writable /tmp of its own container: each
+    replica learns on its own and keeps it across container restarts, see the README), and
+    ``SPECGATE_ADMIN_ENABLED=false`` when ``admin`` is ``off``."""
     env = {
         "SPECGATE_CONFIG": GATEWAY_CONFIG_PATH,
         "SPECGATE_HOST": "0.0.0.0",
         "SPECGATE_PORT": str(GATEWAY_PORT),
+        "SPECGATE_STATE_FILE": "/tmp/specgate/adaptive-routing.json",
     }
     if admin == "off":
         env["SPECGATE_ADMIN_ENABLED"] = "false"

@@ -69,6 +69,7 @@ def adaptive_gateway(config_path: Path, work: Path, logs: Path) -> Iterator[str]
         [*argv, "--port", str(port)],
         ready_url=f"http://127.0.0.1:{port}/ready",
         log_path=logs / "adaptive-gateway.log",
+        env={"SPECGATE_STATE_FILE": str(work / "adaptive-state.json")},  # starts fresh
     )
     with server:
         yield f"http://127.0.0.1:{port}"

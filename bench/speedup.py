@@ -102,6 +102,7 @@ def launched(config_path: Path, work: Path, logs: Path) -> Iterator[tuple[Gatewa
         ],
         ready_url=f"http://127.0.0.1:{port}/ready",
         log_path=logs / "gateway.log",
+        env={"SPECGATE_STATE_FILE": str(work / "gateway-state.json")},  # starts fresh
     )
     with stack, gateway:
         yield config, f"http://127.0.0.1:{port}"

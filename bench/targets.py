@@ -80,7 +80,8 @@ def package_version(bin_dir: Path, package: str) -> str:
 
 
 def specgate_config(upstreams: Sequence[str]) -> dict[str, object]:
-    """A specgate config like ``config/local.yaml`` with remote backends at ``upstreams``."""
+    """A specgate config like ``config/local.yaml`` (adaptive policy, one compute group) with
+    remote backends at ``upstreams``."""
     plain, ngram, draft = upstreams
     spec_ngram = {
         "method": "ngram",
@@ -91,20 +92,23 @@ def specgate_config(upstreams: Sequence[str]) -> dict[str, object]:
     spec_draft = {"method": "draft_model", "model": "draft", "num_speculative_tokens": 3}
     return {
         "defaults": {"temperature": 1.0, "task": "chat", "pool": "plain"},
+        "routing": {"policy": "adaptive", "shared_compute_penalty": 0.25},
         "backends": {
-            "plain": {"url": plain, "model": MODEL},
+            "plain": {"url": plain, "model": MODEL, "compute_group": "cpu"},
             "ngram": {
                 "url": ngram,
                 "model": MODEL,
                 "speculation": spec_ngram,
                 "max_batch_for_speculation": 4,
                 "min_acceptance_rate": 0.15,
+                "compute_group": "cpu",
             },
             "draft": {
                 "url": draft,
                 "model": MODEL,
                 "speculation": spec_draft,
                 "max_batch_for_speculation": 4,
+                "compute_group": "cpu",
             },
         },
         "pools": {"plain": ["plain"], "speculative": ["ngram", "draft"]},
@@ -147,7 +151,9 @@ def specgate_target(
     else:
         argv = [sys.executable, "-m", "gateway.cli", "serve"]
     argv += ["--config", str(path), "--port", str(port)]
-    return TargetSpec("specgate", port, argv, dict(env or {}), "/ready")
+    # its learnt state in the run's own folder, never the shared cache
+    env = {"SPECGATE_STATE_FILE": str(workdir / "specgate-state.json"), **(env or {})}
+    return TargetSpec("specgate", port, argv, env, "/ready")
 
 
 def vllm_router_target(port: int, upstreams: Sequence[str], log: Path) -> TargetSpec:

@@ -28,6 +28,7 @@ from gateway.auth import build_auth, require_admin, require_client_key
 from gateway.config import ConfigError, GatewayConfig, load_config
 from gateway.errors import GatewayError, error_envelope
 from gateway.observability import observability
+from gateway.persistence import persisted_learning
 from gateway.quarantine import QuarantineTable
 from gateway.service import Gateway
 from gateway.settings import Settings
@@ -161,7 +162,10 @@ def create_app(
             )
             install_sighup(gateway, settings)
             try:
-                async with observability(app, gateway, settings):
+                async with (
+                    persisted_learning(gateway, settings),
+                    observability(app, gateway, settings),
+                ):
                     yield
             finally:
                 task.cancel()

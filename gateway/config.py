@@ -78,6 +78,11 @@ class BackendConfig(_Strict):
     over the acceptance window it is demoted. ``max_inflight`` caps this gateway's
     requests in flight to the backend (backpressure: past every candidate's cap, 429).
     ``guards`` names the config's :class:`Guard` entries (known engine bugs) this backend has.
+    ``compute_group`` names the compute the backend shares with others (the same GPU, or
+    a CPU machine's cores): backends of one group slow each other down when both compute,
+    so routing keeps concurrent load on the group's busy backend rather than spreading it
+    (``routing.shared_compute_penalty``) and learns decode speed per concurrency of the
+    whole group. None: its compute is its own.
     """
 
     url: str | None = None
@@ -90,6 +95,7 @@ class BackendConfig(_Strict):
     max_batch_for_speculation: int | None = Field(default=None, ge=0)
     min_acceptance_rate: float | None = Field(default=None, ge=0, le=1)
     guards: list[str] = []
+    compute_group: str | None = Field(default=None, min_length=1)
 
     @model_validator(mode="after")
     def _fill_from_profile(self) -> BackendConfig:
@@ -188,17 +194,19 @@ class AdaptiveSettings(_Strict):
     pseudo-observations of the task-level estimate a bucket starts from; ``min_tokens``:
     shorter answers teach nothing; ``overlap_threshold``: repeated-word-bigram share from
     which a prompt is in the ``rep`` bucket; ``max_prompt_chars``: characters of the prompt
-    the overlap is computed on; ``state_file``: JSON file the estimates are loaded from at
-    start and saved to every ``save_every`` observations (None: not persisted).
+    the overlap is computed on; ``min_load_weight``: decayed observations a speculative
+    backend and a plain one both need in a load band (see
+    :func:`gateway.routing.adaptive.bucket_of`) before their measured speeds there replace
+    the backend's ``max_batch_for_speculation``. (Where the estimates are saved is a process
+    setting: ``SPECGATE_STATE_FILE``, see :class:`gateway.settings.Settings`.)
     """
 
     decay: float = Field(default=0.98, gt=0, le=1)
     prior_weight: float = Field(default=2.0, ge=0)
+    min_load_weight: float = Field(default=3.0, gt=0)
     min_tokens: int = Field(default=8, ge=1)
     overlap_threshold: float = Field(default=0.05, ge=0, le=1)
     max_prompt_chars: int = Field(default=1000, ge=16)
-    state_file: str | None = None
-    save_every: int = Field(default=50, ge=1)
 
 
 class RoutingSettings(_Strict):
@@ -209,6 +217,10 @@ class RoutingSettings(_Strict):
     ``min_acceptance_rate``: the default demotion threshold (the seed's rule of thumb: under
     0.5 a model draft stops paying); ``probe_share``: share of a demoted backend's eligible
     traffic it still gets, so its recovery can be seen.
+    ``shared_compute_penalty``: factor in [0, 1] on the expected speed of an idle backend
+    whose ``compute_group`` has another backend computing (measured on the local stack: a
+    wave of 8 requests spread over two CPU servers on the same 2 cores took 21-27 s against
+    5 s on one, about 0.2-0.25x; see docs/benchmarks.md). 1 disables it.
     ``policy``: the rules' default policy (see :class:`Rule`); ``feedback``: learn from every
     answer (decode speed, and the per-request acceptance a vLLM server started with
     ``--per-request-spec-decode-metrics`` reports); streams whose client did not ask for
@@ -220,6 +232,7 @@ class RoutingSettings(_Strict):
     min_draft_tokens: int = Field(default=200, ge=1)
     min_acceptance_rate: float = Field(default=0.5, ge=0, le=1)
     probe_share: float = Field(default=0.05, ge=0, le=1)
+    shared_compute_penalty: float = Field(default=0.25, ge=0, le=1)
     policy: RoutePolicy = "static"
     feedback: bool = True
     adaptive: AdaptiveSettings = AdaptiveSettings()

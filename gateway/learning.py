@@ -1,21 +1,16 @@
-"""From finished requests to the adaptive learner: observations, a log of recent records,
-and the optional state file.
+"""From finished requests to the adaptive learner: observations and a log of recent records.
 
 One :class:`FeedbackCollector` lives on the :class:`~gateway.service.Gateway` (not on the
-routing policy, which a config reload replaces), so what was learnt survives reloads; with
-``routing.adaptive.state_file`` it also survives restarts.
+routing policy, which a config reload replaces), so what was learnt survives reloads;
+:mod:`gateway.persistence` saves it across restarts.
 """
 
 from __future__ import annotations
 
-import asyncio
-import json
 import logging
-import os
 from collections import deque
 from collections.abc import Callable
-from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from gateway.config import AdaptiveSettings
 from gateway.routing.adaptive import Learner, Observation, bucket_of
@@ -49,19 +44,16 @@ class FeedbackCollector:
     def __init__(self, settings: Callable[[], AdaptiveSettings]) -> None:
         self.settings = settings
         self.learner = Learner(settings().decay)
-        self.recent: deque[dict[str, Any]] = deque(maxlen=RECENT)
+        self.recent: deque[_Recent] = deque(maxlen=RECENT)
         self.ignored = 0
-        self._saving: asyncio.Future[None] | None = None
-        path = settings().state_file
-        if path:
-            self.load(Path(path))
 
     def bucket(self, trace: RequestTrace) -> str | None:
         """The feature bucket of a traced request (None without routing features)."""
         if trace.features is None:
             return None
         overlap = trace.prompt.overlap if trace.prompt is not None else None
-        return bucket_of(trace.features.temperature, overlap, self.settings().overlap_threshold)
+        threshold = self.settings().overlap_threshold
+        return bucket_of(trace.features.temperature, overlap, threshold, trace.concurrency)
 
     def observe(self, trace: RequestTrace) -> None:
         """Observer: learn from one finished request (ignored when it teaches nothing)."""
@@ -95,30 +87,12 @@ class FeedbackCollector:
         )
         self.learner.decay = settings.decay
         self.learner.observe(obs)
-        self.recent.append(_record(trace, obs, decode_s))
-        if settings.state_file and self.learner.observations % settings.save_every == 0:
-            self.save(Path(settings.state_file))
+        self.recent.append(_Recent(trace, obs, decode_s))  # rendered when /routes asks
 
-    def load(self, path: Path) -> None:
-        """Load saved estimates; a missing or unreadable file leaves the learner empty."""
-        try:
-            self.learner.load_json(json.loads(path.read_text(encoding="utf-8")))
-            logger.info("adaptive estimates loaded from %s", path)
-        except FileNotFoundError:
-            return
-        except (OSError, ValueError) as exc:
-            logger.warning("adaptive estimates not loaded from %s: %s", path, exc)
-
-    def save(self, path: Path) -> None:
-        """Write the estimates to ``path`` (atomically), off the event loop when on one."""
-        data = json.dumps(self.learner.to_json())
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            _write(path, data)
-            return
-        if self._saving is None or self._saving.done():
-            self._saving = loop.run_in_executor(None, _write, path, data)
+    def records(self, last: int = RECENT) -> list[dict[str, Any]]:
+        """The newest ``last`` requests that taught the learner, oldest first, as
+        ``GET /routes`` shows them (numbers only, never text)."""
+        return [_record(*r) for r in list(self.recent)[-last:]]
 
     def to_json(self) -> dict[str, Any]:
         """The learner's estimates and the newest records, for ``GET /routes``."""
@@ -127,8 +101,16 @@ class FeedbackCollector:
             "ignored": self.ignored,
             "decay": self.learner.decay,
             "groups": self.learner.summary(),
-            "recent": list(self.recent)[-50:],
+            "recent": self.records(50),
         }
+
+
+class _Recent(NamedTuple):
+    """A request that taught the learner, kept as is (no per-request formatting)."""
+
+    trace: RequestTrace
+    obs: Observation
+    decode_s: float
 
 
 def _record(trace: RequestTrace, obs: Observation, decode_s: float) -> dict[str, Any]:
@@ -154,13 +136,3 @@ def _record(trace: RequestTrace, obs: Observation, decode_s: float) -> dict[str,
         "mean_acceptance_length": spec.get("mean_acceptance_length") if spec else None,
         "speculative_decoding": spec,
     }
-
-
-def _write(path: Path, data: str) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(data, encoding="utf-8")
-        os.replace(tmp, path)
-    except OSError as exc:
-        logger.warning("adaptive estimates not saved to %s: %s", path, exc)

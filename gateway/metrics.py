@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from typing import Any, NamedTuple
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -34,6 +35,15 @@ E2E_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320, 640)
 
 #: Label value for a request that never reached a backend (or a rule, or a task).
 NONE = "none"
+
+
+class _Timing(NamedTuple):
+    """The labelled children of one (backend, task)."""
+
+    duration: Any
+    ttft: Any
+    itl: Any
+    tokens: Any
 
 
 class GatewayMetrics:
@@ -79,22 +89,38 @@ class GatewayMetrics:
             registry=self.registry,
         )
         self.registry.register(BackendCollector(gateway))
+        self._requests: dict[tuple[str, str, str, str], Any] = {}
+        self._timing: dict[tuple[str, str], _Timing] = {}
 
     def observe(self, trace: RequestTrace) -> None:
-        """Request-trace observer: count one finished request and record its timings."""
+        """Request-trace observer: count one finished request and record its timings.
+
+        The labelled children are looked up once per label set and kept (prometheus-client's
+        ``labels()`` validates and locks on every call)."""
         backend, task = trace.backend or NONE, trace.task or NONE
         status = str(trace.status) if trace.status is not None else NONE
-        self.requests.labels(backend, trace.rule or NONE, task, status).inc()
+        key = (backend, trace.rule or NONE, task, status)
+        counter = self._requests.get(key)
+        if counter is None:
+            counter = self._requests[key] = self.requests.labels(*key)
+        counter.inc()
+        timing = self._timing.get((backend, task))
+        if timing is None:
+            timing = self._timing[(backend, task)] = _Timing(
+                self.duration.labels(backend, task),
+                self.ttft.labels(backend, task),
+                self.itl.labels(backend, task),
+                self.tokens.labels(backend, task),
+            )
         if trace.duration_s is not None:
-            self.duration.labels(backend, task).observe(trace.duration_s)
+            timing.duration.observe(trace.duration_s)
         if trace.ttft_s is not None:
-            self.ttft.labels(backend, task).observe(trace.ttft_s)
-        itl = self.itl.labels(backend, task)
+            timing.ttft.observe(trace.ttft_s)
         for gap in trace.gaps_s:
-            itl.observe(gap)
+            timing.itl.observe(gap)
         tokens = trace.completion_tokens()
         if tokens is not None:
-            self.tokens.labels(backend, task).inc(tokens)
+            timing.tokens.inc(tokens)
 
 
 class BackendCollector(Collector):

@@ -19,15 +19,30 @@ from gateway.protocol import (
     read_fields,
     routing_view,
 )
-from gateway.routing.classifier import classify
+from gateway.routing.classifier import classify_text
 from gateway.routing.explain import decision_json
 from gateway.routing.features import RequestFeatures, header_task, read_temperature
 from gateway.routing.guards import apply_guards
+from gateway.routing.load import break_even
 from gateway.routing.policy import RouteDecision, RoutingPolicy
-from gateway.routing.prompt_stats import PromptStats, prompt_stats
+from gateway.routing.prompt_stats import PromptStats, prompt_stats, stats_of
 from gateway.routing.spec_params import SpecParams
+from gateway.routing.text import RequestText, read_request
 from gateway.trace import RequestTrace
 from gateway.upstream.state import BackendRegistry, DecisionStats
+
+
+class _Unread:
+    """Marks a prompt not read yet (None means read, and not text)."""
+
+
+UNREAD = _Unread()
+
+
+def _served_models(config: GatewayConfig) -> tuple[str, ...]:
+    """The distinct model names ``config``'s backends serve, in config order (kept per config
+    so the hot path does not rebuild them per request)."""
+    return tuple(dict.fromkeys(b.served_model for b in config.backends.values()))
 
 
 class Gateway:
@@ -46,6 +61,7 @@ class Gateway:
     ) -> None:
         self.config = config
         self.policy = RoutingPolicy(config)
+        self._models = _served_models(config)
         self.registry = registry or BackendRegistry(config.backends)
         self.inflight = 0
         self.reloads = 0
@@ -55,6 +71,8 @@ class Gateway:
         self.feedback = FeedbackCollector(lambda: self.config.routing.adaptive)
         self.observers: list[Callable[[RequestTrace], None]] = [self.learn]
         self.spec_params = SpecParams()
+        #: Called after each successful :meth:`reload` (e.g. to save the learnt state).
+        self.reload_hooks: list[Callable[[], None]] = []
 
     def reload(self, config: GatewayConfig) -> None:
         """Swap in a validated config atomically (one event-loop step).
@@ -63,22 +81,55 @@ class Gateway:
         live state (health, load, acceptance, circuit); new ones start fresh.
         """
         self.policy = RoutingPolicy(config)
+        self._models = _served_models(config)
         self.registry.sync(config.backends)
         self.config = config
         self.reloads += 1
+        for hook in self.reload_hooks:
+            hook()
 
     def learn(self, trace: RequestTrace) -> None:
         """Observer: feed a finished request to the adaptive learner (``routing.feedback``)."""
         if self.config.routing.feedback:
             self.feedback.observe(trace)
 
+    def _wants_prompt_stats(self) -> bool:
+        """Prompt statistics feed adaptive routing and learning: off when both are."""
+        routing = self.config.routing
+        if routing.feedback or routing.policy == "adaptive":
+            return True
+        return any(rule.policy == "adaptive" for rule in self.config.rules)
+
     def prompt_stats(self, body: Mapping[str, Any]) -> PromptStats | None:
         """Prompt statistics for adaptive routing and learning (None when both are off)."""
-        routing = self.config.routing
-        if not routing.feedback and routing.policy != "adaptive":
-            if all(rule.policy != "adaptive" for rule in self.config.rules):
-                return None
-        return prompt_stats(body, routing.adaptive.max_prompt_chars)
+        if not self._wants_prompt_stats():
+            return None
+        return prompt_stats(body, self.config.routing.adaptive.max_prompt_chars)
+
+    def break_even(self) -> dict[str, Any]:
+        """Per speculative backend and task, its learnt speed relative to the first plain
+        backend per load band and the band where it stopped paying (see
+        :func:`gateway.routing.load.break_even`; ``{}`` without a plain backend), with the
+        configured ``max_batch_for_speculation`` it falls back to until measured."""
+        if not self.policy.plain:
+            return {}
+        settings = self.config.routing.adaptive
+        spec = {n: b for n, b in self.config.backends.items() if b.spec.speculative}
+        learnt = break_even(
+            self.feedback.learner.view(),
+            spec,
+            self.policy.plain[0],
+            min_weight=settings.min_load_weight,
+            decay=settings.decay,
+        )
+        return {
+            name: {
+                "against": self.policy.plain[0],
+                "max_batch_for_speculation": backend.max_batch_for_speculation,
+                "tasks": learnt.get(name, {}),
+            }
+            for name, backend in spec.items()
+        }
 
     def on_request_done(self, _trace: RequestTrace) -> None:
         """Observer: a request counted in :attr:`inflight` has ended."""
@@ -91,7 +142,7 @@ class Gateway:
 
     def served_models(self) -> list[str]:
         """The distinct model names the backends serve, in config order."""
-        return list(dict.fromkeys(b.served_model for b in self.config.backends.values()))
+        return list(self._models)
 
     def spec_methods(self) -> set[str]:
         """The speculation methods of the configured backends."""
@@ -104,19 +155,20 @@ class Gateway:
         task_header: str | None,
         raw_body: Mapping[str, Any] | None = None,
         endpoint: str = "/v1/chat/completions",
+        text: RequestText | None | _Unread = UNREAD,
     ) -> RequestFeatures:
         """Read routing features from a routing view (see :func:`routing_view`); the
         sampling parameters speculation refuses on ``endpoint`` are read from ``raw_body``
-        (the client's own body; default ``body``).
+        (the client's own body; default ``body``); ``text``: the view's
+        :func:`~gateway.routing.text.read_request`, when already read.
 
         ``model`` None (absent or unreadable) is the first served model, as vLLM serves
         its only model then. Raises :class:`~gateway.errors.GatewayError` 404 when no
         backend serves ``model``.
         """
-        served = self.served_models()
         if model is None:
-            model = served[0]
-        elif model not in served:
+            model = self._models[0]
+        elif model not in self._models:
             raise model_not_found(model)
         temperature, given = read_temperature(body, self.config.defaults.temperature)
         refused = self.spec_params.refused(
@@ -128,7 +180,9 @@ class Gateway:
             return RequestFeatures(
                 model, temperature, given, task, 1.0, "header", stream, spec_refused=refused
             )
-        guess = classify(body, default_task=self.config.defaults.task)
+        if isinstance(text, _Unread):
+            text = read_request(body)
+        guess = classify_text(text, default_task=self.config.defaults.task)
         return RequestFeatures(
             model,
             temperature,
@@ -139,6 +193,26 @@ class Gateway:
             stream,
             spec_refused=refused,
         )
+
+    def read(
+        self,
+        body: Mapping[str, Any],
+        model: str | None,
+        task_header: str | None,
+        raw_body: Mapping[str, Any] | None = None,
+        endpoint: str = "/v1/chat/completions",
+    ) -> tuple[RequestFeatures, PromptStats | None]:
+        """Routing features and prompt statistics of a routing view, from one bounded read
+        of its prompt (:func:`~gateway.routing.text.read_request`) shared by the classifier
+        and the statistics. Arguments and errors as for :meth:`features`."""
+        wanted = self._wants_prompt_stats()
+        text: RequestText | None | _Unread = UNREAD
+        if wanted or header_task(task_header) is None:
+            text = read_request(body)
+        features = self.features(body, model, task_header, raw_body, endpoint, text)
+        if not wanted or isinstance(text, _Unread):
+            return features, None
+        return features, stats_of(text, self.config.routing.adaptive.max_prompt_chars)
 
     def explain(
         self, body: Any, task_header: str | None, endpoint: str | None = None
@@ -151,13 +225,13 @@ class Gateway:
         kind = kind_of(body, endpoint)
         fields = read_fields(kind, body)
         view = routing_view(kind, body, fields)
-        features = self.features(view, fields.model, task_header, body, kind.path)
+        features, prompt = self.read(view, fields.model, task_header, body, kind.path)
         decision = self.policy.decide(
             features,
             self.registry.snapshot(),
             random.Random(0),
             self.feedback.learner.view(),
-            self.prompt_stats(view),
+            prompt,
         )
         verdict = apply_guards(self.config, decision, body)
         out = decision_json(verdict.decision)

@@ -8,6 +8,8 @@ from typing import Literal
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from backends.paths import default_cache_dir
+
 
 class Settings(BaseSettings):
     """Where the gateway listens, which config it routes by, timeouts, limits and keys.
@@ -87,3 +89,17 @@ class Settings(BaseSettings):
     cache_dir: Path | None = (
         None  # vLLM venv, local models, backend logs; default ~/.cache/specgate
     )
+    # what adaptive routing learnt (gateway/learning_store.py): loaded at start, saved every
+    # interval when it changed, on config reload and on shutdown; default
+    # <cache_dir>/state/adaptive-routing.json; state_persist=false keeps it in memory only
+    state_file: Path | None = None
+    state_persist: bool = True
+    state_save_interval_s: float = Field(default=30.0, gt=0)
+
+    def state_path(self) -> Path | None:
+        """Where the adaptive routing state lives (None: not persisted)."""
+        if not self.state_persist:
+            return None
+        if self.state_file is not None:
+            return self.state_file
+        return (self.cache_dir or default_cache_dir()) / "state" / "adaptive-routing.json"

@@ -27,7 +27,8 @@ class RequestTrace:
     between relayed chunks; with speculation one chunk can carry several tokens);
     ``duration_s`` is end to end. ``usage_bytes`` keeps the last chunk that carried a
     ``usage`` object, read by :meth:`completion_tokens`. ``features``/``prompt``: what
-    routing read from the request (numbers only); ``spec_decoding``: the answer's
+    routing read from the request (numbers only); ``concurrency``: requests on the chosen
+    backend's compute at dispatch, this one included; ``spec_decoding``: the answer's
     ``metrics.speculative_decoding`` (vLLM per-request acceptance), when it had one.
     Never holds prompt text.
     """
@@ -49,6 +50,7 @@ class RequestTrace:
     usage_bytes: bytes | None = None
     features: RequestFeatures | None = None
     prompt: PromptStats | None = None
+    concurrency: float = 1.0
     spec_decoding: dict[str, Any] | None = None
     _last: float | None = None
     _tokens: tuple[int | None] | None = None  # completion_tokens(), once read

@@ -212,8 +212,9 @@ class ProxyEndpoint:
         if watch.table.blocking:
             refuse_quarantined(watch.table, self.path, body)
         view = routing_view(self.kind, body, fields)
-        features = gateway.features(view, fields.model, headers.get("x-task-type"), body, self.path)
-        prompt = gateway.prompt_stats(view)
+        features, prompt = gateway.read(
+            view, fields.model, headers.get("x-task-type"), body, self.path
+        )
         decision = gateway.decide(features, prompt)
         if gateway.config.guards:
             decision = await _guard(gateway, state.client, decision, self.path, body)
@@ -223,6 +224,7 @@ class ProxyEndpoint:
             decision = pin(decision, held, "holds previous_response_id")
         trace.task, trace.rule = features.task, decision.rule
         trace.features, trace.prompt = features, prompt
+        trace.concurrency = decision.concurrency
         if not decision.backends:
             gateway.stats.rejected += 1
             if decision.saturated:

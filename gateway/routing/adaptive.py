@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
@@ -29,18 +29,45 @@ from typing import Any
 ALL = "*"
 #: At or below this temperature a request counts as greedy.
 GREEDY_MAX_T = 0.1
-STATE_VERSION = 1
 
 
-def bucket_of(temperature: float, overlap: float | None, overlap_threshold: float) -> str:
-    """The feature bucket of a request, e.g. ``"greedy/rep"``.
+#: Lower bounds of the concurrency bands (powers of two): c1, c2 (2-3), c4 (4-7), c8 (8-15),
+#: c16 (16 and more).
+BANDS = (1, 2, 4, 8, 16)
+
+
+def load_band(concurrency: float) -> int:
+    """The band (a power of two in :data:`BANDS`) of ``concurrency`` requests sharing the
+    compute a request runs on, itself included (values under 1 count as 1)."""
+    return 1 << min(max(int(concurrency), 1).bit_length() - 1, 4)
+
+
+def bucket_of(
+    temperature: float, overlap: float | None, overlap_threshold: float, concurrency: float = 1
+) -> str:
+    """The feature bucket of a request, e.g. ``"greedy/rep"`` or ``"sampled/norep/c8"``.
 
     Temperature band: ``greedy`` (<= 0.1) or ``sampled``; prompt band: ``rep`` when the share
-    of repeated word bigrams is at least ``overlap_threshold``, ``norep`` otherwise or unknown.
+    of repeated word bigrams is at least ``overlap_threshold``, ``norep`` otherwise or unknown;
+    load band (only from 2 on): ``/c2``, ``/c4``, ``/c8`` or ``/c16`` for the requests
+    sharing the backend's compute at dispatch, this one included (see :func:`load_band`), so
+    decode speed is learnt per concurrency and the concurrency at which speculation stops
+    paying is measured, not assumed.
     """
     band = "greedy" if temperature <= GREEDY_MAX_T else "sampled"
     rep = "rep" if overlap is not None and overlap >= overlap_threshold else "norep"
-    return f"{band}/{rep}"
+    load = load_band(concurrency)
+    return f"{band}/{rep}" if load == 1 else f"{band}/{rep}/c{load}"
+
+
+def base_bucket(bucket: str) -> str:
+    """``bucket`` without its load band (``"greedy/rep/c4"`` -> ``"greedy/rep"``)."""
+    return bucket if bucket.count("/") < 2 else bucket.rsplit("/", 1)[0]
+
+
+def bucket_load(bucket: str) -> int:
+    """The load band of ``bucket`` (1 when it has none)."""
+    return int(bucket.rsplit("/c", 1)[1]) if bucket.count("/") >= 2 else 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,37 +199,6 @@ class Learner:
     def view(self) -> Estimates:
         """A read-only view for routing (its values are immutable; observe replaces them)."""
         return MappingProxyType(self.groups)
-
-    def to_json(self) -> dict[str, Any]:
-        """The state as JSON-ready data (see :meth:`from_json`)."""
-        return {
-            "version": STATE_VERSION,
-            "decay": self.decay,
-            "observations": self.observations,
-            "groups": [
-                {
-                    "task": task,
-                    "bucket": bucket,
-                    "count": g.count,
-                    "backends": {name: asdict(s) for name, s in g.backends.items()},
-                }
-                for (task, bucket), g in self.groups.items()
-            ],
-        }
-
-    def load_json(self, data: Mapping[str, Any]) -> None:
-        """Replace the state with saved data; raises ValueError on a foreign shape."""
-        if data.get("version") != STATE_VERSION:
-            raise ValueError(f"unknown adaptive state version {data.get('version')!r}")
-        groups: dict[tuple[str, str], GroupStats] = {}
-        try:
-            for g in data["groups"]:
-                stats = {str(n): BackendStats(**s) for n, s in g["backends"].items()}
-                groups[(str(g["task"]), str(g["bucket"]))] = GroupStats(int(g["count"]), stats)
-        except (KeyError, TypeError) as exc:
-            raise ValueError(f"malformed adaptive state: {exc}") from None
-        self.groups = groups
-        self.observations = int(data.get("observations", 0))
 
     def summary(self) -> list[dict[str, Any]]:
         """Every group's current estimates, for ``GET /routes``."""

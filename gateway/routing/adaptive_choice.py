@@ -8,8 +8,10 @@ is drawn per candidate and the largest draw wins (Thompson 1933; Russo et al., "
 on Thompson Sampling", 2018): a candidate is chosen with the probability that it is the
 fastest, so clear losers are rarely tried and close ones share traffic until the data
 separates them. As a loser's evidence decays its posterior widens and it is tried again,
-which is how a backend that got better is noticed. A backend never observed for the task
-gets an optimistic prior (the best candidate's mean, wide), so each is tried early.
+which is how a backend that got better is noticed. Until some candidate has been observed for
+the task, the rules' first candidate is chosen (a fresh gateway routes as the static policy
+does); after that a backend never observed for the task gets an optimistic prior (the best
+candidate's mean, wide), so each is tried early.
 
 Pure: the estimates and the ``random.Random`` come from the caller; for a given state and
 seed the choice is deterministic.
@@ -19,7 +21,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -45,7 +47,9 @@ class Estimate(NamedTuple):
     geometric); ``sd``: posterior sd of ln(speed); ``relative``: speed / the plain
     baseline's (None without one); ``acceptance_rate`` and ``mean_acceptance_length``: the
     bucket's decayed per-request acceptance (speculative backends); ``draw``: the Thompson
-    sample in tokens/s (None when there was nothing to choose).
+    sample in tokens/s (None when there was nothing to choose); ``penalty``: the factor on
+    its expected speed for spreading load over shared compute (1.0: none); ``bucket``: the
+    feature bucket it was judged in (its load band included).
     """
 
     backend: str
@@ -58,6 +62,8 @@ class Estimate(NamedTuple):
     acceptance_rate: float | None
     mean_acceptance_length: float | None
     draw: float | None
+    penalty: float = 1.0
+    bucket: str = ""
 
     def to_json(self) -> dict[str, Any]:
         """JSON-ready fields, rounded for display."""
@@ -72,21 +78,34 @@ class Estimate(NamedTuple):
             "acceptance_rate": _round(self.acceptance_rate),
             "mean_acceptance_length": _round(self.mean_acceptance_length),
             "draw_tps": None if self.draw is None else round(self.draw, 2),
+            "shared_compute_penalty": round(self.penalty, 3),
+            "bucket": self.bucket,
         }
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class AdaptiveChoice:
     """The adaptive pick for one request: ``chosen`` (the largest draw), ``best`` (the
     highest posterior mean), ``explored`` (they differ: this request pays for exploration),
-    and the estimate behind each candidate."""
+    ``untried`` (nothing was measured for the task: the rules' choice), and
+    :attr:`estimates`, the estimate behind each candidate (built on first read: a routed
+    request never reads it, ``/routes/explain`` does)."""
 
     task: str
     bucket: str
     chosen: str
     best: str
     explored: bool
-    estimates: tuple[Estimate, ...]
+    untried: bool
+    _rows: Callable[[], tuple[Estimate, ...]]
+    _estimates: tuple[Estimate, ...] | None = None
+
+    @property
+    def estimates(self) -> tuple[Estimate, ...]:
+        """One :class:`Estimate` per candidate, in candidate order."""
+        if self._estimates is None:
+            self._estimates = self._rows()
+        return self._estimates
 
     def to_json(self) -> dict[str, Any]:
         """The ``adaptive`` object of ``/routes/explain``."""
@@ -150,7 +169,7 @@ def _posterior(
 
 def choose(
     task: str,
-    bucket: str,
+    bucket: str | Mapping[str, str],
     candidates: Sequence[str],
     estimates: Estimates,
     rng: random.Random,
@@ -158,45 +177,74 @@ def choose(
     decay: float,
     prior_weight: float = 2.0,
     baseline: str | None = None,
+    penalties: Mapping[str, float] | None = None,
 ) -> AdaptiveChoice:
-    """Pick one of ``candidates`` (non-empty, in try-list order) by Thompson sampling.
+    """Pick one of ``candidates`` (non-empty, in try-list order: the rules' order) by
+    Thompson sampling.
 
-    ``baseline`` names the plain backend speeds are shown relative to. One
-    ``rng.normalvariate`` draw per candidate, in order, when there are two or more.
+    ``bucket``: the feature bucket, one for all or per candidate (load bands differ between
+    backends on different compute). ``baseline`` names the plain backend speeds are shown
+    relative to. ``penalties``: a factor in (0, 1] on a candidate's expected speed (the cost
+    of spreading load over backends that share compute, see :mod:`gateway.routing.policy`).
+    While no candidate has been observed for the task the rules' first candidate is taken
+    (a fresh gateway routes like the static policy); then one ``rng.normalvariate`` draw per
+    candidate, in order, when there are two or more.
     """
-    group, prior = estimates.get((task, bucket)), estimates.get((task, ALL))
+    buckets = {n: bucket if isinstance(bucket, str) else bucket[n] for n in candidates}
+    first = buckets[candidates[0]]
+    prior = estimates.get((task, ALL))
     names = list(dict.fromkeys([*candidates, *([baseline] if baseline else [])]))
-    seen = {n: (_seen(group, n, decay), _seen(prior, n, decay)) for n in names}
+    seen = {
+        n: (_seen(estimates.get((task, buckets.get(n, first))), n, decay), _seen(prior, n, decay))
+        for n in names
+    }
     known = [(b or t) for b, t in seen.values()]
     optimistic = max((k.stats.mean for k in known if k is not None), default=0.0)
     var = _noise(prior, decay)
     post = {n: _posterior(b, t, prior_weight, optimistic, var) for n, (b, t) in seen.items()}
+    shift = dict.fromkeys(names, 0.0)
+    for n, factor in (penalties or {}).items():
+        if n in shift:
+            shift[n] = math.log(min(max(factor, 1e-6), 1.0))
     draws: dict[str, float] = {}
-    if len(candidates) > 1:
-        draws = {n: rng.normalvariate(post[n].mean, post[n].sd) for n in candidates}
-    best = max(candidates, key=lambda n: post[n].mean)
-    chosen = max(candidates, key=lambda n: draws[n]) if draws else candidates[0]
-    base = post[baseline] if baseline is not None else None
-    base_mean = base.mean if base is not None and base.source != "prior" else None
-    rows = []
-    for n in candidates:
-        p, here = post[n], seen[n][0]
-        stats = here.stats if here is not None else None
-        rows.append(
-            Estimate(
-                n,
-                p.source,
-                stats.requests if stats else 0,
-                p.weight,
-                math.exp(p.mean) if p.source != "prior" else 0.0,
-                p.sd,
-                None if base_mean is None or p.source == "prior" else math.exp(p.mean - base_mean),
-                stats.acceptance_rate if stats else None,
-                stats.mean_acceptance_length if stats else None,
-                math.exp(draws[n]) if n in draws else None,
+    untried = all(post[n].source == "prior" for n in candidates)
+    if len(candidates) > 1 and not untried:
+        draws = {n: rng.normalvariate(post[n].mean, post[n].sd) + shift[n] for n in candidates}
+    if untried:
+        best = chosen = candidates[0]
+    else:
+        best = max(candidates, key=lambda n: post[n].mean + shift[n])
+        chosen = max(candidates, key=lambda n: draws[n]) if draws else candidates[0]
+
+    def rows() -> tuple[Estimate, ...]:
+        base = post[baseline] if baseline is not None else None
+        base_mean = base.mean if base is not None and base.source != "prior" else None
+        out = []
+        for n in candidates:
+            p, here = post[n], seen[n][0]
+            stats = here.stats if here is not None else None
+            relative = None
+            if base_mean is not None and p.source != "prior":
+                relative = math.exp(p.mean - base_mean)
+            out.append(
+                Estimate(
+                    n,
+                    p.source,
+                    stats.requests if stats else 0,
+                    p.weight,
+                    math.exp(p.mean) if p.source != "prior" else 0.0,
+                    p.sd,
+                    relative,
+                    stats.acceptance_rate if stats else None,
+                    stats.mean_acceptance_length if stats else None,
+                    math.exp(draws[n]) if n in draws else None,
+                    math.exp(shift[n]),
+                    buckets[n],
+                )
             )
-        )
-    return AdaptiveChoice(task, bucket, chosen, best, chosen != best, tuple(rows))
+        return tuple(out)
+
+    return AdaptiveChoice(task, buckets[chosen], chosen, best, chosen != best, untried, rows)
 
 
 def _round(value: float | None, digits: int = 4) -> float | None:

@@ -33,7 +33,7 @@ from typing import Any, NamedTuple
 
 from gateway.routing import task_model
 from gateway.routing.signals import FEATURES, extract_features, read_signals
-from gateway.routing.text import read_request
+from gateway.routing.text import RequestText, read_request
 
 __all__ = [
     "FEATURES",
@@ -42,6 +42,7 @@ __all__ = [
     "TaskGuess",
     "TaskModel",
     "classify",
+    "classify_text",
     "with_prior",
     "extract_features",
     "probabilities",
@@ -131,9 +132,16 @@ def classify(body: Mapping[str, Any], *, default_task: str = "chat") -> TaskGues
     or unreadable bodies (e.g. token-id prompts) give ``default_task`` with confidence 0.25.
     Never raises.
     """
+    rt = read_request(body) if isinstance(body, Mapping) else None
+    return classify_text(rt, default_task=default_task)
+
+
+def classify_text(rt: RequestText | None, *, default_task: str = "chat") -> TaskGuess:
+    """:func:`classify` on text already read from a body (``rt``: ``read_request(body)``,
+    None when it had no readable text), so one read serves the classifier and the prompt
+    statistics on the hot path."""
     if default_task not in TASKS:
         default_task = "chat"
-    rt = read_request(body) if isinstance(body, Mapping) else None
     if rt is None:
         return TaskGuess(default_task, 0.25, {})
     feats, words = read_signals(rt)

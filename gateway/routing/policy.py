@@ -7,13 +7,14 @@ caller's ``random.Random``, so a decision is deterministic for a given state and
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from gateway.config import BackendConfig, GatewayConfig
 from gateway.routing.adaptive import Estimates, bucket_of
 from gateway.routing.adaptive_choice import AdaptiveChoice, choose
 from gateway.routing.features import RequestFeatures
+from gateway.routing.load import LoadView, load_view, measured_at_load
 from gateway.routing.prompt_stats import PromptStats
 from gateway.routing.rules import first_match
 
@@ -74,7 +75,9 @@ class RouteDecision:
     considered with the reason it was kept or passed over; ``reasons`` explains the choice;
     ``saturated`` says a backend was left out only for being at its ``max_inflight`` cap
     (with an empty try list the caller answers 429 rather than 503); ``adaptive`` holds
-    the estimates behind an adaptive choice (None under the static policy).
+    the estimates behind an adaptive choice (None under the static policy);
+    ``concurrency``: requests on the chosen backend's compute when it was chosen, this one
+    included (its ``compute_group``'s batch + 1; what the learner files the answer under).
     """
 
     rule: str
@@ -85,6 +88,7 @@ class RouteDecision:
     reasons: tuple[str, ...] = field(default=())
     saturated: bool = False
     adaptive: AdaptiveChoice | None = None
+    concurrency: float = 1.0
 
     @property
     def backend(self) -> str | None:
@@ -100,6 +104,8 @@ class _Plan:
     reasons: list[str] = field(default_factory=list)
     seen: set[str] = field(default_factory=set)
     saturated: bool = False
+    # whether a speculative backend's and a plain one's speeds were learnt at this load
+    measured: Callable[[str], bool] | None = None
 
 
 class RoutingPolicy:
@@ -119,10 +125,18 @@ class RoutingPolicy:
        ``estimates``, the kept candidate of the rule's pool, or plain one of its fallbacks,
        with the best expected decode speed goes first (Thompson sampling, see
        :mod:`gateway.routing.adaptive_choice`); the rest keep their order for failover.
+       Once a speculative backend and a plain one were both measured at this request's load
+       band, their learnt speeds replace ``max_batch_for_speculation`` in step 3.
+    6. Shared compute (:mod:`gateway.routing.load`): an idle candidate whose
+       ``compute_group`` has a busy backend would spread load over competing servers; its
+       expected speed is discounted by ``routing.shared_compute_penalty`` (adaptive), or a
+       candidate that keeps the load together goes first (static).
     """
 
     def __init__(self, config: GatewayConfig) -> None:
         self.config = config
+        self.groups = {n: b.compute_group for n, b in config.backends.items()}
+        self.plain = [n for n, b in config.backends.items() if not b.spec.speculative]
 
     def decide(
         self,
@@ -145,7 +159,34 @@ class RoutingPolicy:
                 f"rule '{rule.name}' matched (task={features.task}, "
                 f"temperature={features.temperature:g})"
             ]
+        policy = (rule.policy if rule is not None else None) or self.config.routing.policy
+        learnt = estimates if policy == "adaptive" else None
+        load = load_view(self.groups, {n: snap.batch for n, snap in state.items()})
+        settings = self.config.routing.adaptive
+        overlap = prompt.overlap if prompt is not None else None
         plan = _Plan(reasons=reasons)
+        buckets: dict[str, str] = {}
+        if learnt is not None:
+            by_load: dict[float, str] = {}
+            for n, c in load.concurrency.items():
+                bucket = by_load.get(c)
+                if bucket is None:
+                    t, threshold = features.temperature, settings.overlap_threshold
+                    bucket = by_load[c] = bucket_of(t, overlap, threshold, c + 1)
+                buckets[n] = bucket
+
+            def measured(name: str) -> bool:
+                return measured_at_load(
+                    learnt,
+                    features.task,
+                    buckets,
+                    name,
+                    self.plain,
+                    min_weight=settings.min_load_weight,
+                    decay=settings.decay,
+                )
+
+            plan.measured = measured
         order: list[str] = []
         for pool in pools:
             plan.kept = []
@@ -155,10 +196,13 @@ class RoutingPolicy:
         if plan.deferred:
             order.extend(self._plain_backends(features, state, rng, plan, order))
             order.extend(plan.deferred)
-        policy = (rule.policy if rule is not None else None) or self.config.routing.policy
         adaptive = None
-        if policy == "adaptive" and estimates is not None:
-            adaptive = self._adapt(pools[0], features, prompt, estimates, rng, plan, order)
+        eligible = self._eligible(pools[0], plan, order)
+        if learnt is not None and eligible:
+            adaptive = self._adapt(features, buckets, load, learnt, rng, plan, order, eligible)
+        elif eligible:
+            _keep_together(load, plan, order, eligible)
+        chosen = order[0] if order else None
         return RouteDecision(
             rule=rule_name,
             pool=pools[0],
@@ -168,46 +212,57 @@ class RoutingPolicy:
             reasons=tuple(plan.reasons),
             saturated=plan.saturated,
             adaptive=adaptive,
+            concurrency=load.concurrency.get(chosen, 0.0) + 1 if chosen else 1.0,
         )
 
-    def _adapt(
-        self,
-        pool: str,
-        features: RequestFeatures,
-        prompt: PromptStats | None,
-        estimates: Estimates,
-        rng: random.Random,
-        plan: _Plan,
-        order: list[str],
-    ) -> AdaptiveChoice | None:
-        """Move the adaptive pick to the front of ``order`` (in place). Speculative
-        backends are eligible from the rule's own pool only: rules stay the guard rails."""
+    def _eligible(self, pool: str, plan: _Plan, order: list[str]) -> list[str]:
+        """The try list's backends a policy may put first: kept candidates of the rule's
+        own pool, and plain ones of its fallbacks (rules stay the guard rails)."""
         backends = self.config.backends
         allowed = {
             c.backend
             for c in plan.candidates
             if c.kept and (c.pool == pool or not backends[c.backend].spec.speculative)
         }
-        eligible = [name for name in order if name in allowed]
-        if not eligible:
-            return None
+        return [name for name in order if name in allowed]
+
+    def _adapt(
+        self,
+        features: RequestFeatures,
+        buckets: Mapping[str, str],
+        load: LoadView,
+        estimates: Estimates,
+        rng: random.Random,
+        plan: _Plan,
+        order: list[str],
+        eligible: list[str],
+    ) -> AdaptiveChoice:
+        """Move the adaptive pick among ``eligible`` to the front of ``order`` (in place)."""
         settings = self.config.routing.adaptive
-        overlap = prompt.overlap if prompt is not None else None
-        plain = [n for n, b in backends.items() if not b.spec.speculative]
+        penalty = self.config.routing.shared_compute_penalty
         choice = choose(
             features.task,
-            bucket_of(features.temperature, overlap, settings.overlap_threshold),
+            buckets,
             eligible,
             estimates,
             rng,
             decay=settings.decay,
             prior_weight=settings.prior_weight,
-            baseline=plain[0] if plain else None,
+            baseline=self.plain[0] if self.plain else None,
+            penalties={n: penalty for n in eligible if n in load.spreads},
         )
         order.remove(choice.chosen)
         order.insert(0, choice.chosen)
         why = "exploring" if choice.explored else "best expected decode speed"
+        if choice.untried:
+            why = "nothing measured yet: the rules' choice"
         plan.reasons.append(f"adaptive ({choice.bucket}): {choice.chosen}, {why}")
+        spread = sorted(load.spreads.intersection(eligible))
+        if spread:
+            plan.reasons.append(
+                f"shared compute: {', '.join(spread)} idle while their compute is busy "
+                f"(expected speed x{penalty:g})"
+            )
         return choice
 
     def _consider(
@@ -241,7 +296,7 @@ class RoutingPolicy:
             plan.candidates.append(Candidate(name, pool, False, why or "unknown backend"))
             return
         plan.seen.add(name)
-        passed_over = self._pass_over(backend, snap, rng, features)
+        passed_over = self._pass_over(name, backend, snap, rng, features, plan.measured)
         if passed_over is not None:
             plan.deferred.append(name)
             plan.candidates.append(Candidate(name, pool, False, passed_over))
@@ -255,18 +310,24 @@ class RoutingPolicy:
 
     def _pass_over(
         self,
+        name: str,
         backend: BackendConfig,
         snap: BackendSnapshot,
         rng: random.Random,
         features: RequestFeatures,
+        measured: Callable[[str], bool] | None,
     ) -> str | None:
+        """Why a speculative backend is passed over now (None: kept). ``measured(name)``:
+        its speed and a plain backend's were learnt at this load, so the configured batch
+        limit gives way to them."""
         if not backend.spec.speculative:
             return None
         refused = features.spec_refused.get(backend.spec.method or "")
         if refused:
             return f"{backend.spec.method} speculation refuses {', '.join(refused)}"
         limit = backend.max_batch_for_speculation
-        if limit is not None and snap.batch > limit:
+        over = limit is not None and snap.batch > limit
+        if over and (measured is None or not measured(name)):
             return f"batch {snap.batch:g} > max_batch_for_speculation {limit}: speculation loses"
         if snap.demoted and rng.random() >= self.config.routing.probe_share:
             floor = backend.acceptance_floor(self.config.routing.min_acceptance_rate)
@@ -301,3 +362,16 @@ class RoutingPolicy:
             why = f"plain backend preferred, {snap.outstanding:g} outstanding"
             plan.candidates.append(Candidate(name, PLAIN_FALLBACK, True, why))
         return [name for _, _, name in sorted(found)]
+
+
+def _keep_together(load: LoadView, plan: _Plan, order: list[str], eligible: list[str]) -> None:
+    """Static policy on shared compute: when the first backend would spread load over a busy
+    compute group, put first the first eligible one that does not (in place)."""
+    if order[0] not in load.spreads:
+        return
+    together = next((n for n in eligible if n not in load.spreads), None)
+    if together is None:
+        return
+    order.remove(together)
+    order.insert(0, together)
+    plan.reasons.append(f"shared compute: {together} first, keeping load on its busy compute")

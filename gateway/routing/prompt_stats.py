@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.routing.text import read_request
+from gateway.routing.text import RequestText, read_request
 
 #: Fewer word bigrams than this give no meaningful repeat share (reported as 0.0).
 MIN_BIGRAMS = 8
@@ -52,7 +52,12 @@ def self_overlap(text: str, max_chars: int = 1000) -> float:
 
 def prompt_stats(body: Mapping[str, Any], max_chars: int = 1000) -> PromptStats:
     """The :class:`PromptStats` of a completions or chat body (already validated)."""
-    text = read_request(body)
+    return stats_of(read_request(body), max_chars)
+
+
+def stats_of(text: RequestText | None, max_chars: int = 1000) -> PromptStats:
+    """The :class:`PromptStats` of text already read from a body (``read_request(body)``,
+    None when it had no readable text)."""
     if text is None:
         return PromptStats(chars=0, overlap=None)
     return PromptStats(

@@ -136,7 +136,7 @@ async def _relay(
         raise
     finally:
         attempt.end()
-        attempt.state.inflight -= 1
+        attempt.state.release()
         await response.aclose()
         trace.finish(status, error)
 
@@ -222,7 +222,7 @@ class Forwarder:
                 continue
             except BaseException:  # cancelled: the client left while we waited for headers
                 attempt.end()
-                state.inflight -= 1
+                state.release()
                 state.circuit.probing = False
                 raise
             chunks, head = response.chunks(), []
@@ -260,7 +260,7 @@ class Forwarder:
     def _failed(self, attempt: Attempt) -> None:
         """An attempt that failed before its answer was settled."""
         attempt.end()
-        attempt.state.inflight -= 1
+        attempt.state.release()
         attempt.state.circuit.on_failure(self.clock())
 
 

@@ -75,6 +75,7 @@ class HealthPoller:
         state.running, state.waiting = metrics.running, metrics.waiting
         state.kv_cache_usage = metrics.kv_cache_usage
         state.last_scrape = time.time()
+        state.scraped_at = now
         if metrics.spec is None:
             return
         routing = self.config().routing

@@ -23,6 +23,10 @@ class BackendState:
     windowed acceptance of a speculative backend; ``demotions`` counts how often it fell
     under its acceptance floor; ``suspect`` is set by the correctness canary when the
     backend's greedy output diverged from its plain twin's beyond numerics (not routed).
+    ``done_at``/``scraped_at`` (``time.monotonic()``): when a request of this gateway there
+    last ended, and when ``/metrics`` was last read: a scrape older than the last end still
+    counts that request as running, so routing then trusts the in-flight count alone (else a
+    client sending one request at a time would look like two, for up to a scrape interval).
     """
 
     healthy: bool | None = None
@@ -39,15 +43,23 @@ class BackendState:
     demotions: int = 0
     circuit: CircuitBreaker = field(default_factory=CircuitBreaker)
     suspect: str | None = None
+    done_at: float = 0.0
+    scraped_at: float = 0.0
+
+    def release(self) -> None:
+        """One of this gateway's requests there has ended."""
+        self.inflight -= 1
+        self.done_at = time.monotonic()
 
     def snapshot(self, now: float) -> BackendSnapshot:
         """The immutable view the routing policy reads (``now``: ``time.monotonic()``)."""
+        fresh = self.scraped_at > self.done_at
         return BackendSnapshot(
             healthy=self.healthy is not False,
             circuit_open=not self.circuit.routable(now),
             inflight=self.inflight,
-            running=self.running,
-            waiting=self.waiting,
+            running=self.running if fresh else 0.0,
+            waiting=self.waiting if fresh else 0.0,
             demoted=self.demoted,
             acceptance_rate=self.acceptance.rate if self.acceptance else None,
             suspect=self.suspect,

@@ -290,9 +290,10 @@ def k8s_backends(text: str, gateway: str = "specgate-gateway") -> list[BackendSe
 
 
 def _rooted(run: ContainerRun, files: dict[Path, str], root: Path) -> ContainerRun:
-    """Place mounted files under ``root`` and point environment values at them."""
+    """Place mounted files under ``root`` and point environment values at them (and at the
+    container's own ``/tmp``, which is private to each container)."""
     run.files = {root / path.relative_to("/"): text for path, text in files.items()}
-    mounted = [str(p) for p in files]
+    mounted = [str(p) for p in files] + ["/tmp/"]
     for name, value in run.env.items():
         if any(value == m or value.startswith(m.rstrip("/") + "/") for m in mounted):
             run.env[name] = str(root / value.lstrip("/"))

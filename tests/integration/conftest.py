@@ -47,7 +47,18 @@ def stack_config() -> Iterator[GatewayConfig]:
 @pytest.fixture(scope="module")
 def gateway_url(stack_config: GatewayConfig) -> Iterator[str]:
     """A gateway on a free port in front of the real backends (fresh counters per module)."""
-    app = create_app(Settings(health_interval_s=0.5), config=stack_config)
+    app = create_app(Settings(health_interval_s=0.5, state_persist=False), config=stack_config)
+    with running_server(app) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def static_gateway_url(stack_config: GatewayConfig) -> Iterator[str]:
+    """The same under ``routing.policy: static``: for tests of the rules' own mechanics
+    (demotion, probe share), which adaptive routing would steer around once it measured."""
+    routing = stack_config.routing.model_copy(update={"policy": "static"})
+    config = stack_config.model_copy(update={"routing": routing})
+    app = create_app(Settings(health_interval_s=0.5, state_persist=False), config=config)
     with running_server(app) as url:
         yield url
 

@@ -52,7 +52,7 @@ def adaptive_gateway(stack_config: GatewayConfig) -> Iterator[str]:
         backend.min_acceptance_rate = None
     rule = next(r for r in config.rules if r.name == "code-rag-speculative")
     rule.policy, rule.fallbacks = "adaptive", []
-    app = create_app(Settings(health_interval_s=0.5), config=config)
+    app = create_app(Settings(health_interval_s=0.5, state_persist=False), config=config)
     with running_server(app) as url:
         yield url
 

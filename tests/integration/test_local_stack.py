@@ -123,7 +123,9 @@ def test_task_header_routes_and_routes_counts(gateway_url: str, client: openai.O
         extra_headers={"X-Task-Type": "code"},
     )
     chosen = code.headers["x-specgate-backend"]
-    assert chosen in {"eagle3", "ngram", "draft"}
+    # the rule's speculative pool, or its plain fallback once adaptive routing (the shipped
+    # default) has measured code on this module's gateway and found plain faster
+    assert chosen in {"eagle3", "ngram", "draft", "plain"}
     assert code.headers["x-specgate-rule"] == "code-rag-speculative"
     after = httpx.get(f"{gateway_url}/routes").json()
     by_rule = after["decisions"]["by_rule"]
@@ -141,7 +143,7 @@ def test_stopped_backend_fails_over_and_all_stopped_is_503(stack_config: Gateway
     data["backends"]["stopped"] = {"url": f"http://127.0.0.1:{free_port()}", "model": MODEL}
     data["pools"]["speculative"] = ["stopped", "ngram"]
     config = parse_config(data)
-    settings = Settings(health_interval_s=60)
+    settings = Settings(health_interval_s=60, state_persist=False)
     with running_server(create_app(settings, config=config)) as url, sdk(url) as c:
         resp = c.completions.with_raw_response.create(
             model=MODEL,

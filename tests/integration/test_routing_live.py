@@ -65,7 +65,10 @@ def test_acceptance_in_routes_equals_the_backend_counters(
     )
 
 
-def test_poor_draft_is_demoted_and_code_moves_off_it(gateway_url: str) -> None:
+def test_poor_draft_is_demoted_and_code_moves_off_it(static_gateway_url: str) -> None:
+    """The rules' demotion (static policy: adaptive routing, the shipped default, would stop
+    sending code to the slow draft before its window held enough drafts to demote it)."""
+    gateway_url = static_gateway_url
     with httpx.Client(base_url=gateway_url, timeout=300) as client:
         body = {"model": MODEL, "prompt": CODE_PROMPT, "max_tokens": 96, "temperature": 0}
         served: Counter[str] = Counter()

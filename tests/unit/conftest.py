@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import random
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +41,14 @@ def local_config() -> GatewayConfig:
     return load_config(ROOT / "config" / "local.yaml")
 
 
+def static_config() -> GatewayConfig:
+    """The shipped local config under ``policy: static`` (for tests of the rules' own
+    mechanics: demotion, probes, canary exclusions)."""
+    config = local_config()
+    routing = config.routing.model_copy(update={"policy": "static"})
+    return config.model_copy(update={"routing": routing})
+
+
 def gateway_settings(**overrides: Any) -> Settings:
     """The in-process gateway's settings: a small body limit, no background health polls."""
     return Settings(max_body_bytes=64 * 1024, health_interval_s=60, **overrides)
@@ -68,3 +76,20 @@ async def in_process(settings: Settings) -> AsyncIterator[InProcess]:
 async def gw() -> AsyncIterator[InProcess]:
     async with in_process(gateway_settings()) as gateway:
         yield gateway
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_real_state_file(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The same for gateways built by module-scoped fixtures (test_fuzz's), which are set up
+    before any function-scoped fixture runs: without it they saved to the real cache."""
+    path = tmp_path_factory.mktemp("state") / "adaptive-routing.json"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("SPECGATE_STATE_FILE", str(path))
+        yield
+
+
+@pytest.fixture(autouse=True)
+def _no_shared_state_file(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Gateways built by tests keep their adaptive state under the test's tmp_path, never
+    in the real cache directory."""
+    monkeypatch.setenv("SPECGATE_STATE_FILE", str(tmp_path / "state" / "adaptive-routing.json"))

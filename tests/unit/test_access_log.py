@@ -8,7 +8,7 @@ import logging
 
 import pytest
 
-from gateway.access_log import AccessLog
+from gateway.access_log import AccessLog, _text_value, access_fields, text_line
 from gateway.trace import RequestTrace
 from tests.unit.conftest import MODEL, InProcess, local_config
 
@@ -79,3 +79,20 @@ def test_log_level_setting_applies_to_the_access_log(monkeypatch: pytest.MonkeyP
         assert served and not logging.getLogger("specgate.access").isEnabledFor(logging.INFO)
     finally:
         root.setLevel(before)
+
+
+@pytest.mark.parametrize(
+    "request_id", ["abc-123", 'evil"\nid x=1', "x" * 300, "", "naïve id", "a=b"]
+)
+@pytest.mark.parametrize("finished", [True, False])
+def test_text_line_is_the_fields_one_by_one(request_id: str, finished: bool) -> None:
+    """The hot path's directly formatted line says exactly what the fields say."""
+    trace = RequestTrace(request_id, "completions", stream=finished)
+    if finished:
+        trace.task, trace.rule, trace.backend, trace.attempts = "code", "odd rule", "ngram", 2
+        trace.on_chunk(b'data: {"choices": [], "usage": {"completion_tokens": 7}}\n\n')
+        trace.finish(200)
+    else:
+        trace.finish(503, "no_backend")
+    expected = " ".join(f"{k}={_text_value(v)}" for k, v in access_fields(trace).items())
+    assert text_line(trace) == expected

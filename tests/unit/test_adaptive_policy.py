@@ -5,7 +5,6 @@ survives a config reload (and, with a state file, a restart)."""
 from __future__ import annotations
 
 import random
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,7 +15,7 @@ from gateway.routing.features import RequestFeatures
 from gateway.routing.policy import BackendSnapshot, RoutingPolicy
 from gateway.routing.prompt_stats import PromptStats, self_overlap
 from gateway.service import Gateway
-from tests.unit.conftest import MODEL, InProcess, local_config
+from tests.unit.conftest import MODEL, InProcess, local_config, static_config
 
 
 def adaptive_config(**routing: Any) -> GatewayConfig:
@@ -79,7 +78,7 @@ def test_passed_over_backends_are_not_eligible() -> None:
 
 
 def test_static_policy_ignores_estimates() -> None:
-    policy = RoutingPolicy(local_config())
+    policy = RoutingPolicy(static_config())
     learner = learnt(
         "code", "greedy/norep", {"plain": 90.0, "ngram": 1.0, "draft": 1.0, "eagle3": 1.0}
     )
@@ -92,7 +91,7 @@ def test_static_policy_ignores_estimates() -> None:
 
 
 def test_rule_policy_overrides_the_default() -> None:
-    data = local_config().model_dump(exclude_none=True)
+    data = static_config().model_dump(exclude_none=True)
     data["rules"][2]["policy"] = "adaptive"  # code-rag-speculative only
     config = parse_config(data)
     assert config.rules[2].policy == "adaptive" and config.routing.policy == "static"
@@ -155,12 +154,7 @@ async def test_learnt_state_survives_a_reload(gw: InProcess) -> None:
     assert gateway.feedback.learner is learner and learner.observations == 1
 
 
-def test_state_file_round_trip(tmp_path: Path) -> None:
-    state = tmp_path / "adaptive.json"
-    config = adaptive_config(adaptive={"state_file": str(state), "save_every": 2})
-    first = Gateway(config)
-    for speed in (10.0, 12.0):
-        first.feedback.learner.observe(Observation("code", "greedy/norep", "plain", speed, 64))
-    first.feedback.save(state)
-    second = Gateway(config)
-    assert second.feedback.learner.groups == first.feedback.learner.groups
+def test_shipped_config_is_adaptive_on_shared_compute() -> None:
+    config = local_config()
+    assert config.routing.policy == "adaptive"
+    assert {b.compute_group for b in config.backends.values()} == {"cpu"}

@@ -91,7 +91,7 @@ async def test_stream_is_byte_identical_to_a_server_not_asked_for_usage(
     sent = json.loads(rig.fakes[backend].received[-1])
     assert sent["stream_options"]["include_usage"] is True  # the gateway asked upstream
     assert not sent["stream_options"].get("continuous_usage_stats")
-    [record] = rig.gateway.feedback.recent
+    [record] = rig.gateway.feedback.records()
     assert record["backend"] == backend and record["tokens"] == 10
     assert record["speculative_decoding"] == spec_metrics()
     assert record["acceptance_rate"] == 12 / 15
@@ -126,7 +126,7 @@ async def test_a_client_asking_for_usage_gets_it_unchanged(rig: Rig) -> None:
     assert resp.content == await direct(rig.fakes[backend], "/v1/completions", body)
     assert b'"speculative_decoding"' in resp.content
     assert rig.fakes[backend].received[-1] == raw  # forwarded as sent
-    assert rig.gateway.feedback.recent[-1]["speculative_decoding"] == spec_metrics()
+    assert rig.gateway.feedback.records()[-1]["speculative_decoding"] == spec_metrics()
 
 
 async def test_json_answer_passes_metrics_through(rig: Rig) -> None:
@@ -135,7 +135,7 @@ async def test_json_answer_passes_metrics_through(rig: Rig) -> None:
     backend = resp.headers["x-specgate-backend"]
     assert resp.content == await direct(rig.fakes[backend], "/v1/completions", body)
     assert resp.json()["metrics"]["speculative_decoding"] == spec_metrics()
-    assert rig.gateway.feedback.recent[-1]["speculative_decoding"] == spec_metrics()
+    assert rig.gateway.feedback.records()[-1]["speculative_decoding"] == spec_metrics()
 
 
 async def test_other_observers_still_see_the_usage(rig: Rig) -> None:

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from tests.unit.conftest import MODEL, InProcess, gateway_settings, in_process
+from tests.unit.conftest import MODEL, InProcess, gateway_settings, in_process, static_config
 
 CODE = {"model": MODEL, "prompt": "def fib(n):\n    ", "max_tokens": 8, "temperature": 0}
 
@@ -232,6 +232,7 @@ def spec_metrics(drafts: int, accepted: int, k: int = 3) -> str:
 
 
 async def test_low_acceptance_demotes_then_recovery_restores(gw: InProcess) -> None:
+    gw.app.state.gateway.reload(static_config())  # the rules' demotion, without learning
     gw.fakes["draft"].metrics_text = spec_metrics(drafts=0, accepted=0)
     gw.fakes["ngram"].metrics_text = spec_metrics(drafts=0, accepted=0, k=5)
     gw.fakes["eagle3"].metrics_text = spec_metrics(drafts=0, accepted=0)

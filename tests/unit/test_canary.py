@@ -23,7 +23,7 @@ from gateway.upstream.canary import (
 )
 from tests.fakes.fake_vllm import FakeBehaviour, create_fake_vllm
 from tests.fakes.transport import BackendsTransport
-from tests.unit.conftest import MODEL, InProcess, local_config
+from tests.unit.conftest import MODEL, InProcess, local_config, static_config
 
 #: Real /v1/completions answers (temperature 0, logprobs 2, return_token_ids) of vLLM CPU
 #: servers on SmolLM2-135M: float32 plain and draft_model on one prompt (identical), and
@@ -161,6 +161,7 @@ async def routed(gw: InProcess, n: int = 6) -> set[str]:
 
 
 async def test_fault_marks_suspect_stops_routing_and_recovers(gw: InProcess) -> None:
+    gw.app.state.gateway.reload(static_config())  # the static pools, without learning
     c = canary(gw)
     gw.fakes["plain"].completion_override = real("fp32_plain")
     gw.fakes["draft"].completion_override = real("fp32_draft")

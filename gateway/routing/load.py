@@ -1,0 +1,131 @@
+"""Load as routing sees it: shared compute, and decode speed learnt per concurrency.
+
+Backends of one ``compute_group`` (servers on the same GPU, or every CPU server of a machine)
+share their compute: two of them decoding at once each get a share of it and, on CPUs, thrash
+each other's caches and threads (measured on the local stack, docs/benchmarks.md: a wave of 8
+requests spread over two CPU servers on the same 2 cores took 21-27 s, against 5 s on one).
+So when a group already has a busy backend, sending a request to an idle one of the group
+spreads the load: :func:`load_view` marks such candidates, and the policy discounts them by
+``routing.shared_compute_penalty``.
+
+The concurrency a request runs at is the group's batch (running + waiting, or this gateway's
+in-flight count when higher) plus the request; decode speed is learnt per band of it (see
+:func:`gateway.routing.adaptive.bucket_of`). :func:`measured_at_load` says when both a
+speculative backend and a plain one have been measured in a band, so their speeds decide
+instead of the configured ``max_batch_for_speculation``; :func:`break_even` reads, per
+speculative backend and task, the lowest measured band at which it stopped paying.
+
+Pure code: no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.routing.adaptive import ALL, Estimates, bucket_load
+
+
+@dataclass(frozen=True, slots=True)
+class LoadView:
+    """``concurrency``: per backend, the requests on its compute now (the group's summed
+    batch, or its own batch without a group); ``spreads``: idle backends whose group has
+    another busy backend (choosing one makes two servers compete for the same compute)."""
+
+    concurrency: Mapping[str, float]
+    spreads: frozenset[str]
+
+
+def load_view(groups: Mapping[str, str | None], batch: Mapping[str, float]) -> LoadView:
+    """The :class:`LoadView` for backends' ``compute_group`` names and current ``batch``
+    (requests running or waiting per backend; backends missing from ``batch`` count 0)."""
+    totals: dict[str, float] = {}
+    busy: dict[str, int] = {}
+    for name, group in groups.items():
+        if group is not None:
+            load = batch.get(name, 0.0)
+            totals[group] = totals.get(group, 0.0) + load
+            busy[group] = busy.get(group, 0) + (load > 0)
+    concurrency: dict[str, float] = {}
+    spreads = set()
+    for name, group in groups.items():
+        own = batch.get(name, 0.0)
+        if group is None:
+            concurrency[name] = own
+            continue
+        concurrency[name] = totals[group]
+        if own <= 0 and busy[group] > 0:
+            spreads.add(name)
+    return LoadView(concurrency, frozenset(spreads))
+
+
+def _weight(estimates: Estimates, key: tuple[str, str], name: str, decay: float) -> float:
+    group = estimates.get(key)
+    stats = group.backends.get(name) if group is not None else None
+    if group is None or stats is None:
+        return 0.0
+    return stats.weight * group.factor(stats, decay)
+
+
+def measured_at_load(
+    estimates: Estimates,
+    task: str,
+    buckets: Mapping[str, str],
+    backend: str,
+    plains: Iterable[str],
+    *,
+    min_weight: float,
+    decay: float,
+) -> bool:
+    """True when ``backend`` and at least one of ``plains`` each have ``min_weight`` decayed
+    observations for ``task`` in their own bucket (``buckets``: per backend, load band
+    included), so their learnt speeds can decide at this load."""
+    if _weight(estimates, (task, buckets[backend]), backend, decay) < min_weight:
+        return False
+    return any(
+        _weight(estimates, (task, buckets[p]), p, decay) >= min_weight
+        for p in plains
+        if p in buckets
+    )
+
+
+def break_even(
+    estimates: Estimates,
+    speculative: Iterable[str],
+    plain: str,
+    *,
+    min_weight: float,
+    decay: float,
+) -> dict[str, dict[str, Any]]:
+    """Per speculative backend and task: the load bands where it and ``plain`` were both
+    measured in the same bucket (``min_weight`` each), its speed relative to plain in each,
+    and ``stops_paying_at``: the lowest measured band where it was slower (None while it
+    paid in every measured band, or nothing was measured).
+
+    Shape: ``{backend: {task: {"bands": {"1": 1.21, "4": 0.83}, "stops_paying_at": 4}}}``;
+    ratios are geometric-mean decode speeds, averaged over the task's measured buckets.
+    """
+    out: dict[str, dict[str, Any]] = {}
+    for name in speculative:
+        ratios: dict[str, dict[int, list[float]]] = {}
+        for (task, bucket), group in estimates.items():
+            s, p = group.backends.get(name), group.backends.get(plain)
+            if bucket == ALL or s is None or p is None:
+                continue
+            weight = min(s.weight * group.factor(s, decay), p.weight * group.factor(p, decay))
+            if weight < min_weight:
+                continue
+            bands = ratios.setdefault(task, {})
+            bands.setdefault(bucket_load(bucket), []).append(math.exp(s.mean - p.mean))
+        tasks: dict[str, Any] = {}
+        for task, bands in sorted(ratios.items()):
+            mean = {b: math.exp(sum(map(math.log, r)) / len(r)) for b, r in sorted(bands.items())}
+            stops = next((b for b, ratio in mean.items() if ratio < 1.0), None)
+            tasks[task] = {
+                "bands": {str(b): round(ratio, 3) for b, ratio in mean.items()},
+                "stops_paying_at": stops,
+            }
+        out[name] = tasks
+    return out
