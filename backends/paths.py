@@ -1,4 +1,5 @@
-"""Where specgate keeps what it builds for local backends: the vLLM venv, models, logs.
+"""Where specgate keeps what it builds for local backends: the vLLM venv, models, logs
+(and the gateway's opt-in prompt capture).
 
 The cache root is ``$SPECGATE_CACHE_DIR``, else ``$XDG_CACHE_HOME/specgate``, else
 ``~/.cache/specgate``. Nothing here creates directories or reads the environment at import time;
@@ -61,6 +62,11 @@ class CachePaths:
     def logs(self) -> Path:
         """Logs of locally launched backends, one file per backend."""
         return self.root / "logs"
+
+    @property
+    def capture(self) -> Path:
+        """Captured prompts of routed requests (the gateway's opt-in ``capture:``)."""
+        return self.root / "capture"
 
     def model_dir(self, name: str) -> Path:
         """The folder of local model ``name``; raises ValueError for names that are not plain."""

@@ -3,7 +3,8 @@
 The lifespan owns every long-lived object: the forwarder's upstream client (aiohttp, see
 :mod:`gateway.upstream.client`), the shared ``httpx.AsyncClient`` of the health poller and
 the canary (explicit timeouts and limits from settings), the
-:class:`~gateway.service.Gateway` with its backend state, and the background tasks.
+:class:`~gateway.service.Gateway` with its backend state, the opt-in prompt capture
+(:mod:`gateway.capture`) and the background tasks.
 Importing this module does nothing.
 """
 
@@ -25,6 +26,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gateway.api import admin, health, metrics, openai, passthrough, quarantine, status
 from gateway.auth import build_auth, require_admin, require_client_key
+from gateway.capture import capture_lifespan
 from gateway.config import ConfigError, GatewayConfig, load_config
 from gateway.errors import GatewayError, error_envelope
 from gateway.observability import observability
@@ -165,6 +167,7 @@ def create_app(
                 async with (
                     persisted_learning(gateway, settings),
                     observability(app, gateway, settings),
+                    capture_lifespan(app, gateway, settings),
                 ):
                     yield
             finally:

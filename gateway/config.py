@@ -238,6 +238,35 @@ class RoutingSettings(_Strict):
     adaptive: AdaptiveSettings = AdaptiveSettings()
 
 
+MiB = 1024 * 1024
+
+
+class CaptureSettings(_Strict):
+    """Opt-in recording of routed requests' prompts for training draft heads
+    (``specgate drafts train --from-capture``; see :mod:`gateway.capture`).
+
+    ``enabled``: off by default; ``dir``: where the JSONL files go (default ``capture/``
+    under the cache dir, ``SPECGATE_CACHE_DIR``); ``max_bytes``: the dataset's total size,
+    oldest files deleted past it; ``max_file_bytes``: a file is rotated at this size (a
+    larger record is dropped); ``tasks``: the tasks recorded; ``sample``: the share of
+    those requests recorded. ``dir`` and the sizes are read at start; ``enabled``,
+    ``tasks`` and ``sample`` also follow a reload.
+    """
+
+    enabled: bool = False
+    dir: Path | None = None
+    max_bytes: int = Field(default=64 * MiB, ge=1024)
+    max_file_bytes: int = Field(default=8 * MiB, ge=1024)
+    tasks: list[Task] = ["code", "rag", "chat", "creative"]
+    sample: float = Field(default=1.0, ge=0, le=1)
+
+    @model_validator(mode="after")
+    def _file_fits(self) -> CaptureSettings:
+        if self.max_file_bytes > self.max_bytes:
+            raise ValueError("max_file_bytes must not exceed max_bytes")
+        return self
+
+
 class GatewayConfig(_Strict):
     """The whole routing config (see the module docstring for the YAML shape)."""
 
@@ -247,6 +276,7 @@ class GatewayConfig(_Strict):
     pools: dict[str, list[str]] = Field(min_length=1)
     rules: list[Rule] = []
     guards: dict[str, Guard] = {}
+    capture: CaptureSettings = CaptureSettings()
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,8 +4,9 @@
   ``--gate-prompts`` elsewhere): bad input is refused
   before any server starts (exit 2); a head whose greedy output differs from plain is refused
   (exit 1); a lossless head under 1.1x plain is "not worth serving" (exit 0, said).
-- ``train --config FILE --prompts JSONL --out DIR [...]``: distill, prepare-data, hidden
-  states, train, strip, then the gate (``pipeline.py``).
+- ``train --config FILE --prompts JSONL|--from-capture [DIR] [--tasks T,T] --out DIR [...]``:
+  distill, prepare-data, hidden states, train, strip, then the gate (``pipeline.py``); with
+  ``--from-capture`` the gateway's captured prompts are converted first (``from_capture.py``).
 """
 
 from __future__ import annotations
@@ -39,7 +40,18 @@ def add_drafts_commands(sub: Any) -> None:
     _common(check, "--prompts")
 
     train = commands.add_parser("train", help="build a head: distill, hidden states, train")
-    train.add_argument("--prompts", type=Path, required=True, help='{"id","messages"} JSONL')
+    source = train.add_mutually_exclusive_group(required=True)
+    source.add_argument("--prompts", type=Path, help='{"id","messages"} JSONL')
+    source.add_argument(
+        "--from-capture",
+        type=Path,
+        nargs="?",
+        const=True,
+        metavar="DIR",
+        help="the gateway's captured prompts (default: the config's capture.dir, else "
+        "capture/ under the cache dir)",
+    )
+    train.add_argument("--tasks", help="with --from-capture: tasks to use, e.g. code,chat")
     train.add_argument("--out", type=Path, required=True, help="the head folder to write")
     train.add_argument("--engine", choices=("transformers", "vllm"), default="transformers")
     train.add_argument("--max-samples", type=int, default=0, help="0: all prompts")

@@ -136,6 +136,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     failed stage, else the gate's exit code)."""
     from backends.drafts.cli import parse_ks, plain_target, say
     from backends.drafts.head_check import HeadError, read_json
+    from gateway.config import ConfigError
 
     try:
         if args.engine != "transformers":
@@ -146,12 +147,16 @@ def cmd_train(args: argparse.Namespace) -> int:
                 raise ValueError(f"--{flag.replace('_', '-')} must be at least 1")
         target, served = plain_target(args.config)
         hidden_size = int(read_json(target / "config.json")["hidden_size"])
+        if args.from_capture is not None:
+            args.prompts = prompts_from_capture(args)
+        elif args.tasks is not None:
+            raise ValueError("--tasks goes with --from-capture")
         plan = plan_run(args.prompts, args.max_samples, args.max_new_tokens, hidden_size)
         if not args.no_gate:  # refused now, not after hours of training
             from backends.drafts.gate import load_gate_prompts
 
             load_gate_prompts(args.data, args.gate_prompts)
-    except (HeadError, ValueError, OSError, KeyError) as exc:
+    except (HeadError, ValueError, OSError, KeyError, ConfigError) as exc:
         print(f"specgate drafts train: {exc}", file=sys.stderr)
         return 2
     say(
@@ -173,6 +178,38 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     settings = GateSettings(ks=ks, prompts_per_task=args.gate_prompts)
     return run_check(args.out, target, served, args.data, settings)
+
+
+def work_dir(args: argparse.Namespace) -> Path:
+    """Where the stages write: ``--work``, else ``OUT.work``."""
+    return args.work or args.out.with_name(args.out.name + ".work")  # type: ignore[no-any-return]
+
+
+def prompts_from_capture(args: argparse.Namespace) -> Path:
+    """Convert the captured prompts (``--from-capture [DIR]``, ``--tasks``) into
+    ``WORK/capture-prompts.jsonl`` and return its path; ValueError (naming ``file:line``
+    for a bad line) or OSError when they cannot be used."""
+    from backends.drafts.cli import say
+    from backends.drafts.from_capture import convert_capture, parse_tasks, write_prompts
+    from backends.paths import CachePaths
+    from gateway.config import load_config
+
+    tasks = parse_tasks(args.tasks)
+    root = args.from_capture
+    if root is True:  # no DIR: the config's capture.dir, else the cache's capture/
+        configured = load_config(args.config).capture.dir
+        root = configured.expanduser() if configured else CachePaths.default().capture
+    found = convert_capture(root, tasks)
+    if not found.prompts:
+        raise ValueError(f"{root}: no captured prompts for {', '.join(tasks)}")
+    out = work_dir(args) / "capture-prompts.jsonl"
+    write_prompts(found.prompts, out)
+    skipped = ", ".join(f"{n} {why}" for why, n in sorted(found.skipped.items()))
+    say(
+        f"capture {root}: {found.records} records, {len(found.prompts)} distinct prompts "
+        f"({found.duplicates} duplicates{', skipped: ' + skipped if skipped else ''}) -> {out}"
+    )
+    return out
 
 
 def stage_command(python: Path, script: Path, *argv: str | Path) -> list[str]:

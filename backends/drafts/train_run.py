@@ -16,6 +16,7 @@ from backends.drafts.pipeline import (
     publish_head,
     run_logged,
     stage_command,
+    work_dir,
 )
 from backends.drafts.spec_env import ensure_speculators_env
 from backends.paths import CachePaths
@@ -31,7 +32,7 @@ def run_stages(args: argparse.Namespace, target: Path, plan: Plan, log: LogFn = 
     paths = CachePaths.default()
     vllm_python = ensure_vllm_env(paths, log=log)
     spec_python = ensure_speculators_env(paths, vllm_python, log=log)
-    work: Path = args.work or args.out.with_name(args.out.name + ".work")
+    work = work_dir(args)
     work.mkdir(parents=True, exist_ok=True)
     stages = Stages(work, plan, args.epochs, log)
     if not (args.out / "model.safetensors").is_file():

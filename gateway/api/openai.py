@@ -230,6 +230,7 @@ class ProxyEndpoint:
             if decision.saturated:
                 raise too_busy("Every backend for this request is at its in-flight cap.")
             raise no_backend()
+        state.capture.offer(self.path, features.task, body, len(raw))  # opt-in, never blocks
         headers["x-request-id"] = trace.request_id
         tap, strip = None, False
         if gateway.config.routing.feedback and self.kind.feedback:

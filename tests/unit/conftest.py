@@ -55,9 +55,12 @@ def gateway_settings(**overrides: Any) -> Settings:
 
 
 @asynccontextmanager
-async def in_process(settings: Settings) -> AsyncIterator[InProcess]:
-    """The shipped local config behind ``settings``, a fake vLLM server per backend."""
-    config = local_config()
+async def in_process(
+    settings: Settings, config: GatewayConfig | None = None
+) -> AsyncIterator[InProcess]:
+    """``config`` (default: the shipped local config) behind ``settings``, a fake vLLM
+    server per backend."""
+    config = config or local_config()
     fakes = {name: FakeBehaviour(name=name) for name in config.backends}
     apps = {
         b.base_url.removeprefix("http://"): create_fake_vllm(fakes[name])
