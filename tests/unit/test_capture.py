@@ -63,7 +63,9 @@ async def test_capture_is_off_by_default_and_writes_nothing(tmp_path: Path) -> N
         resp = await gw.client.post("/v1/chat/completions", json=CHAT)
         assert resp.status_code == 200
         await gw.client.post("/v1/completions", json=COMPLETION)
-    assert listing(tmp_path) == []
+    # The cache dir holds only the adaptive policy's learnt state (state/), no capture.
+    assert "capture" not in listing(tmp_path)
+    assert not any("jsonl" in p.name for p in tmp_path.rglob("*"))
 
 
 async def test_default_dir_is_under_the_cache_dir(tmp_path: Path) -> None:
