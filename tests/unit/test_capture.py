@@ -48,6 +48,10 @@ def records(directory: Path) -> list[dict[str, Any]]:
     return out
 
 
+def all_files(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.rglob("*") if p.is_file())
+
+
 def listing(directory: Path) -> list[str]:
     return sorted(p.name for p in directory.iterdir())
 
@@ -65,7 +69,7 @@ async def test_capture_is_off_by_default_and_writes_nothing(tmp_path: Path) -> N
         await gw.client.post("/v1/completions", json=COMPLETION)
     # The cache dir holds only the adaptive policy's learnt state (state/), no capture.
     assert "capture" not in listing(tmp_path)
-    assert not any("jsonl" in p.name for p in tmp_path.rglob("*"))
+    assert not [name for name in all_files(tmp_path) if name.endswith(".jsonl")]
 
 
 async def test_default_dir_is_under_the_cache_dir(tmp_path: Path) -> None:
