@@ -194,6 +194,23 @@ def split_resolution(
     return bundled, from_host
 
 
+#: pip 23.2 (a fresh venv's on Python 3.11) refuses a cross-platform ``--dry-run`` ("requires
+#: a different Python: 3.11.7 not in '>=3.12'"); pip 26.3 resolves it.
+MIN_PIP = (24, 0)
+
+
+def check_pip(python: str) -> None:
+    """Raise BundleError unless ``python -m pip`` is at least :data:`MIN_PIP`."""
+    proc = subprocess.run([python, "-m", "pip", "--version"], capture_output=True, text=True)
+    match = re.match(r"pip (\d+)\.(\d+)", proc.stdout)
+    if match is None or tuple(map(int, match.groups())) < MIN_PIP:
+        found = proc.stdout.split(" from ")[0].strip() or proc.stderr.strip() or "no pip"
+        raise BundleError(
+            f"{found}: the bundle needs pip >= {MIN_PIP[0]}.{MIN_PIP[1]} to resolve for another "
+            f"Python; run: {python} -m pip install -U pip"
+        )
+
+
 def run_pip(python: str, args: Sequence[str], what: str, *, log: LogFn) -> None:
     """Run ``python -m pip ARGS``; raises BundleError with the command and pip's last lines."""
     cmd = [python, "-m", "pip", *args]
@@ -392,6 +409,7 @@ def make_bundle(
     wheels already there are not fetched again (pip skips them), stale ones are removed.
     Raises BundleError.
     """
+    check_pip(python)
     missing_host = [n for n in prefer_host if canonicalize_name(n) not in have]
     if missing_host:
         raise BundleError(f"--prefer-host {', '.join(missing_host)}: not in --have")

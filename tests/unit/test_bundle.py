@@ -166,6 +166,7 @@ def test_make_bundle_excludes_reuses_and_describes(
         for p in packages:
             (wheels / f"{p.name}-{p.version}-py3-none-any.whl").write_bytes(b"x")
 
+    monkeypatch.setattr(bundle, "check_pip", lambda _python: None)
     monkeypatch.setattr(bundle, "resolve", fake_resolve)
     monkeypatch.setattr(bundle, "download", fake_download)
     out = tmp_path / "bundle"
@@ -191,3 +192,17 @@ def test_make_bundle_excludes_reuses_and_describes(
         bundle.make_bundle(
             out, requirements=["vllm"], target=Target(), have={}, prefer_host=["numpy"]
         )
+
+
+@pytest.mark.parametrize(("version", "ok"), [("23.2.1", False), ("24.0", True), ("26.3", True)])
+def test_check_pip_needs_a_recent_pip(tmp_path: Path, version: str, ok: bool) -> None:
+    from backends.bundle import check_pip
+
+    python = tmp_path / "python"
+    python.write_text(f"#!/bin/sh\necho 'pip {version} from /x (python 3.11)'\n")
+    python.chmod(0o755)
+    if ok:
+        check_pip(str(python))
+    else:
+        with pytest.raises(BundleError, match=r"pip 23.2.1: the bundle needs pip >= 24.0"):
+            check_pip(str(python))
