@@ -52,6 +52,7 @@ class FakeBehaviour:
     refuses: tuple[str, ...] = ()  # parameters refused as a speculative server does
     stored: dict[str, Any] = field(default_factory=dict)  # Responses created here
     max_model_len: int = 8192
+    tokenizer: bool = False  # /tokenize also answers vLLM's count, max_model_len and tokens
     token_offset: int = 0  # /tokenize ids shifted: a server of another tokenizer
 
 

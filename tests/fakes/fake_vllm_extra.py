@@ -1,5 +1,6 @@
 """The fake vLLM server's other endpoints: Responses (with a store), Anthropic Messages,
-tokenizer (``/tokenize`` also answers token ids: one per whitespace-separated word), version,
+tokenizer (``/tokenize`` answers token ids, one per whitespace-separated word, when the
+behaviour's ``tokenizer`` is set), version,
 an operator endpoint, ``/openapi.json``, and speculation refusals.
 
 A fake whose ``refuses`` names parameters answers a request setting one of them as a vLLM
@@ -144,11 +145,14 @@ def extra_routes(b: FakeBehaviour) -> list[Route]:
         return JSONResponse({"path": request.url.path, "served_by": b.name, "body": body})
 
     async def tokenize(request: Request) -> Response:
-        """The echo plus vLLM's fields: whitespace words as tokens (:func:`fake_token_id`)."""
+        """The echo; with ``b.tokenizer`` also vLLM's fields: whitespace words as tokens
+        (:func:`fake_token_id`)."""
         body = await record(request)
+        answer = {"path": request.url.path, "served_by": b.name, "body": body}
+        if not b.tokenizer:  # no count: the gateway's guards fall back to their bound
+            return JSONResponse(answer)
         words = fake_words(body if isinstance(body, dict) else {})
         ids = [fake_token_id(w, b.token_offset) for w in words]
-        answer = {"path": request.url.path, "served_by": b.name, "body": body}
         answer |= {"count": len(ids), "max_model_len": b.max_model_len, "tokens": ids}
         if isinstance(body, dict) and body.get("return_token_strs"):
             answer["token_strs"] = words

@@ -29,7 +29,7 @@ SETTINGS = DistillSettings(max_new_tokens=4, concurrency=3)
 
 @pytest.fixture
 def fake() -> FakeBehaviour:
-    return FakeBehaviour(model="m", tokens=6)
+    return FakeBehaviour(model="m", tokens=6, tokenizer=True)
 
 
 @pytest.fixture
