@@ -27,7 +27,7 @@ from typing import Any
 
 import httpx
 
-from backends.drafts.hf_stages import _read_prompts, _sampled
+from backends.drafts.hf_stages import _done_ids, _read_prompts, _sampled
 
 LogFn = Callable[[str], None]
 #: Tokenized by the server and compared with the target's tokenizer.json (special tokens,
@@ -75,24 +75,6 @@ def local_vocab(target: Path) -> dict[str, int] | None:
     if isinstance(vocab, list):  # Unigram: [[piece, score], ...]
         vocab = {piece[0]: i for i, piece in enumerate(vocab)}
     return {**vocab, **{t["content"]: t["id"] for t in data.get("added_tokens", [])}}
-
-
-def done_ids(out: Path) -> set[str]:
-    """Ids of the rows already in ``out``; a torn last line (no newline) is cut off first."""
-    if not out.exists():
-        return set()
-    raw = out.read_bytes()
-    whole = raw[: raw.rfind(b"\n") + 1]
-    if len(whole) != len(raw):
-        with out.open("r+b") as handle:
-            handle.truncate(len(whole))
-    done = set()
-    for number, line in enumerate(whole.decode("utf-8").splitlines(), 1):
-        try:
-            done.add(str(json.loads(line)["id"]))
-        except (ValueError, KeyError, TypeError) as exc:
-            raise DistillError(f"{out}:{number}: bad row ({exc}); remove the file") from None
-    return done
 
 
 class Server:
@@ -193,7 +175,10 @@ async def distill(
 ) -> dict[str, Any]:
     """Append a row to ``out`` for every prompt not there yet; returns a summary.
     ``server`` must have passed :func:`check_server`. Raises DistillError."""
-    done = done_ids(out)
+    try:
+        done = _done_ids(out)
+    except ValueError as exc:
+        raise DistillError(str(exc)) from None
     todo = [(i, m) for i, m in _read_prompts(prompts) if i not in done]
     if settings.limit:
         todo = todo[: max(0, settings.limit - len(done))]

@@ -10,14 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from backends.drafts.hf_stages import _sampled
+from backends.drafts.hf_stages import _done_ids, _sampled
 from backends.drafts.vllm_distill import (
     CHECK_TEXT,
     DistillError,
     DistillSettings,
     ServerMismatch,
     distill_from,
-    done_ids,
 )
 from gateway.cli import main
 from tests.fakes.fake_vllm import FakeBehaviour, create_fake_vllm
@@ -95,7 +94,7 @@ def test_a_rerun_skips_written_rows_and_cuts_a_torn_line(
     prompts, out = tmp_path / "p.jsonl", tmp_path / "rows.jsonl"
     write_prompts(prompts, 5)
     run(url, target, prompts, out, limit=2)
-    assert done_ids(out) == {"p0", "p1"}
+    assert _done_ids(out) == {"p0", "p1"}
     first = out.read_text()
     with out.open("a") as handle:
         handle.write('{"id": "p2", "input_ids": [1, 2')  # killed mid-write
@@ -179,3 +178,12 @@ def test_train_refuses_a_wrong_server_before_anything_starts(
     assert main([*argv, "--server", url]) == 2  # the transformers engine takes no server
     assert "--server goes with --engine vllm" in capsys.readouterr().err
     assert not out.exists() and not (tmp_path / "head.work").exists()
+
+
+def test_a_bad_whole_row_is_named_not_appended_to(target: Path, tmp_path: Path, url: str) -> None:
+    prompts, out = tmp_path / "p.jsonl", tmp_path / "rows.jsonl"
+    write_prompts(prompts, 1)
+    out.write_text("not json\n")
+    with pytest.raises(DistillError, match=r"rows\.jsonl:1: bad row"):
+        run(url, target, prompts, out)
+    assert out.read_text() == "not json\n"
