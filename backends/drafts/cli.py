@@ -4,8 +4,9 @@
   ``--gate-prompts`` elsewhere): bad input is refused
   before any server starts (exit 2); a head whose greedy output differs from plain is refused
   (exit 1); a lossless head under 1.1x plain is "not worth serving" (exit 0, said).
-- ``train --config FILE --prompts JSONL|--from-capture [DIR] [--tasks T,T] --out DIR [...]``:
-  distill, prepare-data, hidden states, train, strip, then the gate (``pipeline.py``); with
+- ``train --config FILE --prompts JSONL|--from-capture [DIR] [--tasks T,T] --out DIR
+  [--engine transformers|vllm [--server URL]] [...]``: distill (``vllm_distill.py`` for the
+  vllm engine), prepare-data, hidden states, train, strip, then the gate (``pipeline.py``); with
   ``--from-capture`` the gateway's captured prompts are converted first (``from_capture.py``).
 """
 
@@ -53,7 +54,20 @@ def add_drafts_commands(sub: Any) -> None:
     )
     train.add_argument("--tasks", help="with --from-capture: tasks to use, e.g. code,chat")
     train.add_argument("--out", type=Path, required=True, help="the head folder to write")
-    train.add_argument("--engine", choices=("transformers", "vllm"), default="transformers")
+    train.add_argument(
+        "--engine",
+        choices=("transformers", "vllm"),
+        default="transformers",
+        help="who answers the prompts: transformers in the vLLM venv, or a vLLM server",
+    )
+    train.add_argument(
+        "--server",
+        metavar="URL",
+        help="with --engine vllm: a running vLLM server of the target (default: start one)",
+    )
+    train.add_argument(
+        "--concurrency", type=int, default=8, help="with --engine vllm: requests at a time"
+    )
     train.add_argument("--max-samples", type=int, default=0, help="0: all prompts")
     train.add_argument("--epochs", type=int, default=3)
     train.add_argument("--max-new-tokens", type=int, default=320, help="answer length cap")
@@ -85,6 +99,13 @@ def plain_target(config_path: Path) -> tuple[Path, str]:
     Raises ValueError naming the config when it is invalid or has no plain local backend,
     or when the target folder is missing (``specgate models prepare`` builds it).
     """
+    profile = plain_profile(config_path)
+    return Path(profile.model), profile.served_model_name
+
+
+def plain_profile(config_path: Path) -> BackendProfile:
+    """The launch profile of the config's plain local backend, ``local:`` names resolved
+    (errors as :func:`plain_target`)."""
     from backends.models import resolve_profile
     from backends.paths import CachePaths
 
@@ -103,7 +124,7 @@ def plain_target(config_path: Path) -> tuple[Path, str]:
     target = Path(profile.model)
     if not (target / "config.json").is_file():
         raise ValueError(f"{target}: target model folder missing (specgate models prepare)")
-    return target, profile.served_model_name
+    return profile
 
 
 def parse_ks(text: str) -> tuple[int, ...]:

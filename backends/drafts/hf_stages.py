@@ -74,15 +74,22 @@ def _read_prompts(path: Path) -> Iterator[tuple[str, list[dict[str, Any]]]]:
 
 
 def _done_ids(out: Path) -> set[str]:
+    """Ids of the rows already in ``out``; a torn last line (no newline: an interrupted run)
+    is cut off first, so the rows appended next start on a line of their own. A bad whole
+    line raises ValueError naming ``file:line``."""
     if not out.exists():
         return set()
+    raw = out.read_bytes()
+    whole = raw[: raw.rfind(b"\n") + 1]
+    if len(whole) != len(raw):
+        with out.open("r+b") as handle:
+            handle.truncate(len(whole))
     done = set()
-    with out.open(encoding="utf-8") as handle:
-        for line in handle:
-            try:
-                done.add(str(json.loads(line)["id"]))
-            except (ValueError, KeyError):
-                break  # a torn last line from an interrupted run: rewritten below
+    for number, line in enumerate(whole.decode("utf-8").splitlines(), 1):
+        try:
+            done.add(str(json.loads(line)["id"]))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ValueError(f"{out}:{number}: bad row ({exc}); remove the file") from None
     return done
 
 

@@ -3,8 +3,10 @@
 Stages (each writes ``WORK/<stage>.done`` last and is skipped when that marker exists, so a
 rerun resumes where the last run stopped; distill and hidden also resume inside the stage):
 
-1. ``distill``  ``hf_stages.py distill`` in the vLLM venv: the target answers the prompts
-                (self-distillation) -> ``WORK/rows.jsonl`` (speculators rows).
+1. ``distill``  the target answers the prompts (self-distillation) -> ``WORK/rows.jsonl``
+                (speculators rows): ``hf_stages.py distill`` in the vLLM venv
+                (``--engine transformers``), or ``vllm_distill.py`` against a vLLM server of
+                the target (``--engine vllm``: ``--server URL``, else one started here).
 2. ``prepare``  ``speculators prepare-data`` -> ``WORK/prep`` (arrow dataset, token frequencies).
 3. ``hidden``   ``hf_stages.py hidden`` -> ``WORK/hs/hs_{i}.safetensors`` (bf16, 4 tensors of
                 ``hidden_size`` per token: 4 x hidden x 2 bytes per token on disk).
@@ -20,6 +22,7 @@ The speculators stages run in the speculators venv (``spec_env.py``). CLI-time, 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import shutil
 import sys
 import time
@@ -35,6 +38,8 @@ HF_STAGES, CPU_TRAIN = HERE / "hf_stages.py", HERE / "cpu_train.py"
 #: Rough rates on one busy CPU core (tokens per second; transformers distillation measured at
 #: 8-20 tok/s here, training ~290 tok/s in ../shared/notes/eagle3.md), for the ETA only.
 CPU_RATES = {"distill": 15.0, "prepare": 5000.0, "hidden": 300.0, "train": 290.0}
+#: vLLM CPU answers at 8 concurrent (the note's 176 tok/s), for ``--engine vllm``'s ETA.
+VLLM_DISTILL_RATE = 176.0
 #: Seconds each stage spends loading models and starting up.
 STAGE_START_S = 20.0
 SEQ_LENGTH = 1536
@@ -47,6 +52,7 @@ class Plan:
     prompts: int
     tokens: int
     hidden_size: int
+    engine: str = "transformers"
 
     @property
     def hidden_bytes(self) -> int:
@@ -56,6 +62,8 @@ class Plan:
     def eta_s(self, stage: str, epochs: int = 1) -> float:
         """Seconds a CPU stage is expected to take (0 for stages without a rate)."""
         rate = CPU_RATES.get(stage)
+        if stage == "distill" and self.engine == "vllm":
+            rate = VLLM_DISTILL_RATE
         if not rate:
             return 0.0
         return STAGE_START_S + self.tokens * (epochs if stage == "train" else 1) / rate
@@ -136,27 +144,31 @@ def cmd_train(args: argparse.Namespace) -> int:
     failed stage, else the gate's exit code)."""
     from backends.drafts.cli import parse_ks, plain_target, say
     from backends.drafts.head_check import HeadError, read_json
+    from backends.drafts.vllm_distill import DistillError
     from gateway.config import ConfigError
 
     try:
-        if args.engine != "transformers":
-            raise ValueError("--engine vllm is not implemented yet; use transformers")
+        if args.server is not None and args.engine != "vllm":
+            raise ValueError("--server goes with --engine vllm")
         ks = parse_ks(args.k)
-        for flag in ("epochs", "max_new_tokens", "gate_prompts", "draft_vocab_size"):
+        for flag in ("epochs", "max_new_tokens", "gate_prompts", "draft_vocab_size", "concurrency"):
             if getattr(args, flag) < 1:
                 raise ValueError(f"--{flag.replace('_', '-')} must be at least 1")
         target, served = plain_target(args.config)
         hidden_size = int(read_json(target / "config.json")["hidden_size"])
+        if args.server is not None:  # a server of another model is refused before any write
+            check_given_server(args.server, target, served)
         if args.from_capture is not None:
             args.prompts = prompts_from_capture(args)
         elif args.tasks is not None:
             raise ValueError("--tasks goes with --from-capture")
         plan = plan_run(args.prompts, args.max_samples, args.max_new_tokens, hidden_size)
+        plan = dataclasses.replace(plan, engine=args.engine)
         if not args.no_gate:  # refused now, not after hours of training
             from backends.drafts.gate import load_gate_prompts
 
             load_gate_prompts(args.data, args.gate_prompts)
-    except (HeadError, ValueError, OSError, KeyError, ConfigError) as exc:
+    except (HeadError, ValueError, OSError, KeyError, ConfigError, DistillError) as exc:
         print(f"specgate drafts train: {exc}", file=sys.stderr)
         return 2
     say(
@@ -164,10 +176,11 @@ def cmd_train(args: argparse.Namespace) -> int:
         f"{plan.hidden_bytes / 1e9:.2f} GB of disk (deleted after training)"
     )
     from backends.drafts.train_run import run_stages
+    from backends.launcher import BackendError
 
     try:
         run_stages(args, target, plan, log=say)
-    except (SetupError, FileNotFoundError) as exc:
+    except (SetupError, FileNotFoundError, DistillError, BackendError) as exc:
         print(f"specgate drafts train: {exc}", file=sys.stderr)
         return 1
     say(f"head written: {args.out}")
@@ -178,6 +191,21 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     settings = GateSettings(ks=ks, prompts_per_task=args.gate_prompts)
     return run_check(args.out, target, served, args.data, settings)
+
+
+def check_given_server(url: str, target: Path, served: str) -> None:
+    """Refuse (DistillError) a ``--server`` that cannot be reached or serves another model."""
+    import asyncio
+
+    from backends.drafts.cli import say
+    from backends.drafts.vllm_distill import DistillSettings, Server, check_server, http_client
+
+    async def check() -> None:
+        async with http_client(DistillSettings()) as client:
+            await check_server(Server(client, url), target, served, say)
+
+    asyncio.run(check())
+    say(f"{url}: serves the target ({target})")
 
 
 def work_dir(args: argparse.Namespace) -> Path:

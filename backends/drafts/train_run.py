@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
+import json
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 from backends.drafts.pipeline import (
@@ -19,8 +23,13 @@ from backends.drafts.pipeline import (
     work_dir,
 )
 from backends.drafts.spec_env import ensure_speculators_env
+from backends.launch_profile import BackendProfile, Speculation
+from backends.launcher import LocalBackend
 from backends.paths import CachePaths
 from backends.vllm_env import LogFn, ensure_vllm_env
+
+#: Seconds a self-started distill server may take to answer /health.
+STARTUP_TIMEOUT_S = 600.0
 
 
 def run_stages(args: argparse.Namespace, target: Path, plan: Plan, log: LogFn = print) -> None:
@@ -40,6 +49,9 @@ def run_stages(args: argparse.Namespace, target: Path, plan: Plan, log: LogFn = 
     rows, prep, hs, ckpt = work / "rows.jsonl", work / "prep", work / "hs", work / "ckpt"
 
     def distill() -> None:
+        if args.engine == "vllm":
+            distill_on_vllm(args, target, rows, vllm_python, paths, log)
+            return
         run_logged(
             stage_command(
                 vllm_python, HF_STAGES, "distill", "--model", target, "--prompts", args.prompts,
@@ -105,3 +117,54 @@ def run_stages(args: argparse.Namespace, target: Path, plan: Plan, log: LogFn = 
         ("head", head),
     ):
         stages.run(name, action)
+
+
+def distill_on_vllm(
+    args: argparse.Namespace,
+    target: Path,
+    rows: Path,
+    python: Path,
+    paths: CachePaths,
+    log: LogFn = print,
+) -> None:
+    """The distill stage against ``args.server``, else against a plain vLLM server of the
+    config's target started here (its plain backend's profile on a free port) and stopped
+    at the end, on error and on Ctrl-C. Raises DistillError, BackendError."""
+    from backends.drafts.cli import plain_profile
+    from backends.drafts.vllm_distill import DistillSettings, distill_from
+
+    profile = plain_profile(args.config)
+    settings = DistillSettings(
+        max_new_tokens=args.max_new_tokens, limit=args.max_samples, concurrency=args.concurrency
+    )
+    with contextlib.ExitStack() as stack:
+        url = args.server or stack.enter_context(started_server(profile, python, paths, log))
+        summary = asyncio.run(
+            distill_from(
+                url, target, profile.served_model_name, args.prompts, rows, settings, log=log
+            )
+        )
+    log(json.dumps(summary))
+
+
+@contextlib.contextmanager
+def started_server(
+    profile: BackendProfile, python: Path, paths: CachePaths, log: LogFn = print
+) -> Iterator[str]:
+    """A plain vLLM server of ``profile``'s model on a free port; yields its URL."""
+    from backends.drafts.gate import free_port
+
+    plain = profile.model_copy(update={"port": free_port(), "speculation": Speculation()})
+    backend = LocalBackend("distill-plain", plain, python, paths.logs / "distill-plain.log")
+    try:
+        backend.start()
+        log(f"[distill-plain] started on {backend.url} (log {backend.log_path})")
+        seconds = backend.wait_healthy(
+            STARTUP_TIMEOUT_S,
+            on_progress=lambda s: log(f"[distill-plain] still starting ({s:.0f} s)"),
+        )
+        log(f"[distill-plain] healthy after {seconds:.0f} s")
+        yield backend.url
+    finally:
+        backend.stop()
+        log("[distill-plain] stopped")

