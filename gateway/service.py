@@ -30,6 +30,7 @@ from gateway.routing.spec_params import SpecParams
 from gateway.routing.text import RequestText, read_request
 from gateway.trace import RequestTrace
 from gateway.upstream.state import BackendRegistry, DecisionStats
+from gateway.upstream.view import BackendView, backend_views
 
 
 class _Unread:
@@ -139,6 +140,11 @@ class Gateway:
         """A :class:`RequestTrace` for one request, wired to the registered observers."""
         endpoint = path.removeprefix("/v1/")
         return RequestTrace(request_id, endpoint, stream=False, observers=self.observers)
+
+    def backends(self) -> list[BackendView]:
+        """Every configured backend's read model now (config order): what ``/routes``,
+        ``/status``, ``/metrics`` and ``/ready`` show."""
+        return backend_views(self.config.backends, self.registry, self.stats)
 
     def served_models(self) -> list[str]:
         """The distinct model names the backends serve, in config order."""

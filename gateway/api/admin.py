@@ -33,9 +33,8 @@ async def routes(request: Request, gateway: GatewayDep) -> dict[str, Any]:
     deaths, last_deaths = death_view["deaths"], death_view["last"]
     processes = supervised(request)
     backends = []
-    for name, backend in config.backends.items():
-        state = gateway.registry.states[name]
-        acceptance = state.acceptance
+    for view in gateway.backends():
+        name, backend, acceptance = view.name, view.config, view.acceptance
         backends.append(
             {
                 "name": name,
@@ -43,14 +42,15 @@ async def routes(request: Request, gateway: GatewayDep) -> dict[str, Any]:
                 "model": backend.served_model,
                 "local": backend.local,
                 "speculation": backend.spec.model_dump(exclude_none=True),
-                "healthy": state.healthy,
-                "last_error": state.last_error,
-                "last_scrape": state.last_scrape,
-                "inflight": state.inflight,
+                "healthy": {"up": True, "down": False, "unknown": None}[view.health],
+                "health": view.health,
+                "last_error": view.last_error,
+                "last_scrape": view.last_scrape,
+                "inflight": view.inflight,
                 "load": {
-                    "running": state.running,
-                    "waiting": state.waiting,
-                    "kv_cache_usage": state.kv_cache_usage,
+                    "running": view.running,
+                    "waiting": view.waiting,
+                    "kv_cache_usage": view.kv_cache_usage,
                     "max_batch_for_speculation": backend.max_batch_for_speculation,
                 },
                 "acceptance": None
@@ -66,15 +66,15 @@ async def routes(request: Request, gateway: GatewayDep) -> dict[str, Any]:
                 },
                 "min_acceptance_rate": backend.acceptance_floor(config.routing.min_acceptance_rate),
                 "circuit": {
-                    "state": state.circuit.state(gateway.registry.clock()),
-                    "consecutive_failures": state.circuit.failures,
-                    "opened": state.circuit.opened_count,
+                    "state": view.circuit,
+                    "consecutive_failures": view.breaker.failures,
+                    "opened": view.breaker.opened_count,
                 },
-                "demoted": state.demoted,
-                "demotions": state.demotions,
-                "suspect": state.suspect,
-                "requests": gateway.stats.by_backend[name],
-                "advice": _advice(backend.spec, state.window),
+                "demoted": view.demoted,
+                "demotions": view.demotions,
+                "suspect": view.suspect,
+                "requests": view.requests,
+                "advice": _advice(backend.spec, view.window),
                 "guards": backend.guards,
                 "deaths": deaths.get(name, 0),
                 "last_death": last_deaths.get(name),

@@ -62,7 +62,7 @@ async def passthrough(
     if path in OWN_PATHS or path in ROUTED:
         raise _not_allowed(method, path, "POST" if path in ROUTED else "GET")
     catalog: BackendCatalog = request.app.state.catalog
-    names = [n for n, s in gateway.registry.states.items() if s.healthy] or list(
+    names = [n for n, s in gateway.registry.states.items() if s.available] or list(
         gateway.config.backends
     )
     await catalog.refresh(gateway.config.backends, names)

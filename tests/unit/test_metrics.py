@@ -6,13 +6,11 @@ from __future__ import annotations
 import time
 from collections import Counter
 from pathlib import Path
-from types import SimpleNamespace
 
 import prometheus_client
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.config import parse_config
-from gateway.metrics import _circuit_open
 from gateway.trace import RequestTrace
 from tests.fakes.vllm_metrics import vllm_metrics_page
 from tests.unit.conftest import MODEL, InProcess
@@ -135,8 +133,6 @@ async def test_circuit_and_inflight_gauges(gw: InProcess) -> None:
     assert select(samples, "specgate_backend_circuit_open", backend="ngram").popitem()[1] == 1.0
     assert select(samples, "specgate_backend_inflight", backend="ngram").popitem()[1] == 2.0
     state.inflight = 0
-    assert _circuit_open(SimpleNamespace(circuit_open=True), 0.0) is True
-    assert _circuit_open(SimpleNamespace(), 0.0) is False
 
 
 async def test_backends_follow_a_config_reload(gw: InProcess) -> None:
