@@ -13,7 +13,7 @@ from gateway.config import ConfigError, load_config
 from gateway.errors import config_invalid
 from gateway.routing.acceptance import AcceptanceWindow
 from gateway.routing.advisor import advise_window
-from gateway.upstream.canary import Canary
+from gateway.runtime import runtime_of
 from gateway.upstream.deaths import DeathWatch
 
 router = APIRouter(tags=["admin"])
@@ -28,7 +28,7 @@ async def routes(request: Request, gateway: GatewayDep) -> dict[str, Any]:
     learnt (estimates per task, bucket and backend; the newest per-request records), and
     the quarantine's counts."""
     config = gateway.config
-    watch: DeathWatch = request.app.state.deaths
+    watch = runtime_of(request.app).deaths
     death_view = watch.to_json()
     deaths, last_deaths = death_view["deaths"], death_view["last"]
     processes = supervised(request)
@@ -84,7 +84,7 @@ async def routes(request: Request, gateway: GatewayDep) -> dict[str, Any]:
     rules = [rule.model_dump(exclude_none=True) for rule in config.rules]
     rules.append({"name": "default", "match": {}, "pool": config.defaults.pool, "fallbacks": []})
     stats = gateway.stats
-    canary: Canary | None = getattr(request.app.state, "canary", None)
+    canary = runtime_of(request.app).canary
     return {
         "backends": backends,
         "pools": config.pools,
@@ -123,7 +123,7 @@ def quarantine_summary(watch: DeathWatch) -> dict[str, Any]:
 def supervised(request: Request) -> dict[str, Any]:
     """Per local backend, its process supervision (restarts, last crash) when the gateway
     runs under ``specgate up``; {} otherwise."""
-    view = getattr(request.app.state, "processes", None)
+    view = runtime_of(request.app).processes
     return {} if view is None else view()
 
 

@@ -44,11 +44,10 @@ from gateway.protocol import (
 from gateway.quarantine import QuarantineTable, fingerprint
 from gateway.routing.guards import needs_token_count
 from gateway.routing.policy import RouteDecision
+from gateway.runtime import Runtime, runtime_of
 from gateway.service import Gateway
-from gateway.settings import Settings
 from gateway.trace import RequestTrace
-from gateway.upstream.catalog import BackendCatalog, merge_cards
-from gateway.upstream.deaths import DeathWatch
+from gateway.upstream.catalog import merge_cards
 from gateway.upstream.feedback import ResponseTap, with_usage
 from gateway.upstream.forward import Forwarder, Upstream, read_all
 from gateway.upstream.tokens import count_prompt_tokens
@@ -143,15 +142,15 @@ class ProxyEndpoint:
     failover (:class:`~gateway.upstream.forward.Forwarder`), then the backend's status,
     headers and bytes relayed (a stream chunk by chunk). Errors before the response starts
     are answered in OpenAI's envelope (an unexpected exception as a logged 500); a client
-    that leaves cancels the upstream request. Reads the lifespan's objects from
-    ``scope["app"].state``.
+    that leaves cancels the upstream request. Reads the lifespan's objects from the app's
+    :class:`~gateway.runtime.Runtime`.
     """
 
     def __init__(self, path: str, kind: Kind) -> None:
         self.path, self.kind = path, kind
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        state = scope["app"].state
+        state = runtime_of(scope["app"])
         # the first of repeated headers counts, as in Starlette's Request.headers
         headers = {header_text(k): header_text(v) for k, v in reversed(scope["headers"])}
         gateway: Gateway = state.gateway
@@ -181,12 +180,11 @@ class ProxyEndpoint:
         scope: Scope,
         receive: Receive,
         send: Send,
-        state: Any,
+        state: Runtime,
         headers: dict[str, str],
         trace: RequestTrace,
     ) -> None:
-        gateway: Gateway = state.gateway
-        settings: Settings = state.settings
+        gateway, settings = state.gateway, state.settings
         if sum(len(k) + len(v) for k, v in scope["headers"]) > settings.max_header_bytes:
             raise GatewayError(431, "The request headers are too large.", code="headers_too_large")
         if gateway.inflight >= settings.max_inflight:  # refused before reading the body
@@ -208,7 +206,7 @@ class ProxyEndpoint:
         body = parse_json(raw)
         fields = read_fields(self.kind, body)
         trace.stream = bool(fields.stream)
-        watch: DeathWatch = state.deaths
+        watch = state.deaths
         if watch.table.blocking:
             refuse_quarantined(watch.table, self.path, body)
         view = routing_view(self.kind, body, fields)
@@ -421,7 +419,7 @@ async def models(request: Request, gateway: GatewayDep) -> dict[str, Any]:
     """The models the gateway serves, in OpenAI's list format, each with its backends' own
     card (vLLM's ``root``, ``parent``, ``permission``, and the smallest ``max_model_len`` of
     the backends serving it; :func:`~gateway.upstream.catalog.merge_cards`)."""
-    catalog: BackendCatalog = request.app.state.catalog
+    catalog = runtime_of(request.app).catalog
     healthy = [n for n, s in gateway.registry.states.items() if s.available]
     await catalog.refresh(gateway.config.backends, healthy)
     cards = {name: catalog.cards(name) for name in gateway.config.backends}

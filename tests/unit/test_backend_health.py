@@ -40,7 +40,7 @@ def test_one_definition(verdict: bool | None, health: str, available: bool) -> N
 
 
 async def test_a_backend_added_by_a_reload_is_unknown_routed_and_ready(gw: InProcess) -> None:
-    gateway = gw.app.state.gateway
+    gateway = gw.app.state.runtime.gateway
     gateway.reload(parse_config(only_fresh(gw.config.backends["plain"].base_url)))
     assert gateway.registry.states["fresh"].healthy is None  # no probe yet
 
@@ -56,7 +56,7 @@ async def test_a_backend_added_by_a_reload_is_unknown_routed_and_ready(gw: InPro
     }
     (routed,) = (await gw.client.get("/routes")).json()["backends"]
     assert routed["health"] == "unknown" and routed["healthy"] is None
-    metrics = gw.app.state.metrics.registry
+    metrics = gw.app.state.runtime.metrics.registry
     assert metrics.get_sample_value("specgate_backend_healthy", {"backend": "fresh"}) == 1.0
     for state, value in (("unknown", 1.0), ("up", 0.0), ("down", 0.0)):
         labels = {"backend": "fresh", "state": state}
@@ -76,7 +76,7 @@ async def test_a_down_backend_is_down_everywhere(gw: InProcess) -> None:
     assert resp.status_code == 503
     routed = (await gw.client.get("/routes")).json()["backends"]
     assert {b["health"] for b in routed} == {"down"}
-    metrics = gw.app.state.metrics.registry
+    metrics = gw.app.state.runtime.metrics.registry
     for name in gw.config.backends:
         assert metrics.get_sample_value("specgate_backend_healthy", {"backend": name}) == 0.0
         labels = {"backend": name, "state": "down"}

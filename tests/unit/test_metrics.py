@@ -41,7 +41,7 @@ async def send_mix(gw: InProcess) -> tuple[Counter[tuple[str, str, str, str]], l
     """Code, creative, chat (streamed), an unknown model and a backend 400; returns the
     expected (backend, rule, task, status) counts from the responses, and the traces."""
     traces: list[RequestTrace] = []
-    gw.app.state.gateway.observers.append(traces.append)
+    gw.app.state.runtime.gateway.observers.append(traces.append)
     expected: Counter[tuple[str, str, str, str]] = Counter()
     code = {"model": MODEL, "prompt": "def f(x):", "max_tokens": 8, "temperature": 0}
     sends = [(code, "code")] * 3 + [(code | {"temperature": 1.0}, "creative")] * 2
@@ -125,7 +125,7 @@ async def test_backend_gauges_follow_the_live_state(gw: InProcess) -> None:
 
 
 async def test_circuit_and_inflight_gauges(gw: InProcess) -> None:
-    state = gw.app.state.gateway.registry.states["ngram"]
+    state = gw.app.state.runtime.gateway.registry.states["ngram"]
     for _ in range(state.circuit.failure_threshold):
         state.circuit.on_failure(time.monotonic())
     state.inflight = 2
@@ -136,7 +136,7 @@ async def test_circuit_and_inflight_gauges(gw: InProcess) -> None:
 
 
 async def test_backends_follow_a_config_reload(gw: InProcess) -> None:
-    gateway = gw.app.state.gateway
+    gateway = gw.app.state.runtime.gateway
     data = {
         "defaults": {"pool": "p"},
         "backends": {
@@ -162,4 +162,4 @@ async def test_backends_follow_a_config_reload(gw: InProcess) -> None:
 async def test_registry_is_the_apps_own(gw: InProcess) -> None:
     names = {m.name for m in prometheus_client.REGISTRY.collect()}
     assert not any(n.startswith("specgate_") for n in names)
-    assert gw.app.state.metrics.registry is not prometheus_client.REGISTRY
+    assert gw.app.state.runtime.metrics.registry is not prometheus_client.REGISTRY
