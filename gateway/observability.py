@@ -53,5 +53,4 @@ def observability(
             metrics, history, StatusPage(refresh_s=max(2.0, settings.health_interval_s))
         )
     finally:
-        for observe in observers:
-            gateway.observers.remove(observe)
+        gateway.observers[:] = [o for o in gateway.observers if o not in observers]
