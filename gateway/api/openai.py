@@ -39,7 +39,6 @@ from gateway.protocol import (
     RoutedFields,
     openapi_body,
     read_fields,
-    routing_view,
 )
 from gateway.quarantine import QuarantineTable, fingerprint
 from gateway.routing.guards import needs_token_count
@@ -187,8 +186,8 @@ class ProxyEndpoint:
         gateway, settings = state.gateway, state.settings
         if sum(len(k) + len(v) for k, v in scope["headers"]) > settings.max_header_bytes:
             raise GatewayError(431, "The request headers are too large.", code="headers_too_large")
-        if gateway.inflight >= settings.max_inflight:  # refused before reading the body
-            raise too_busy(f"The gateway has {settings.max_inflight} requests in flight.")
+        admission = gateway.admission(settings.max_inflight)
+        admission.check()  # refused before reading the body
         try:
             async with asyncio.timeout(settings.body_timeout_s):
                 raw = await read_body(receive, headers, settings.max_body_bytes)
@@ -198,21 +197,27 @@ class ProxyEndpoint:
                 f"The request body did not arrive within {settings.body_timeout_s:g} s.",
                 code="request_timeout",
             ) from None
-        # counted once the body is in, so slow senders hold no slot
-        if gateway.inflight >= settings.max_inflight:
-            raise too_busy(f"The gateway has {settings.max_inflight} requests in flight.")
-        gateway.inflight += 1
-        trace.observers = [*trace.observers, gateway.on_request_done]
+        with admission:  # counted once the body is in, so slow senders hold no slot
+            await self._route(receive, send, state, raw, headers, trace)
+
+    async def _route(
+        self,
+        receive: Receive,
+        send: Send,
+        state: Runtime,
+        raw: bytes,
+        headers: dict[str, str],
+        trace: RequestTrace,
+    ) -> None:
+        gateway = state.gateway
         body = parse_json(raw)
         fields = read_fields(self.kind, body)
         trace.stream = bool(fields.stream)
         watch = state.deaths
         if watch.table.blocking:
             refuse_quarantined(watch.table, self.path, body)
-        view = routing_view(self.kind, body, fields)
-        features, prompt = gateway.read(
-            view, fields.model, headers.get("x-task-type"), body, self.path
-        )
+        prepared = gateway.prepare(self.kind, body, headers.get("x-task-type"), fields)
+        features, prompt = prepared.features, prepared.prompt
         decision = gateway.decide(features, prompt)
         if gateway.config.guards:
             decision = await _guard(gateway, state.client, decision, self.path, body)
@@ -306,7 +311,12 @@ async def _forward(
             request=request[1],
         )
 
-    upstream = await settle.settle(await open_on(decision.backends, tap), open_on)
+    first = await open_on(decision.backends, tap)
+    try:
+        upstream = await settle.settle(first, open_on)
+    except BaseException:
+        await first.body.aclose()  # idempotent: a refusal retried was closed already
+        raise
     gateway.stats.by_backend[upstream.backend] += 1
     out = [(k, v) for k, v in upstream.headers if k not in _OWN_HEADERS]
     out += [
