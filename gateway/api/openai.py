@@ -315,7 +315,7 @@ async def _forward(
     try:
         upstream = await settle.settle(first, open_on)
     except BaseException:
-        await first.body.aclose()  # idempotent: a refusal retried was closed already
+        await first.aclose()  # idempotent: a refusal retried was closed already
         raise
     gateway.stats.by_backend[upstream.backend] += 1
     out = [(k, v) for k, v in upstream.headers if k not in _OWN_HEADERS]
@@ -331,7 +331,7 @@ async def _forward(
             return
         content = await read_all(upstream)
     finally:
-        await upstream.body.aclose()
+        await upstream.aclose()
     out.append((b"content-length", str(len(content)).encode()))
     await send({"type": "http.response.start", "status": upstream.status, "headers": out})
     await send({"type": "http.response.body", "body": content})

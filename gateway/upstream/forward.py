@@ -90,6 +90,11 @@ class Upstream:
     body: AsyncGenerator[bytes, None]
     attempts: int
 
+    async def aclose(self) -> None:
+        """Close the response and end the backend lease (idempotent: a body already ended
+        or closed does nothing)."""
+        await self.body.aclose()
+
 
 async def _relay(
     response: UpstreamResponse,
