@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from fastapi import Request
@@ -116,17 +117,25 @@ def check_client_key(auth: Auth, authorization: str | None) -> None:
         )
 
 
-async def require_client_key(request: Request) -> None:
+def require_client_key(auth: Auth) -> Callable[[Request], Awaitable[None]]:
     """Dependency for ``/v1/*``: 401 in OpenAI's envelope without a valid client key."""
-    check_client_key(request.app.state.auth, _authorization(request))
+
+    async def check(request: Request) -> None:
+        check_client_key(auth, _authorization(request))
+
+    return check
 
 
-async def require_admin(request: Request) -> None:
+def require_admin(auth: Auth) -> Callable[[Request], Awaitable[None]]:
     """Dependency for admin endpoints: 401 without the admin token (when one is set)."""
-    if not request.app.state.auth.admin_ok(_authorization(request)):
-        raise GatewayError(
-            401,
-            "This endpoint needs the admin token.",
-            code="invalid_admin_token",
-            headers={"WWW-Authenticate": "Bearer"},
-        )
+
+    async def check(request: Request) -> None:
+        if not auth.admin_ok(_authorization(request)):
+            raise GatewayError(
+                401,
+                "This endpoint needs the admin token.",
+                code="invalid_admin_token",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+
+    return check

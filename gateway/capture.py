@@ -25,12 +25,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from fastapi import FastAPI
 from prometheus_client import CollectorRegistry, Counter
 
 from backends.paths import CachePaths, default_cache_dir
 from gateway.capture_store import CaptureStore
 from gateway.config import CaptureSettings
+from gateway.metrics import GatewayMetrics
 from gateway.service import Gateway
 from gateway.settings import Settings
 
@@ -215,19 +215,16 @@ def capture_dir(capture: CaptureSettings, settings: Settings) -> Path:
 
 @contextlib.asynccontextmanager
 async def capture_lifespan(
-    app: FastAPI, gateway: Gateway, settings: Settings
-) -> AsyncIterator[None]:
-    """Put a :class:`Capture` on ``app.state.capture`` (its counters on
-    ``app.state.metrics``) and run its writer until the block exits, then flush. Nothing
-    touches the disk until capture is on and a prompt is recorded."""
+    gateway: Gateway, settings: Settings, metrics: GatewayMetrics
+) -> AsyncIterator[Capture]:
+    """A :class:`Capture` (its counters on ``metrics``' registry) whose writer runs until
+    the block exits, then flushes (drained, not cancelled). Nothing touches the disk until
+    capture is on and a prompt is recorded."""
     config = gateway.config.capture
     store = CaptureStore(capture_dir(config, settings), config.max_bytes, config.max_file_bytes)
-    capture = Capture(
-        lambda: gateway.config.capture, store, CaptureMetrics(app.state.metrics.registry)
-    )
-    app.state.capture = capture
+    capture = Capture(lambda: gateway.config.capture, store, CaptureMetrics(metrics.registry))
     task = asyncio.create_task(capture.run(), name="specgate-capture")
     try:
-        yield
+        yield capture
     finally:
         await capture.aclose(task)

@@ -17,7 +17,6 @@ batch), dense around 10-100 ms where one decoding step lands on GPU and CPU; end
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from typing import Any, NamedTuple
 
@@ -28,6 +27,7 @@ from prometheus_client.registry import Collector
 from gateway.routing.advisor import advise_window
 from gateway.service import Gateway
 from gateway.trace import RequestTrace
+from gateway.upstream.state import HEALTH_STATES
 
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 120)
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.25, 0.5, 1, 2.5)
@@ -137,13 +137,17 @@ class BackendCollector(Collector):
         """One family per figure, one sample per configured backend (acceptance figures only
         for speculative backends with a measured window)."""
         gateway = self.gateway
-        now = time.monotonic()
 
         def gauge(name: str, doc: str, extra: tuple[str, ...] = ()) -> GaugeMetricFamily:
             return GaugeMetricFamily(f"specgate_backend_{name}", doc, labels=("backend", *extra))
 
         info = gauge("info", "Backend identity (always 1).", ("method", "url", "model"))
-        healthy = gauge("healthy", "1 when the last /health probe answered 200, else 0.")
+        healthy = gauge(
+            "healthy",
+            "1 while health lets routing send it traffic (last /health probe passed, or not"
+            " probed yet), 0 when down.",
+        )
+        health = gauge("health", "1 for the backend's health: up, down or unknown.", ("state",))
         circuit = gauge("circuit_open", "1 while the circuit breaker keeps the backend out.")
         inflight = gauge("inflight", "Requests this gateway has in flight to the backend.")
         running = gauge("running", "vLLM requests running (last scrape).")
@@ -160,32 +164,32 @@ class BackendCollector(Collector):
         demotions = CounterMetricFamily(
             "specgate_backend_demotions", "Times demoted since start.", labels=("backend",)
         )
-        for name, backend in gateway.config.backends.items():
-            state = gateway.registry.states.get(name)
-            if state is None:
-                continue
+        for view in gateway.backends():
+            name, backend = view.name, view.config
             spec = backend.spec
             info.add_metric([name, spec.method, backend.base_url, backend.served_model], 1)
-            healthy.add_metric([name], 1.0 if state.healthy else 0.0)
-            circuit.add_metric([name], 1.0 if _circuit_open(state, now) else 0.0)
-            inflight.add_metric([name], state.inflight)
-            running.add_metric([name], state.running)
-            waiting.add_metric([name], state.waiting)
-            kv.add_metric([name], state.kv_cache_usage)
-            demoted.add_metric([name], 1.0 if state.demoted else 0.0)
-            demotions.add_metric([name], state.demotions)
+            healthy.add_metric([name], 1.0 if view.available else 0.0)
+            for value in HEALTH_STATES:
+                health.add_metric([name, value], 1.0 if view.health == value else 0.0)
+            circuit.add_metric([name], 1.0 if view.circuit_open else 0.0)
+            inflight.add_metric([name], view.inflight)
+            running.add_metric([name], view.running)
+            waiting.add_metric([name], view.waiting)
+            kv.add_metric([name], view.kv_cache_usage)
+            demoted.add_metric([name], 1.0 if view.demoted else 0.0)
+            demotions.add_metric([name], view.demotions)
             if not spec.speculative:
                 continue
             k_now.add_metric([name], spec.num_speculative_tokens or 0)
-            advice = advise_window(spec, state.window)
+            advice = advise_window(spec, view.window)
             if advice is not None:
                 k_rec.add_metric([name], advice.recommended_k)
-            if state.acceptance is not None:
-                rate.add_metric([name], state.acceptance.rate)
-                length.add_metric([name], state.acceptance.mean_length)
-                for i, value in enumerate(state.acceptance.per_position):
+            if view.acceptance is not None:
+                rate.add_metric([name], view.acceptance.rate)
+                length.add_metric([name], view.acceptance.mean_length)
+                for i, value in enumerate(view.acceptance.per_position):
                     per_pos.add_metric([name, str(i)], value)
-        yield from (info, healthy, circuit, inflight, running, waiting, kv, demoted)
+        yield from (info, healthy, health, circuit, inflight, running, waiting, kv, demoted)
         yield from (rate, length, per_pos, k_now, k_rec, demotions)
         yield from _decision_families(gateway)
 
@@ -206,14 +210,3 @@ def _decision_families(gateway: Gateway) -> Iterator[Metric]:
     for name, count in stats.guarded.items():
         guarded.add_metric([name], count)
     yield guarded
-
-
-def _circuit_open(state: object, now: float) -> bool:
-    """The circuit breaker's verdict: a ``circuit_open`` attribute if the state has one, else
-    a ``circuit`` breaker that is not routable now; False without either."""
-    flag = getattr(state, "circuit_open", None)
-    if isinstance(flag, bool):
-        return flag
-    breaker = getattr(state, "circuit", None)
-    routable = getattr(breaker, "routable", None)
-    return callable(routable) and not routable(now)

@@ -1,12 +1,11 @@
-"""Wire the gateway's observability into an app's lifespan: metrics, access log, history."""
+"""Wire the gateway's observability into an app's runtime: metrics, access log, history."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-from collections.abc import AsyncIterator
-
-from fastapi import FastAPI
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from gateway.access_log import AccessLog
 from gateway.containment_metrics import ContainmentCollector
@@ -15,28 +14,43 @@ from gateway.metrics import GatewayMetrics
 from gateway.service import Gateway
 from gateway.settings import Settings
 from gateway.status import StatusPage
+from gateway.upstream.deaths import DeathWatch
+
+if TYPE_CHECKING:
+    from gateway.runtime import BackgroundTasks
 
 
-@contextlib.asynccontextmanager
-async def observability(app: FastAPI, gateway: Gateway, settings: Settings) -> AsyncIterator[None]:
-    """Register the metrics and access-log observers on ``gateway``, put ``metrics``,
-    ``history`` and ``status_page`` on ``app.state``, and sample the acceptance history every
-    health interval until the block exits."""
+@dataclass(frozen=True, slots=True)
+class Observability:
+    """The app's own metrics registry, the acceptance history and the status page."""
+
+    metrics: GatewayMetrics
+    history: AcceptanceHistory
+    status_page: StatusPage
+
+
+@contextlib.contextmanager
+def observability(
+    gateway: Gateway,
+    settings: Settings,
+    deaths: DeathWatch,
+    processes: Callable[[], dict[str, Any]] | None,
+    tasks: BackgroundTasks,
+) -> Iterator[Observability]:
+    """Register the metrics and access-log observers on ``gateway`` while the block runs,
+    and sample the acceptance history every health interval (a task of ``tasks``)."""
     metrics = GatewayMetrics(gateway)
-    processes = getattr(app.state, "processes", None)
-    metrics.registry.register(ContainmentCollector(app.state.deaths, processes))
+    metrics.registry.register(ContainmentCollector(deaths, processes))
     access = AccessLog(settings.log_format)
-    gateway.observers.extend([metrics.observe, access.observe])
+    observers = [metrics.observe, access.observe]
+    gateway.observers.extend(observers)
     history = AcceptanceHistory(
         gateway.registry, span_s=settings.status_history_s, interval_s=settings.health_interval_s
     )
-    app.state.metrics = metrics
-    app.state.history = history
-    app.state.status_page = StatusPage(refresh_s=max(2.0, settings.health_interval_s))
-    task = asyncio.create_task(history.run(), name="specgate-history")
+    tasks.start(history.run(), "specgate-history")
     try:
-        yield
+        yield Observability(
+            metrics, history, StatusPage(refresh_s=max(2.0, settings.health_interval_s))
+        )
     finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        gateway.observers[:] = [o for o in gateway.observers if o not in observers]

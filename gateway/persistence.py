@@ -12,10 +12,14 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
 
 from gateway.learning_store import LearningStore
 from gateway.service import Gateway
 from gateway.settings import Settings
+
+if TYPE_CHECKING:
+    from gateway.runtime import BackgroundTasks
 
 logger = logging.getLogger(__name__)
 
@@ -34,8 +38,11 @@ async def _every(interval_s: float, store: LearningStore, gateway: Gateway) -> N
 
 
 @contextlib.asynccontextmanager
-async def persisted_learning(gateway: Gateway, settings: Settings) -> AsyncIterator[None]:
-    """Load, periodically save and finally save ``gateway``'s adaptive estimates at
+async def persisted_learning(
+    gateway: Gateway, settings: Settings, tasks: BackgroundTasks
+) -> AsyncIterator[None]:
+    """Load, periodically save (a task of ``tasks``, which must be cancelled before this
+    block exits) and finally save ``gateway``'s adaptive estimates at
     ``settings.state_path()`` (nothing when persistence is off)."""
     path = settings.state_path()
     if path is None:
@@ -51,13 +58,13 @@ async def persisted_learning(gateway: Gateway, settings: Settings) -> AsyncItera
         task.add_done_callback(pending.discard)
 
     gateway.reload_hooks.append(after_reload)
-    saver = asyncio.create_task(
-        _every(settings.state_save_interval_s, store, gateway), name="specgate-state-saver"
+    saver = tasks.start(
+        _every(settings.state_save_interval_s, store, gateway), "specgate-state-saver"
     )
     try:
         yield
     finally:
-        saver.cancel()
+        saver.cancel()  # already done when the runtime closes its tasks first
         with contextlib.suppress(asyncio.CancelledError):
             await saver
         gateway.reload_hooks.remove(after_reload)

@@ -9,12 +9,14 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from gateway.config import GatewayConfig
-from gateway.errors import guarded, model_not_found
+from gateway.errors import guarded, model_not_found, too_busy
 from gateway.learning import FeedbackCollector
 from gateway.protocol import (
+    RoutedFields,
     kind_of,
     read_fields,
     routing_view,
@@ -30,6 +32,7 @@ from gateway.routing.spec_params import SpecParams
 from gateway.routing.text import RequestText, read_request
 from gateway.trace import RequestTrace
 from gateway.upstream.state import BackendRegistry, DecisionStats
+from gateway.upstream.view import BackendView, backend_views
 
 
 class _Unread:
@@ -43,6 +46,41 @@ def _served_models(config: GatewayConfig) -> tuple[str, ...]:
     """The distinct model names ``config``'s backends serve, in config order (kept per config
     so the hot path does not rebuild them per request)."""
     return tuple(dict.fromkeys(b.served_model for b in config.backends.values()))
+
+
+class Admission:
+    """One request's slot among the gateway's in-flight requests (at most ``limit``): a
+    context manager taking the slot on entry (429 ``too_busy`` when none is free) and giving
+    it back on exit, whatever happens in between. :meth:`check` refuses early without
+    taking one (before the body is read)."""
+
+    __slots__ = ("gateway", "limit")
+
+    def __init__(self, gateway: Gateway, limit: int) -> None:
+        self.gateway, self.limit = gateway, limit
+
+    def check(self) -> None:
+        """Raise the 429 when no slot is free now."""
+        if self.gateway.inflight >= self.limit:
+            raise too_busy(f"The gateway has {self.limit} requests in flight.")
+
+    def __enter__(self) -> None:
+        self.check()
+        self.gateway.inflight += 1
+
+    def __exit__(self, *_: object) -> None:
+        self.gateway.inflight -= 1
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """A routed request read for routing: its typed ``fields``, routing ``features`` and
+    prompt statistics (the step the routed endpoints and ``/routes/explain`` share)."""
+
+    kind: type[RoutedFields]
+    fields: RoutedFields
+    features: RequestFeatures
+    prompt: PromptStats | None
 
 
 class Gateway:
@@ -131,14 +169,35 @@ class Gateway:
             for name, backend in spec.items()
         }
 
-    def on_request_done(self, _trace: RequestTrace) -> None:
-        """Observer: a request counted in :attr:`inflight` has ended."""
-        self.inflight -= 1
+    def admission(self, limit: int) -> Admission:
+        """A request's :class:`Admission` among at most ``limit`` in flight."""
+        return Admission(self, limit)
+
+    def prepare(
+        self,
+        kind: type[RoutedFields],
+        body: Any,
+        task_header: str | None,
+        fields: RoutedFields | None = None,
+    ) -> Prepared:
+        """Read a parsed body of a routed endpoint for routing (its fields, unless already
+        read, the routing view's features and prompt statistics). Raises
+        :class:`~gateway.errors.GatewayError` 400/404 as the endpoint answers."""
+        if fields is None:
+            fields = read_fields(kind, body)
+        view = routing_view(kind, body, fields)
+        features, prompt = self.read(view, fields.model, task_header, body, kind.path)
+        return Prepared(kind, fields, features, prompt)
 
     def new_trace(self, request_id: str, path: str) -> RequestTrace:
         """A :class:`RequestTrace` for one request, wired to the registered observers."""
         endpoint = path.removeprefix("/v1/")
         return RequestTrace(request_id, endpoint, stream=False, observers=self.observers)
+
+    def backends(self) -> list[BackendView]:
+        """Every configured backend's read model now (config order): what ``/routes``,
+        ``/status``, ``/metrics`` and ``/ready`` show."""
+        return backend_views(self.config.backends, self.registry, self.stats)
 
     def served_models(self) -> list[str]:
         """The distinct model names the backends serve, in config order."""
@@ -222,16 +281,13 @@ class Gateway:
         backend or counting it (see :func:`decision_json` for the shape). Raises
         :class:`~gateway.errors.GatewayError` 400/404 as the real endpoint would.
         """
-        kind = kind_of(body, endpoint)
-        fields = read_fields(kind, body)
-        view = routing_view(kind, body, fields)
-        features, prompt = self.read(view, fields.model, task_header, body, kind.path)
+        prepared = self.prepare(kind_of(body, endpoint), body, task_header)
         decision = self.policy.decide(
-            features,
+            prepared.features,
             self.registry.snapshot(),
             random.Random(0),
             self.feedback.learner.view(),
-            prompt,
+            prepared.prompt,
         )
         verdict = apply_guards(self.config, decision, body)
         out = decision_json(verdict.decision)

@@ -8,7 +8,6 @@ built here (:func:`sparkline`).
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -18,7 +17,6 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 from gateway.history import AcceptanceHistory
 from gateway.routing.advisor import advise_window
 from gateway.service import Gateway
-from gateway.upstream.state import BackendState
 
 SPARK_W, SPARK_H = 240, 48
 
@@ -70,16 +68,8 @@ def sparkline(
     )
 
 
-def _health(state: BackendState) -> str:
-    return {True: "healthy", False: "down", None: "unknown"}[state.healthy]
-
-
-def _circuit(state: BackendState, now: float) -> str:
-    flag = getattr(state, "circuit_open", None)
-    if isinstance(flag, bool):
-        return "open" if flag else "closed"
-    breaker = getattr(state, "circuit", None)
-    return str(breaker.state(now)) if breaker is not None else "closed"
+#: The page's label (and CSS class) of each :data:`~gateway.upstream.state.Health`.
+_HEALTH_LABEL = {"up": "healthy", "down": "down", "unknown": "unknown"}
 
 
 def status_context(
@@ -90,13 +80,11 @@ def status_context(
     """Everything the template shows, as plain values (``processes``: the supervisor's view
     of local backends under ``specgate up``, by name)."""
     config = gateway.config
-    now, mono = history.clock(), time.monotonic()
+    now = history.clock()
     backends, advice = [], []
-    for name, backend in config.backends.items():
-        state = gateway.registry.states.get(name)
-        if state is None:
-            continue
-        spec, acc = backend.spec, state.acceptance
+    for view in gateway.backends():
+        name, backend = view.name, view.config
+        spec, acc = backend.spec, view.acceptance
         floor = backend.acceptance_floor(config.routing.min_acceptance_rate)
         backends.append(
             {
@@ -104,24 +92,24 @@ def status_context(
                 "url": backend.base_url,
                 "method": spec.method,
                 "k": spec.num_speculative_tokens,
-                "health": _health(state),
-                "last_error": state.last_error,
-                "circuit": _circuit(state, mono),
-                "inflight": state.inflight,
-                "running": state.running,
-                "waiting": state.waiting,
-                "kv_pct": state.kv_cache_usage * 100,
+                "health": _HEALTH_LABEL[view.health],
+                "last_error": view.last_error,
+                "circuit": view.circuit,
+                "inflight": view.inflight,
+                "running": view.running,
+                "waiting": view.waiting,
+                "kv_pct": view.kv_cache_usage * 100,
                 "rate": None if acc is None else acc.rate,
                 "mean_length": None if acc is None else acc.mean_length,
                 "per_position": [] if acc is None else list(acc.per_position),
                 "floor": floor,
-                "demoted": state.demoted,
-                "requests": gateway.stats.by_backend[name],
+                "demoted": view.demoted,
+                "requests": view.requests,
                 "spark": sparkline(history.recent(name), now, history.span_s, floor),
                 "process": (processes or {}).get(name),
             }
         )
-        tip = advise_window(spec, state.window)
+        tip = advise_window(spec, view.window)
         if tip is not None:
             advice.append({"name": name, **tip.to_json()})
     stats = gateway.stats

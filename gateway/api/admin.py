@@ -13,7 +13,7 @@ from gateway.config import ConfigError, load_config
 from gateway.errors import config_invalid
 from gateway.routing.acceptance import AcceptanceWindow
 from gateway.routing.advisor import advise_window
-from gateway.upstream.canary import Canary
+from gateway.runtime import runtime_of
 from gateway.upstream.deaths import DeathWatch
 
 router = APIRouter(tags=["admin"])
@@ -28,14 +28,13 @@ async def routes(request: Request, gateway: GatewayDep) -> dict[str, Any]:
     learnt (estimates per task, bucket and backend; the newest per-request records), and
     the quarantine's counts."""
     config = gateway.config
-    watch: DeathWatch = request.app.state.deaths
+    watch = runtime_of(request.app).deaths
     death_view = watch.to_json()
     deaths, last_deaths = death_view["deaths"], death_view["last"]
     processes = supervised(request)
     backends = []
-    for name, backend in config.backends.items():
-        state = gateway.registry.states[name]
-        acceptance = state.acceptance
+    for view in gateway.backends():
+        name, backend, acceptance = view.name, view.config, view.acceptance
         backends.append(
             {
                 "name": name,
@@ -43,14 +42,15 @@ async def routes(request: Request, gateway: GatewayDep) -> dict[str, Any]:
                 "model": backend.served_model,
                 "local": backend.local,
                 "speculation": backend.spec.model_dump(exclude_none=True),
-                "healthy": state.healthy,
-                "last_error": state.last_error,
-                "last_scrape": state.last_scrape,
-                "inflight": state.inflight,
+                "healthy": {"up": True, "down": False, "unknown": None}[view.health],
+                "health": view.health,
+                "last_error": view.last_error,
+                "last_scrape": view.last_scrape,
+                "inflight": view.inflight,
                 "load": {
-                    "running": state.running,
-                    "waiting": state.waiting,
-                    "kv_cache_usage": state.kv_cache_usage,
+                    "running": view.running,
+                    "waiting": view.waiting,
+                    "kv_cache_usage": view.kv_cache_usage,
                     "max_batch_for_speculation": backend.max_batch_for_speculation,
                 },
                 "acceptance": None
@@ -66,15 +66,15 @@ async def routes(request: Request, gateway: GatewayDep) -> dict[str, Any]:
                 },
                 "min_acceptance_rate": backend.acceptance_floor(config.routing.min_acceptance_rate),
                 "circuit": {
-                    "state": state.circuit.state(gateway.registry.clock()),
-                    "consecutive_failures": state.circuit.failures,
-                    "opened": state.circuit.opened_count,
+                    "state": view.circuit,
+                    "consecutive_failures": view.breaker.failures,
+                    "opened": view.breaker.opened_count,
                 },
-                "demoted": state.demoted,
-                "demotions": state.demotions,
-                "suspect": state.suspect,
-                "requests": gateway.stats.by_backend[name],
-                "advice": _advice(backend.spec, state.window),
+                "demoted": view.demoted,
+                "demotions": view.demotions,
+                "suspect": view.suspect,
+                "requests": view.requests,
+                "advice": _advice(backend.spec, view.window),
                 "guards": backend.guards,
                 "deaths": deaths.get(name, 0),
                 "last_death": last_deaths.get(name),
@@ -84,7 +84,7 @@ async def routes(request: Request, gateway: GatewayDep) -> dict[str, Any]:
     rules = [rule.model_dump(exclude_none=True) for rule in config.rules]
     rules.append({"name": "default", "match": {}, "pool": config.defaults.pool, "fallbacks": []})
     stats = gateway.stats
-    canary: Canary | None = getattr(request.app.state, "canary", None)
+    canary = runtime_of(request.app).canary
     return {
         "backends": backends,
         "pools": config.pools,
@@ -123,7 +123,7 @@ def quarantine_summary(watch: DeathWatch) -> dict[str, Any]:
 def supervised(request: Request) -> dict[str, Any]:
     """Per local backend, its process supervision (restarts, last crash) when the gateway
     runs under ``specgate up``; {} otherwise."""
-    view = getattr(request.app.state, "processes", None)
+    view = runtime_of(request.app).processes
     return {} if view is None else view()
 
 

@@ -19,9 +19,15 @@ async def health() -> dict[str, str]:
 
 @router.get("/ready", response_model=None)
 async def ready(gateway: GatewayDep) -> JSONResponse:
-    """200 when at least one backend passed its last health probe, else 503 (OpenAI envelope)."""
-    healthy = [n for n, s in gateway.registry.states.items() if s.healthy]
-    if not healthy:
+    """200 when at least one backend's health lets it take traffic (``up``, or ``unknown``:
+    not probed yet, routed as routing does), else 503 (OpenAI envelope). Lists the backends
+    by health."""
+    views = gateway.backends()
+    if not any(view.available for view in views):
         err = no_backend("No backend is healthy.")
         return JSONResponse(err.envelope(), status_code=503, headers=err.headers)
-    return JSONResponse({"status": "ready", "healthy_backends": healthy})
+    healthy = [view.name for view in views if view.health == "up"]
+    unknown = [view.name for view in views if view.health == "unknown"]
+    return JSONResponse(
+        {"status": "ready", "healthy_backends": healthy, "unknown_backends": unknown}
+    )

@@ -39,16 +39,14 @@ from gateway.protocol import (
     RoutedFields,
     openapi_body,
     read_fields,
-    routing_view,
 )
 from gateway.quarantine import QuarantineTable, fingerprint
 from gateway.routing.guards import needs_token_count
 from gateway.routing.policy import RouteDecision
+from gateway.runtime import Runtime, runtime_of
 from gateway.service import Gateway
-from gateway.settings import Settings
 from gateway.trace import RequestTrace
-from gateway.upstream.catalog import BackendCatalog, merge_cards
-from gateway.upstream.deaths import DeathWatch
+from gateway.upstream.catalog import merge_cards
 from gateway.upstream.feedback import ResponseTap, with_usage
 from gateway.upstream.forward import Forwarder, Upstream, read_all
 from gateway.upstream.tokens import count_prompt_tokens
@@ -143,15 +141,15 @@ class ProxyEndpoint:
     failover (:class:`~gateway.upstream.forward.Forwarder`), then the backend's status,
     headers and bytes relayed (a stream chunk by chunk). Errors before the response starts
     are answered in OpenAI's envelope (an unexpected exception as a logged 500); a client
-    that leaves cancels the upstream request. Reads the lifespan's objects from
-    ``scope["app"].state``.
+    that leaves cancels the upstream request. Reads the lifespan's objects from the app's
+    :class:`~gateway.runtime.Runtime`.
     """
 
     def __init__(self, path: str, kind: Kind) -> None:
         self.path, self.kind = path, kind
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        state = scope["app"].state
+        state = runtime_of(scope["app"])
         # the first of repeated headers counts, as in Starlette's Request.headers
         headers = {header_text(k): header_text(v) for k, v in reversed(scope["headers"])}
         gateway: Gateway = state.gateway
@@ -181,16 +179,15 @@ class ProxyEndpoint:
         scope: Scope,
         receive: Receive,
         send: Send,
-        state: Any,
+        state: Runtime,
         headers: dict[str, str],
         trace: RequestTrace,
     ) -> None:
-        gateway: Gateway = state.gateway
-        settings: Settings = state.settings
+        gateway, settings = state.gateway, state.settings
         if sum(len(k) + len(v) for k, v in scope["headers"]) > settings.max_header_bytes:
             raise GatewayError(431, "The request headers are too large.", code="headers_too_large")
-        if gateway.inflight >= settings.max_inflight:  # refused before reading the body
-            raise too_busy(f"The gateway has {settings.max_inflight} requests in flight.")
+        admission = gateway.admission(settings.max_inflight)
+        admission.check()  # refused before reading the body
         try:
             async with asyncio.timeout(settings.body_timeout_s):
                 raw = await read_body(receive, headers, settings.max_body_bytes)
@@ -200,21 +197,27 @@ class ProxyEndpoint:
                 f"The request body did not arrive within {settings.body_timeout_s:g} s.",
                 code="request_timeout",
             ) from None
-        # counted once the body is in, so slow senders hold no slot
-        if gateway.inflight >= settings.max_inflight:
-            raise too_busy(f"The gateway has {settings.max_inflight} requests in flight.")
-        gateway.inflight += 1
-        trace.observers = [*trace.observers, gateway.on_request_done]
+        with admission:  # counted once the body is in, so slow senders hold no slot
+            await self._route(receive, send, state, raw, headers, trace)
+
+    async def _route(
+        self,
+        receive: Receive,
+        send: Send,
+        state: Runtime,
+        raw: bytes,
+        headers: dict[str, str],
+        trace: RequestTrace,
+    ) -> None:
+        gateway = state.gateway
         body = parse_json(raw)
         fields = read_fields(self.kind, body)
         trace.stream = bool(fields.stream)
-        watch: DeathWatch = state.deaths
+        watch = state.deaths
         if watch.table.blocking:
             refuse_quarantined(watch.table, self.path, body)
-        view = routing_view(self.kind, body, fields)
-        features, prompt = gateway.read(
-            view, fields.model, headers.get("x-task-type"), body, self.path
-        )
+        prepared = gateway.prepare(self.kind, body, headers.get("x-task-type"), fields)
+        features, prompt = prepared.features, prepared.prompt
         decision = gateway.decide(features, prompt)
         if gateway.config.guards:
             decision = await _guard(gateway, state.client, decision, self.path, body)
@@ -308,7 +311,12 @@ async def _forward(
             request=request[1],
         )
 
-    upstream = await settle.settle(await open_on(decision.backends, tap), open_on)
+    first = await open_on(decision.backends, tap)
+    try:
+        upstream = await settle.settle(first, open_on)
+    except BaseException:
+        await first.aclose()  # idempotent: a refusal retried was closed already
+        raise
     gateway.stats.by_backend[upstream.backend] += 1
     out = [(k, v) for k, v in upstream.headers if k not in _OWN_HEADERS]
     out += [
@@ -323,7 +331,7 @@ async def _forward(
             return
         content = await read_all(upstream)
     finally:
-        await upstream.body.aclose()
+        await upstream.aclose()
     out.append((b"content-length", str(len(content)).encode()))
     await send({"type": "http.response.start", "status": upstream.status, "headers": out})
     await send({"type": "http.response.body", "body": content})
@@ -421,8 +429,8 @@ async def models(request: Request, gateway: GatewayDep) -> dict[str, Any]:
     """The models the gateway serves, in OpenAI's list format, each with its backends' own
     card (vLLM's ``root``, ``parent``, ``permission``, and the smallest ``max_model_len`` of
     the backends serving it; :func:`~gateway.upstream.catalog.merge_cards`)."""
-    catalog: BackendCatalog = request.app.state.catalog
-    healthy = [n for n, s in gateway.registry.states.items() if s.healthy]
+    catalog = runtime_of(request.app).catalog
+    healthy = [n for n, s in gateway.registry.states.items() if s.available]
     await catalog.refresh(gateway.config.backends, healthy)
     cards = {name: catalog.cards(name) for name in gateway.config.backends}
     data = merge_cards(gateway.served_models(), cards, int(gateway.started_at))

@@ -30,6 +30,7 @@ from gateway.api.openai import read_body
 from gateway.endpoints import OWN_PATHS, STATEFUL_TEMPLATES, PathTemplate, is_client_path, match
 from gateway.errors import GatewayError, model_not_found, no_backend
 from gateway.protocol import ROUTED
+from gateway.runtime import runtime_of
 from gateway.service import Gateway
 from gateway.upstream.catalog import BackendCatalog
 from gateway.upstream.forward import client_headers, upstream_headers
@@ -61,8 +62,9 @@ async def passthrough(
     path, method = "/" + path, request.method
     if path in OWN_PATHS or path in ROUTED:
         raise _not_allowed(method, path, "POST" if path in ROUTED else "GET")
-    catalog: BackendCatalog = request.app.state.catalog
-    names = [n for n, s in gateway.registry.states.items() if s.healthy] or list(
+    runtime = runtime_of(request.app)
+    catalog = runtime.catalog
+    names = [n for n, s in gateway.registry.states.items() if s.available] or list(
         gateway.config.backends
     )
     await catalog.refresh(gateway.config.backends, names)
@@ -75,7 +77,7 @@ async def passthrough(
     if method not in found.methods:
         raise _not_allowed(method, path, ", ".join(sorted(found.methods)))
     body = await read_body(request.receive, request.headers, settings.max_body_bytes)
-    order = _targets(gateway, catalog, found, path, body, request.app.state.affinity)
+    order = _targets(gateway, catalog, found, path, body, runtime.affinity)
     stateful = found.template in STATEFUL_TEMPLATES
     return await relay(request, gateway, order, path, body, retry_404=stateful)
 
@@ -147,8 +149,8 @@ async def relay(
     """Send the request to the first backend of ``order`` that answers (the next on a
     connect error; with ``retry_404`` also on a 404, for a Response whose holder is not
     known) and stream its answer back; 503 when none answered."""
-    client: httpx.AsyncClient = request.app.state.client
-    settings = request.app.state.settings
+    client = runtime_of(request.app).client
+    settings = runtime_of(request.app).settings
     headers = {k.lower(): v for k, v in request.headers.items()}
     response: httpx.Response | None = None
     served_by = ""

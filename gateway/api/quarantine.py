@@ -7,13 +7,14 @@ from typing import Any
 from fastapi import APIRouter, Request
 
 from gateway.errors import GatewayError
+from gateway.runtime import runtime_of
 from gateway.upstream.deaths import DeathWatch
 
 router = APIRouter(tags=["admin"])
 
 
 def _watch(request: Request) -> DeathWatch:
-    return request.app.state.deaths  # type: ignore[no-any-return]
+    return runtime_of(request.app).deaths
 
 
 @router.get("/routes/quarantine")

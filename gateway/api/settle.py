@@ -136,7 +136,7 @@ class Settle:
         if not order:
             return None
         with self.trace.muted():
-            await upstream.body.aclose()
+            await upstream.aclose()
         self.trace.discard()
         gateway.stats.failovers += 1
         self.features = features

@@ -1,5 +1,5 @@
-"""One try of one backend, as the forwarder sees it: the backend's live state and its
-registration with the :class:`~gateway.upstream.deaths.DeathWatch` (containment)."""
+"""One try of one backend, as the forwarder sees it: the backend lease (its in-flight slot)
+and the registration with the :class:`~gateway.upstream.deaths.DeathWatch` (containment)."""
 
 from __future__ import annotations
 
@@ -15,24 +15,35 @@ from gateway.upstream.state import BackendState
 
 @dataclass(slots=True)
 class Attempt:
-    """Backend ``name`` at ``base_url`` with its live ``state``; ``watch`` (None: no
-    containment) knows the attempt as ``token`` from :meth:`begin` to :meth:`end`."""
+    """Backend ``name`` at ``base_url`` with its live ``state``: a lease on the backend from
+    :meth:`begin` to :meth:`end` (idempotent), which holds one of its in-flight slots and
+    the ``watch``'s registration (None: no containment; the attempt is known as ``token``).
+    ``held``: the lease is taken and not yet ended."""
 
     name: str
     base_url: str
     state: BackendState
     watch: DeathWatch | None
     token: int = 0
+    held: bool = False
 
     def begin(self, endpoint: str, body: Mapping[str, Any] | None) -> None:
-        """Register the attempt in flight (``body``: the parsed request; None: not watched)."""
+        """Take the backend's in-flight slot and register the attempt in flight (``body``:
+        the parsed request; None: not watched)."""
         if self.watch is not None and body is not None:
             self.token = self.watch.begin(self.name, endpoint, body)
+        self.state.inflight += 1
+        self.held = True
 
     def end(self) -> None:
-        """The attempt is over (idempotent)."""
+        """The attempt is over: the slot is given back and the registration dropped (only
+        the first call does anything)."""
+        if not self.held:
+            return
+        self.held = False
         if self.watch is not None and self.token:
             self.watch.end(self.name, self.token)
+        self.state.release()
 
     async def died(self, signal: str, head: bytes = b"") -> Death | None:
         """Whether the backend died under this attempt, which failed as ``signal`` says;

@@ -163,7 +163,7 @@ def plain_twin(config: GatewayConfig, registry: BackendRegistry, model: str) -> 
     for name, backend in config.backends.items():
         state = registry.states.get(name)
         if not backend.spec.speculative and backend.served_model == model and state:
-            if state.healthy is not False and state.suspect is None:
+            if state.available and state.suspect is None:
                 return name
     return None
 
@@ -250,7 +250,7 @@ class Canary:
         backend = config.backends[name]
         result.twin = plain_twin(config, self.registry, backend.served_model)
         result.counts = Counter()
-        if state.healthy is False:
+        if not state.available:
             result.note = "backend unhealthy"
             return
         if result.twin is None:

@@ -90,6 +90,11 @@ class Upstream:
     body: AsyncGenerator[bytes, None]
     attempts: int
 
+    async def aclose(self) -> None:
+        """Close the response and end the backend lease (idempotent: a body already ended
+        or closed does nothing)."""
+        await self.body.aclose()
+
 
 async def _relay(
     response: UpstreamResponse,
@@ -135,8 +140,7 @@ async def _relay(
         status, error = 499, "client_closed"
         raise
     finally:
-        attempt.end()
-        attempt.state.release()
+        attempt.end()  # the backend lease
         await response.aclose()
         trace.finish(status, error)
 
@@ -196,57 +200,24 @@ class Forwarder:
             backend, state = backends[name], states[name]
             trace.backend, trace.attempts = name, number
             attempt = Attempt(name, backend.base_url, state, self.watch)
-            attempt.begin(path, request)
-            state.inflight += 1
+            attempt.begin(path, request)  # the lease: ended on every way out of this try
             state.circuit.on_attempt(self.clock())
             try:
-                response = await self.client.post(
-                    backend.base_url + path,
-                    body,
-                    upstream_headers(headers, backend),
-                    first_byte_timeout_s=self.first_byte_timeout_s,
-                    idle_timeout_s=self.idle_timeout_s,
-                )
-            except UpstreamTimeout:
-                self._failed(attempt)
-                raise upstream_timeout() from None
-            except UpstreamUnreachable as exc:
-                death = None
-                if isinstance(exc, UpstreamDropped):  # the request may have killed it
-                    death = await attempt.died(f"connection dropped before the response ({exc})")
-                self._failed(attempt)
-                if death is not None and death.participant:
-                    raise attempt.died_error(death) from None
-                last_why = f"{name}: {exc}"
-                _report(on_failure, name, last_why)
-                continue
-            except BaseException:  # cancelled: the client left while we waited for headers
-                attempt.end()
-                state.release()
-                state.circuit.probing = False
+                sent = upstream_headers(headers, backend)
+                outcome = await self._try(attempt, backend.base_url + path, body, sent)
+            except BaseException:
+                if attempt.held:  # not settled as a failure: cancelled (the client left)
+                    attempt.end()
+                    state.circuit.probing = False
                 raise
-            chunks, head = response.chunks(), []
-            if 500 <= response.status <= 599:  # a dying backend answers so: look closer
-                head, broken = await read_head(chunks)
-                death = await attempt.died(f"HTTP {response.status}", b"".join(head))
-                if death is not None or broken or response.status in RETRYABLE_STATUS:
-                    self._failed(attempt)
-                    await response.aclose()
-                    if death is not None and death.participant:
-                        raise attempt.died_error(death)
-                    last_why = f"{name}: HTTP {response.status}"
-                    _report(on_failure, name, last_why)
-                    continue
-            elif not 200 <= response.status <= 599:
-                self._failed(attempt)
-                await response.aclose()
-                last_why = f"{name}: HTTP {response.status}"
+            if isinstance(outcome, str):
+                last_why = outcome
                 _report(on_failure, name, last_why)
                 continue
-            state.circuit.on_success()
+            response = outcome.response
             tapped = tap if response.status == 200 else None
-            relay = _relay(response, chunks, head, attempt, trace, tapped)
-            await anext(relay)  # the primer: the relay now owns the response and the count
+            relay = _relay(response, outcome.chunks, outcome.head, attempt, trace, tapped)
+            await anext(relay)  # the primer: the relay now owns the response and the lease
             return Upstream(
                 backend=name,
                 status=response.status,
@@ -257,11 +228,72 @@ class Forwarder:
         logger.warning("no backend could serve the request (last: %s)", last_why)
         raise no_backend()
 
+    async def _try(
+        self, attempt: Attempt, url: str, body: bytes, headers: Mapping[str, str]
+    ) -> _Settled | str:
+        """One attempt: its settled answer, or why it failed before answering (the lease
+        then ended, the breaker told). Raises :class:`GatewayError` 504 on a first-byte
+        timeout, 500 ``backend_died`` when the backend died with this request in flight.
+        An answer not settled (an error, or cancelled) is closed."""
+        try:
+            response = await self.client.post(
+                url,
+                body,
+                headers,
+                first_byte_timeout_s=self.first_byte_timeout_s,
+                idle_timeout_s=self.idle_timeout_s,
+            )
+        except UpstreamTimeout:
+            self._failed(attempt)
+            raise upstream_timeout() from None
+        except UpstreamUnreachable as exc:
+            death = None
+            if isinstance(exc, UpstreamDropped):  # the request may have killed it
+                death = await attempt.died(f"connection dropped before the response ({exc})")
+            self._failed(attempt)
+            if death is not None and death.participant:
+                raise attempt.died_error(death) from None
+            return f"{attempt.name}: {exc}"
+        try:
+            return await self._judge(attempt, response)
+        except BaseException:
+            await response.aclose()
+            raise
+
+    async def _judge(self, attempt: Attempt, response: UpstreamResponse) -> _Settled | str:
+        """Settle an answer's status: a 5xx is looked at closer (its head read: a death, or
+        a retryable failure, closes it), a status outside 200-599 fails over."""
+        chunks, head = response.chunks(), []
+        if 500 <= response.status <= 599:  # a dying backend answers so: look closer
+            head, broken = await read_head(chunks)
+            death = await attempt.died(f"HTTP {response.status}", b"".join(head))
+            if death is not None or broken or response.status in RETRYABLE_STATUS:
+                self._failed(attempt)
+                await response.aclose()
+                if death is not None and death.participant:
+                    raise attempt.died_error(death)
+                return f"{attempt.name}: HTTP {response.status}"
+        elif not 200 <= response.status <= 599:
+            self._failed(attempt)
+            await response.aclose()
+            return f"{attempt.name}: HTTP {response.status}"
+        attempt.state.circuit.on_success()
+        return _Settled(response, chunks, head)
+
     def _failed(self, attempt: Attempt) -> None:
         """An attempt that failed before its answer was settled."""
         attempt.end()
-        attempt.state.release()
         attempt.state.circuit.on_failure(self.clock())
+
+
+@dataclass(slots=True)
+class _Settled:
+    """An answer whose status is settled: the response, its remaining chunks and the head
+    already read from them (a 5xx relayed as is)."""
+
+    response: UpstreamResponse
+    chunks: AsyncIterator[bytes]
+    head: list[bytes]
 
 
 def _report(on_failure: Callable[[str, str], None] | None, name: str, why: str) -> None:

@@ -6,20 +6,36 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Literal
 
 from gateway.routing.acceptance import AcceptanceStats, AcceptanceWindow
 from gateway.routing.policy import BackendSnapshot
 from gateway.upstream.circuit import CircuitBreaker
+
+#: A backend's health, the one definition every reader uses (routing, ``/ready``,
+#: ``/routes``, ``/status``, ``/metrics``, pass-through, the canary): ``up`` when its last
+#: ``/health`` probe passed, ``down`` when it failed (or the backend died under a request),
+#: ``unknown`` before the first probe (a backend added by a reload).
+Health = Literal["up", "down", "unknown"]
+HEALTH_STATES: tuple[Health, ...] = ("up", "down", "unknown")
+
+
+def health_of(healthy: bool | None) -> Health:
+    """The :data:`Health` of a last probe verdict (``None``: not probed yet)."""
+    if healthy is None:
+        return "unknown"
+    return "up" if healthy else "down"
 
 
 @dataclass(slots=True)
 class BackendState:
     """Mutable live state of one backend (owned by the event loop; no locking needed).
 
-    ``healthy`` is the last health probe's verdict (``None`` before the first probe, routed
-    as healthy so a fresh gateway does not refuse traffic); ``inflight`` counts this
-    gateway's requests currently sent to the backend; ``running``, ``waiting`` and
-    ``kv_cache_usage`` come from the last ``/metrics`` scrape; ``acceptance`` is the
+    ``healthy`` is the last health probe's verdict (``None`` before the first probe); read it
+    through :attr:`health` and :attr:`available` (an ``unknown`` backend is routed, so a
+    fresh or reloaded gateway does not refuse traffic, and reported as unknown);
+    ``inflight`` counts this gateway's requests currently sent to the backend; ``running``,
+    ``waiting`` and ``kv_cache_usage`` come from the last ``/metrics`` scrape; ``acceptance`` is the
     windowed acceptance of a speculative backend; ``demotions`` counts how often it fell
     under its acceptance floor; ``suspect`` is set by the correctness canary when the
     backend's greedy output diverged from its plain twin's beyond numerics (not routed).
@@ -46,6 +62,17 @@ class BackendState:
     done_at: float = 0.0
     scraped_at: float = 0.0
 
+    @property
+    def health(self) -> Health:
+        """``up``, ``down`` or ``unknown`` (see :data:`Health`)."""
+        return health_of(self.healthy)
+
+    @property
+    def available(self) -> bool:
+        """Health lets it take traffic: up, or not probed yet (only ``down`` keeps it out;
+        the circuit breaker, demotion and the canary are separate verdicts)."""
+        return self.healthy is not False
+
     def release(self) -> None:
         """One of this gateway's requests there has ended."""
         self.inflight -= 1
@@ -55,7 +82,7 @@ class BackendState:
         """The immutable view the routing policy reads (``now``: ``time.monotonic()``)."""
         fresh = self.scraped_at > self.done_at
         return BackendSnapshot(
-            healthy=self.healthy is not False,
+            healthy=self.available,
             circuit_open=not self.circuit.routable(now),
             inflight=self.inflight,
             running=self.running if fresh else 0.0,

@@ -34,7 +34,7 @@ class InProcess:
 
     async def poll(self) -> None:
         """Run one health and metrics poll now."""
-        await self.app.state.poller.check_all()
+        await self.app.state.runtime.poller.check_all()
 
 
 def local_config() -> GatewayConfig:

@@ -127,7 +127,7 @@ def test_self_overlap() -> None:
 
 
 async def test_explain_and_routes_show_the_estimates(gw: InProcess) -> None:
-    gateway: Gateway = gw.app.state.gateway
+    gateway: Gateway = gw.app.state.runtime.gateway
     gateway.reload(adaptive_config())
     body = {"model": MODEL, "prompt": "def fib(n):", "max_tokens": 8, "temperature": 0}
     for _ in range(3):  # the fakes answer 8 tokens: enough to learn from
@@ -145,7 +145,7 @@ async def test_explain_and_routes_show_the_estimates(gw: InProcess) -> None:
 
 
 async def test_learnt_state_survives_a_reload(gw: InProcess) -> None:
-    gateway: Gateway = gw.app.state.gateway
+    gateway: Gateway = gw.app.state.runtime.gateway
     body = {"model": MODEL, "prompt": "def f(x):", "max_tokens": 8, "temperature": 0}
     await gw.client.post("/v1/completions", json=body, headers={"x-task-type": "code"})
     learner = gateway.feedback.learner

@@ -53,7 +53,7 @@ async def rig() -> AsyncIterator[Rig]:
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://gw") as client:
-            yield Rig(client, fakes, app.state.gateway)
+            yield Rig(client, fakes, app.state.runtime.gateway)
 
 
 async def direct(behaviour: SpecBehaviour, path: str, body: dict[str, Any]) -> bytes:

@@ -232,7 +232,7 @@ def spec_metrics(drafts: int, accepted: int, k: int = 3) -> str:
 
 
 async def test_low_acceptance_demotes_then_recovery_restores(gw: InProcess) -> None:
-    gw.app.state.gateway.reload(static_config())  # the rules' demotion, without learning
+    gw.app.state.runtime.gateway.reload(static_config())  # the rules' demotion, without learning
     gw.fakes["draft"].metrics_text = spec_metrics(drafts=0, accepted=0)
     gw.fakes["ngram"].metrics_text = spec_metrics(drafts=0, accepted=0, k=5)
     gw.fakes["eagle3"].metrics_text = spec_metrics(drafts=0, accepted=0)
@@ -272,7 +272,7 @@ async def test_lone_surrogate_in_the_prompt_is_forwarded_not_a_500(gw: InProcess
 async def test_unexpected_error_is_a_500_envelope_and_frees_the_slot(
     gw: InProcess, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    gateway = gw.app.state.gateway
+    gateway = gw.app.state.runtime.gateway
 
     def broken(*_args: object) -> None:
         raise RuntimeError("bug")

@@ -4,6 +4,7 @@ rounds against fake backends (suspect set, routing skips it, recovery, /routes).
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import random
 from pathlib import Path
@@ -137,17 +138,18 @@ def test_unknowable_divergences_are_undecided() -> None:
 
 def canary(gw: InProcess) -> Canary:
     """A canary over the in-process gateway's fakes, shown on its /routes."""
-    state = gw.app.state
-    gw.app.state.canary = Canary(
-        state.client,
-        lambda: state.gateway.config,
-        state.gateway.registry,
+    runtime = gw.app.state.runtime
+    made = Canary(
+        runtime.client,
+        lambda: runtime.gateway.config,
+        runtime.gateway.registry,
         interval_s=300,
         near_tie_margin=MARGIN,
         max_tokens=24,
         timeout_s=5,
     )
-    return gw.app.state.canary  # type: ignore[no-any-return]
+    gw.app.state.runtime = dataclasses.replace(runtime, canary=made)
+    return made
 
 
 async def routed(gw: InProcess, n: int = 6) -> set[str]:
@@ -161,14 +163,14 @@ async def routed(gw: InProcess, n: int = 6) -> set[str]:
 
 
 async def test_fault_marks_suspect_stops_routing_and_recovers(gw: InProcess) -> None:
-    gw.app.state.gateway.reload(static_config())  # the static pools, without learning
+    gw.app.state.runtime.gateway.reload(static_config())  # the static pools, without learning
     c = canary(gw)
     gw.fakes["plain"].completion_override = real("fp32_plain")
     gw.fakes["draft"].completion_override = real("fp32_draft")
     gw.fakes["eagle3"].completion_override = real("fp32_draft")
     gw.fakes["ngram"].completion_override = with_token(real("fp32_plain"), 2, 40, "8")
     await c.run_round()
-    states = gw.app.state.gateway.registry.states
+    states = gw.app.state.runtime.gateway.registry.states
     assert states["draft"].suspect is None and states["eagle3"].suspect is None
     assert states["ngram"].suspect == (
         "canary: prompt 0 diverged at token 2: plain '7' vs '8', top-2 margin 3.015 nats"
@@ -221,9 +223,9 @@ async def test_near_ties_are_recorded_not_suspect(gw: InProcess) -> None:
     gw.fakes["plain"].completion_override = real("bf16_plain")
     gw.fakes["ngram"].completion_override = real("bf16_ngram")
     gw.fakes["draft"].completion_override = real("bf16_plain")
-    gw.app.state.gateway.registry.states["ngram"].suspect = "canary: an earlier fault"
+    gw.app.state.runtime.gateway.registry.states["ngram"].suspect = "canary: an earlier fault"
     await c.run_round()
-    assert gw.app.state.gateway.registry.states["ngram"].suspect is None  # a clean round
+    assert gw.app.state.runtime.gateway.registry.states["ngram"].suspect is None  # a clean round
     report = c.to_json()["backends"]["ngram"]
     assert report["last_round"]["near_tie"] == 5
     assert report["last_divergence"]["kind"] == "near_tie"
@@ -231,7 +233,7 @@ async def test_near_ties_are_recorded_not_suspect(gw: InProcess) -> None:
 
 async def test_errors_and_missing_twin_leave_suspicion_unchanged(gw: InProcess) -> None:
     c = canary(gw)
-    states = gw.app.state.gateway.registry.states
+    states = gw.app.state.runtime.gateway.registry.states
     states["ngram"].suspect = states["draft"].suspect = "canary: an earlier fault"
     gw.fakes["plain"].completion_override = real("fp32_plain")
     gw.fakes["draft"].completion_override = real("fp32_draft")
@@ -263,7 +265,7 @@ async def test_app_starts_the_canary_only_when_enabled(interval: float, enabled:
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://gw") as client:
             routes = (await client.get("/routes")).json()
-    assert (app.state.canary is not None) is enabled
+    assert (app.state.runtime.canary is not None) is enabled
     assert (routes["canary"] is not None) is enabled
     if enabled:
         assert routes["canary"]["rounds"] == 0  # the first round waits one interval

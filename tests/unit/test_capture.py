@@ -57,7 +57,7 @@ def listing(directory: Path) -> list[str]:
 
 
 def metric(app: Any, name: str, labels: dict[str, str]) -> float:
-    value = app.state.metrics.registry.get_sample_value(name, labels)
+    value = app.state.runtime.metrics.registry.get_sample_value(name, labels)
     return 0.0 if value is None else float(value)
 
 
@@ -105,7 +105,7 @@ async def test_records_hold_the_prompt_task_endpoint_and_time_only(tmp_path: Pat
     answer = chat.json()["choices"][0]["message"]["content"]
     for never in (SECRET, "Bearer", answer, " w0", "alice", "payments", "max_tokens", "127.0"):
         assert never.encode() not in raw
-    assert gw.app.state.metrics.registry.get_sample_value(
+    assert gw.app.state.runtime.metrics.registry.get_sample_value(
         "specgate_capture_records_total", {"task": "chat"}
     ) == pytest.approx(1)
 
@@ -154,11 +154,11 @@ async def test_unwritable_dir_answers_200_and_counts_the_error_once_logged(
             for _ in range(3):
                 resp = await gw.client.post("/v1/completions", json=COMPLETION)
                 assert resp.status_code == 200
-                await gw.app.state.capture.flush()
+                await gw.app.state.runtime.capture.flush()
             app = gw.app
     errors = sum(
         s.value
-        for m in app.state.metrics.registry.collect()
+        for m in app.state.runtime.metrics.registry.collect()
         if m.name == "specgate_capture_errors"
         for s in m.samples
         if s.name.endswith("_total")

@@ -108,7 +108,7 @@ async def test_a_request_sent_to_an_already_dead_backend_fails_over(gw: InProces
     assert (await gw.client.post(CHAT, json=DEADLY)).status_code == 500
     # the gateway marked plain unhealthy; make routing still try it first, as a request
     # decided a moment before the death would
-    gw.app.state.gateway.registry.states["plain"].healthy = None
+    gw.app.state.runtime.gateway.registry.states["plain"].healthy = None
     resp = await gw.client.post(CHAT, json=SAFE)
     assert resp.status_code == 200 and resp.headers["x-specgate-backend"] != "plain"
     assert (await gw.client.get("/routes")).json()["quarantine"]["quarantined"] == 1

@@ -82,7 +82,7 @@ async def test_the_first_of_repeated_headers_counts(gw: InProcess) -> None:
 
 
 async def test_a_failing_observer_does_not_leak_the_in_flight_slot(gw: InProcess) -> None:
-    gateway = gw.app.state.gateway
+    gateway = gw.app.state.runtime.gateway
 
     def broken(_trace: RequestTrace) -> None:
         raise OverflowError("observer bug")

@@ -106,7 +106,7 @@ def test_an_unreadable_or_foreign_file_is_set_aside(
 async def test_a_restarted_gateway_routes_like_the_one_before_it(tmp_path: Path) -> None:
     settings = Settings(state_file=tmp_path / "state.json", health_interval_s=60)
     async with running(settings) as (app, client):
-        taught(app.state.gateway.feedback.learner)
+        taught(app.state.runtime.gateway.feedback.learner)
         before = (await client.post("/routes/explain", json=CODE)).json()
         assert before["backend"] == "plain" and before["adaptive"]["best"] == "plain"
     # shutdown saved it; a new process (a new app) loads it before serving
@@ -126,7 +126,7 @@ async def test_state_is_saved_on_reload_and_periodically(tmp_path: Path) -> None
     path = tmp_path / "state.json"
     settings = Settings(state_file=path, health_interval_s=60, state_save_interval_s=0.05)
     async with running(settings) as (app, client):
-        gateway = app.state.gateway
+        gateway = app.state.runtime.gateway
         taught(gateway.feedback.learner, n=1)
         gateway.reload(local_config())
         for _ in range(50):

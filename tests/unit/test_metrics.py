@@ -6,13 +6,11 @@ from __future__ import annotations
 import time
 from collections import Counter
 from pathlib import Path
-from types import SimpleNamespace
 
 import prometheus_client
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.config import parse_config
-from gateway.metrics import _circuit_open
 from gateway.trace import RequestTrace
 from tests.fakes.vllm_metrics import vllm_metrics_page
 from tests.unit.conftest import MODEL, InProcess
@@ -43,7 +41,7 @@ async def send_mix(gw: InProcess) -> tuple[Counter[tuple[str, str, str, str]], l
     """Code, creative, chat (streamed), an unknown model and a backend 400; returns the
     expected (backend, rule, task, status) counts from the responses, and the traces."""
     traces: list[RequestTrace] = []
-    gw.app.state.gateway.observers.append(traces.append)
+    gw.app.state.runtime.gateway.observers.append(traces.append)
     expected: Counter[tuple[str, str, str, str]] = Counter()
     code = {"model": MODEL, "prompt": "def f(x):", "max_tokens": 8, "temperature": 0}
     sends = [(code, "code")] * 3 + [(code | {"temperature": 1.0}, "creative")] * 2
@@ -127,7 +125,7 @@ async def test_backend_gauges_follow_the_live_state(gw: InProcess) -> None:
 
 
 async def test_circuit_and_inflight_gauges(gw: InProcess) -> None:
-    state = gw.app.state.gateway.registry.states["ngram"]
+    state = gw.app.state.runtime.gateway.registry.states["ngram"]
     for _ in range(state.circuit.failure_threshold):
         state.circuit.on_failure(time.monotonic())
     state.inflight = 2
@@ -135,12 +133,10 @@ async def test_circuit_and_inflight_gauges(gw: InProcess) -> None:
     assert select(samples, "specgate_backend_circuit_open", backend="ngram").popitem()[1] == 1.0
     assert select(samples, "specgate_backend_inflight", backend="ngram").popitem()[1] == 2.0
     state.inflight = 0
-    assert _circuit_open(SimpleNamespace(circuit_open=True), 0.0) is True
-    assert _circuit_open(SimpleNamespace(), 0.0) is False
 
 
 async def test_backends_follow_a_config_reload(gw: InProcess) -> None:
-    gateway = gw.app.state.gateway
+    gateway = gw.app.state.runtime.gateway
     data = {
         "defaults": {"pool": "p"},
         "backends": {
@@ -166,4 +162,4 @@ async def test_backends_follow_a_config_reload(gw: InProcess) -> None:
 async def test_registry_is_the_apps_own(gw: InProcess) -> None:
     names = {m.name for m in prometheus_client.REGISTRY.collect()}
     assert not any(n.startswith("specgate_") for n in names)
-    assert gw.app.state.metrics.registry is not prometheus_client.REGISTRY
+    assert gw.app.state.runtime.metrics.registry is not prometheus_client.REGISTRY

@@ -182,7 +182,7 @@ async def test_refusal_without_another_backend_reaches_the_client(gw: InProcess)
 async def test_refused_attempt_is_not_traced_as_served(gw: InProcess) -> None:
     refusing(gw, "repetition_penalty")
     await gw.client.post("/v1/completions", json=CODE | {"repetition_penalty": 1.3})
-    assert gw.app.state.gateway.inflight == 0
+    assert gw.app.state.runtime.gateway.inflight == 0
     metrics = (await gw.client.get("/metrics")).text
     lines = [line for line in metrics.splitlines() if line.startswith("specgate_requests_total{")]
     assert len(lines) == 1 and 'backend="plain"' in lines[0] and 'status="200"' in lines[0]

@@ -51,10 +51,10 @@ async def test_status_page_renders_the_live_state(gw: InProcess) -> None:
     gw.fakes["ngram"].metrics_text = (DATA / "vllm-ngram-metrics-after.txt").read_text()
     gw.fakes["draft"].healthy = False
     await gw.poll()
-    gw.app.state.history.sample()
+    gw.app.state.runtime.history.sample()
     body = {"model": MODEL, "prompt": "x", "max_tokens": 4, "temperature": 0}
     await gw.client.post("/v1/completions", json=body, headers={"x-task-type": "code"})
-    gw.app.state.gateway.registry.states["plain"].last_error = "<script>alert(1)</script>"
+    gw.app.state.runtime.gateway.registry.states["plain"].last_error = "<script>alert(1)</script>"
     resp = await gw.client.get("/status")
     assert resp.status_code == 200 and resp.headers["content-type"].startswith("text/html")
     html = resp.text

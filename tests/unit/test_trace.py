@@ -10,7 +10,7 @@ CODE = {"model": MODEL, "prompt": "def f(x):", "max_tokens": 8, "temperature": 0
 
 async def test_observers_see_each_request_once(gw: InProcess) -> None:
     seen: list[RequestTrace] = []
-    gw.app.state.gateway.observers.append(seen.append)
+    gw.app.state.runtime.gateway.observers.append(seen.append)
     await gw.client.post("/v1/completions", json=CODE, headers={"x-task-type": "code"})
     await gw.client.post(
         "/v1/completions",

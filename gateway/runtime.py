@@ -1,0 +1,271 @@
+"""The gateway's runtime: every long-lived object of one app, typed, in one place.
+
+:func:`open_runtime` builds a :class:`Runtime` on one :class:`contextlib.AsyncExitStack`
+and tears it down in reverse order: background tasks first (one :class:`BackgroundTasks`
+cancels them all), then the capture's flush, the metrics' and learning's blocks (the final
+save), the SIGHUP handler, the forwarder's upstream client and the shared httpx client.
+``create_app``'s lifespan puts the runtime on ``app.state.runtime``; handlers reach it with
+:func:`runtime_of`. Importing this module does nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import signal
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from gateway.auth import Auth
+from gateway.capture import Capture, capture_lifespan
+from gateway.config import ConfigError, GatewayConfig, load_config
+from gateway.history import AcceptanceHistory
+from gateway.metrics import GatewayMetrics
+from gateway.observability import Observability, observability
+from gateway.persistence import persisted_learning
+from gateway.quarantine import QuarantineTable
+from gateway.service import Gateway
+from gateway.settings import Settings
+from gateway.status import StatusPage
+from gateway.upstream.affinity import ResponseAffinity
+from gateway.upstream.canary import Canary
+from gateway.upstream.catalog import BackendCatalog
+from gateway.upstream.client import AiohttpUpstream, HttpxUpstream, UpstreamClient
+from gateway.upstream.deaths import DeathWatch
+from gateway.upstream.forward import Forwarder
+from gateway.upstream.health import HealthPoller
+from gateway.upstream.state import BackendRegistry
+
+logger = logging.getLogger(__name__)
+Processes = Callable[[], dict[str, Any]]
+
+
+class BackgroundTasks:
+    """The app's background loops (health, scraping, canary, history, learning saves):
+    started here, cancelled and awaited together by :meth:`aclose` (idempotent)."""
+
+    def __init__(self) -> None:
+        self.tasks: list[asyncio.Task[None]] = []
+
+    def start(self, work: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
+        """Run ``work`` as a task named ``name`` until :meth:`aclose`."""
+        task = asyncio.create_task(work, name=name)
+        self.tasks.append(task)
+        return task
+
+    async def aclose(self) -> None:
+        """Cancel every task and wait for them to end (a task that failed is logged)."""
+        tasks, self.tasks = self.tasks, []
+        for task in tasks:
+            task.cancel()
+        for task, outcome in zip(
+            tasks, await asyncio.gather(*tasks, return_exceptions=True), strict=True
+        ):
+            if isinstance(outcome, Exception):
+                logger.error("background task %s failed: %r", task.get_name(), outcome)
+
+
+@dataclass(frozen=True, slots=True)
+class Runtime:
+    """Every long-lived object of one running app (see the module docstring)."""
+
+    settings: Settings
+    auth: Auth
+    processes: Processes | None
+    gateway: Gateway
+    client: httpx.AsyncClient
+    catalog: BackendCatalog
+    affinity: ResponseAffinity
+    deaths: DeathWatch
+    forwarder: Forwarder
+    poller: HealthPoller
+    canary: Canary | None
+    metrics: GatewayMetrics
+    history: AcceptanceHistory
+    status_page: StatusPage
+    capture: Capture
+    tasks: BackgroundTasks
+
+
+def runtime_of(app: Any) -> Runtime:
+    """The :class:`Runtime` of a started app (raises :class:`RuntimeError` before its
+    lifespan has started)."""
+    runtime = getattr(app.state, "runtime", None)
+    if not isinstance(runtime, Runtime):
+        raise RuntimeError("the app's lifespan has not started")
+    return runtime
+
+
+@contextlib.contextmanager
+def sighup_reload(gateway: Gateway, settings: Settings) -> Iterator[bool]:
+    """Reload the config file on SIGHUP while the block runs; yields whether the handler
+    was installed (only where the loop may own signals: the main thread of ``specgate
+    serve``/``up``; elsewhere ``POST /routes/reload`` does it). Removed on exit."""
+
+    def reload() -> None:
+        try:
+            gateway.reload(load_config(settings.config))
+            logger.info("SIGHUP: reloaded %s", settings.config)
+        except ConfigError as exc:
+            logger.error("SIGHUP: kept the running config; %s", exc)
+
+    loop = asyncio.get_running_loop()
+    try:
+        loop.add_signal_handler(signal.SIGHUP, reload)
+    except (ValueError, RuntimeError, NotImplementedError):
+        yield False
+        return
+    try:
+        yield True
+    finally:
+        loop.remove_signal_handler(signal.SIGHUP)
+
+
+@dataclass(frozen=True, slots=True)
+class Parts:
+    """What :func:`open_runtime` is given: built by ``create_app`` from its arguments."""
+
+    settings: Settings
+    config: GatewayConfig
+    auth: Auth
+    transport: httpx.AsyncBaseTransport | None = None
+    rng: random.Random | None = None
+    processes: Processes | None = None
+
+
+def build_client(
+    settings: Settings, transport: httpx.AsyncBaseTransport | None
+) -> httpx.AsyncClient:
+    """The shared ``httpx.AsyncClient`` of the health poller and the canary (and of the
+    forwarder with ``SPECGATE_UPSTREAM_TRANSPORT=httpx`` or an in-process ``transport``):
+    connect and pool timeouts from settings, read timeout the idle gap between chunks (the
+    forwarder widens it to ``first_byte_timeout_s`` until the response headers arrive); there
+    is no total cap."""
+    timeout = httpx.Timeout(
+        connect=settings.connect_timeout_s,
+        read=settings.idle_timeout_s,
+        write=settings.idle_timeout_s,
+        pool=settings.connect_timeout_s,
+    )
+    limits = httpx.Limits(
+        max_connections=settings.max_connections,
+        max_keepalive_connections=settings.max_connections,
+    )
+    return httpx.AsyncClient(timeout=timeout, limits=limits, transport=transport)
+
+
+def build_canary(settings: Settings, client: httpx.AsyncClient, gateway: Gateway) -> Canary | None:
+    """The correctness canary when ``canary_interval_s > 0`` (else None); each canary request
+    is bounded like a non-streamed generation, by ``first_byte_timeout_s``."""
+    if settings.canary_interval_s <= 0:
+        return None
+    return Canary(
+        client,
+        lambda: gateway.config,
+        gateway.registry,
+        interval_s=settings.canary_interval_s,
+        near_tie_margin=settings.canary_near_tie_margin,
+        max_tokens=settings.canary_max_tokens,
+        timeout_s=settings.first_byte_timeout_s,
+    )
+
+
+def build_death_watch(
+    settings: Settings, client: httpx.AsyncClient, registry: BackendRegistry
+) -> DeathWatch:
+    """Containment: the quarantine table and the death watch that fills it (probing
+    ``/health`` with the shared client)."""
+    table = QuarantineTable(
+        ttl_s=settings.quarantine_ttl_s,
+        max_entries=settings.quarantine_max_entries,
+        strikes=settings.quarantine_strikes,
+    )
+    return DeathWatch(client, registry, table, probe_timeout_s=settings.death_probe_timeout_s)
+
+
+def build_upstream(
+    settings: Settings, client: httpx.AsyncClient, transport: httpx.AsyncBaseTransport | None
+) -> UpstreamClient:
+    """The forwarder's engine: aiohttp directly (default), or ``client`` when an in-process
+    ``transport`` is given (tests) or ``SPECGATE_UPSTREAM_TRANSPORT=httpx``."""
+    if transport is not None or settings.upstream_transport == "httpx":
+        return HttpxUpstream(client)
+    return AiohttpUpstream(
+        max_connections=settings.max_connections, connect_timeout_s=settings.connect_timeout_s
+    )
+
+
+@contextlib.asynccontextmanager
+async def open_runtime(parts: Parts) -> AsyncIterator[Runtime]:
+    """Build the runtime, probe every backend once, start the background tasks; on exit
+    tear everything down (module docstring)."""
+    settings = parts.settings
+    async with contextlib.AsyncExitStack() as stack:
+        registry = BackendRegistry(
+            parts.config.backends,
+            circuit_failures=settings.circuit_failures,
+            circuit_cooldown_s=settings.circuit_cooldown_s,
+        )
+        gateway = Gateway(parts.config, parts.rng, registry)
+        client = await stack.enter_async_context(build_client(settings, parts.transport))
+        upstream = build_upstream(settings, client, parts.transport)
+        stack.push_async_callback(upstream.aclose)
+        deaths = build_death_watch(settings, client, registry)
+        forwarder = Forwarder(
+            upstream,
+            max_attempts=settings.max_attempts,
+            first_byte_timeout_s=settings.first_byte_timeout_s,
+            idle_timeout_s=settings.idle_timeout_s,
+            watch=deaths,
+        )
+        poller = HealthPoller(
+            client,
+            lambda: gateway.config,
+            registry,
+            interval_s=settings.health_interval_s,
+            timeout_s=settings.health_timeout_s,
+        )
+        tasks = BackgroundTasks()
+        stack.push_async_callback(tasks.aclose)  # should a later step fail
+        await poller.check_all()
+        tasks.start(poller.run(), "specgate-health")
+        canary = build_canary(settings, client, gateway)
+        if canary is not None:
+            tasks.start(canary.run(), "specgate-canary")
+        stack.enter_context(sighup_reload(gateway, settings))
+        await stack.enter_async_context(persisted_learning(gateway, settings, tasks))
+        seen: Observability = stack.enter_context(
+            observability(gateway, settings, deaths, parts.processes, tasks)
+        )
+        capture = await stack.enter_async_context(capture_lifespan(gateway, settings, seen.metrics))
+        stack.push_async_callback(tasks.aclose)  # first on teardown: no loop outlives its use
+        yield Runtime(
+            settings=settings,
+            auth=parts.auth,
+            processes=parts.processes,
+            gateway=gateway,
+            client=client,
+            catalog=BackendCatalog(
+                client,
+                ttl_s=settings.backend_catalog_ttl_s,
+                timeout_s=max(settings.health_timeout_s, 5.0),
+            ),
+            affinity=ResponseAffinity(
+                max_entries=settings.response_affinity_max,
+                ttl_s=settings.response_affinity_ttl_s,
+            ),
+            deaths=deaths,
+            forwarder=forwarder,
+            poller=poller,
+            canary=canary,
+            metrics=seen.metrics,
+            history=seen.history,
+            status_page=seen.status_page,
+            capture=capture,
+            tasks=tasks,
+        )
