@@ -26,7 +26,7 @@ from types import TracebackType
 
 import httpx
 
-from backends.launch_profile import BackendProfile, build_argv
+from contracts.launch_profile import BackendProfile, build_argv
 
 LogFn = Callable[[str], None]
 #: (pid, start time in clock ticks): identifies a process even if its pid is reused later.

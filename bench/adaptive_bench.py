@@ -30,7 +30,8 @@ import yaml
 
 from bench.llm_client import Outcome, run_items
 from bench.procs import Server, free_port
-from bench.workloads import TASKS, Item, sample
+from bench.workloads import Item, sample
+from contracts.tasks import TASKS
 
 TARGET = "adaptive"
 STATIC = "specgate"

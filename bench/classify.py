@@ -32,9 +32,9 @@ from pathlib import Path
 from typing import Any
 
 from bench.shapes import SHAPES, shaped
+from contracts.tasks import TASKS
 from gateway.routing.classifier import (
     SHIPPED,
-    TASKS,
     TaskModel,
     classify,
     probabilities,

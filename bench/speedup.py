@@ -41,8 +41,8 @@ from bench import adaptive_bench, speedup_report
 from bench.llm_client import run_items
 from bench.procs import Server, free_port, interrupt_on_sigterm
 from bench.workloads import Item, default_prompts_dir, sample, unseeded
-from gateway.config import GatewayConfig, load_config, parse_config
-from gateway.upstream.scrape import parse_vllm_metrics
+from contracts.config import GatewayConfig, load_config, parse_config
+from contracts.vllm_metrics import parse_vllm_metrics
 
 MIN_FREE_GIB = 10.0
 

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import yaml
 
-from backends.paths import default_cache_dir
 from bench.fake_upstream import MODEL
 from bench.load import API_KEY
+from contracts.paths import default_cache_dir
 
 #: Peer package requirements, installed into ``<cache>/bench-venvs/<name>``.
 PEERS: dict[str, str] = {"vllm-router": "vllm-router", "litellm": "litellm[proxy]"}

@@ -24,10 +24,10 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from contracts.config import ConfigError, GatewayConfig, load_config
 from gateway.api import admin, health, metrics, openai, passthrough, quarantine, status
 from gateway.auth import build_auth, require_admin, require_client_key
 from gateway.capture import capture_lifespan
-from gateway.config import ConfigError, GatewayConfig, load_config
 from gateway.errors import GatewayError, error_envelope
 from gateway.observability import observability
 from gateway.persistence import persisted_learning
@@ -107,7 +107,7 @@ def create_app(
     """Build the gateway app.
 
     ``config`` defaults to ``load_config(settings.config)`` (raises
-    :class:`~gateway.config.ConfigError` at once, before anything listens); raises
+    :class:`~contracts.config.ConfigError` at once, before anything listens); raises
     :class:`~gateway.auth.InsecureSettings` for admin endpoints beyond loopback without a
     token; ``transport``
     replaces the network for in-process tests; ``rng`` seeds routing tie breaks;

@@ -12,8 +12,8 @@ from typing import Any
 
 from backends.cli import add_backends_commands, run_backends_command
 from backends.drafts.cli import add_drafts_commands, run_drafts_command
+from contracts.config import ConfigError, GatewayConfig, load_config
 from gateway.auth import InsecureSettings, build_auth
-from gateway.config import ConfigError, GatewayConfig, load_config
 from gateway.settings import Settings
 from gateway.tune import add_tune_command, run_tune
 

@@ -15,10 +15,10 @@ from types import FrameType
 from backends.checks import check_profiles
 from backends.launcher import BackendError, LocalBackend, LocalStack
 from backends.models import prepare_models, resolve_profile
-from backends.paths import CachePaths, default_cache_dir
 from backends.supervisor import RestartPolicy, Supervisor
 from backends.vllm_env import SetupError, ensure_vllm_env
-from gateway.config import GatewayConfig
+from contracts.config import GatewayConfig
+from contracts.paths import CachePaths, default_cache_dir
 from gateway.settings import Settings
 
 

@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from gateway.config import GatewayConfig
+from contracts.config import GatewayConfig
 from gateway.errors import guarded, model_not_found
 from gateway.learning import FeedbackCollector
 from gateway.protocol import (

@@ -16,8 +16,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from backends.launch_profile import BackendProfile
-from gateway.config import ConfigError, load_config
+from contracts.config import ConfigError, load_config
+from contracts.launch_profile import BackendProfile
 
 #: The repository's root (``config/``, ``../shared`` beside the clone).
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -86,7 +86,7 @@ def plain_target(config_path: Path) -> tuple[Path, str]:
     or when the target folder is missing (``specgate models prepare`` builds it).
     """
     from backends.models import resolve_profile
-    from backends.paths import CachePaths
+    from contracts.paths import CachePaths
 
     try:
         config = load_config(config_path)
@@ -152,8 +152,8 @@ def run_check(head: Path, target: Path, served: str, data: Path, settings: Any) 
 
     from backends.drafts.gate import run_gate
     from backends.launcher import BackendError
-    from backends.paths import CachePaths
     from backends.vllm_env import SetupError, ensure_vllm_env
+    from contracts.paths import CachePaths
 
     paths = CachePaths.default()
     try:

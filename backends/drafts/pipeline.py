@@ -136,7 +136,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     failed stage, else the gate's exit code)."""
     from backends.drafts.cli import parse_ks, plain_target, say
     from backends.drafts.head_check import HeadError, read_json
-    from gateway.config import ConfigError
+    from contracts.config import ConfigError
 
     try:
         if args.engine != "transformers":
@@ -191,8 +191,8 @@ def prompts_from_capture(args: argparse.Namespace) -> Path:
     for a bad line) or OSError when they cannot be used."""
     from backends.drafts.cli import say
     from backends.drafts.from_capture import convert_capture, parse_tasks, write_prompts
-    from backends.paths import CachePaths
-    from gateway.config import load_config
+    from contracts.config import load_config
+    from contracts.paths import CachePaths
 
     tasks = parse_tasks(args.tasks)
     root = args.from_capture

@@ -19,8 +19,8 @@ from backends.drafts.pipeline import (
     work_dir,
 )
 from backends.drafts.spec_env import ensure_speculators_env
-from backends.paths import CachePaths
 from backends.vllm_env import LogFn, ensure_vllm_env
+from contracts.paths import CachePaths
 
 
 def run_stages(args: argparse.Namespace, target: Path, plan: Plan, log: LogFn = print) -> None:

@@ -7,7 +7,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from gateway.routing.acceptance import AcceptanceStats, AcceptanceWindow
+from contracts.acceptance import AcceptanceStats, AcceptanceWindow
 from gateway.routing.policy import BackendSnapshot
 from gateway.upstream.circuit import CircuitBreaker
 

@@ -39,7 +39,7 @@ FIRST_ALIAS = 10  # backend i resolves to 127.0.0.(10 + i)
 #: what ``specgate serve`` checks before it binds (gateway/cli.py main): config and listener
 PREFLIGHT = """
 from gateway.auth import build_auth
-from gateway.config import load_config
+from contracts.config import load_config
 from gateway.settings import Settings
 settings = Settings()
 load_config(settings.config)

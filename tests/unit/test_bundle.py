@@ -19,8 +19,8 @@ from backends.bundle import (
     split_resolution,
     write_bundle_files,
 )
-from backends.paths import CachePaths
 from backends.vllm_env import SetupError
+from contracts.paths import CachePaths
 from gateway.launch import vllm_python
 from gateway.settings import Settings
 

@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bench.classify import DEFAULT_DATA, load_rows, scores, to_items
-from gateway.routing.classifier import TASKS, TaskGuess, classify
+from contracts.tasks import TASKS
+from gateway.routing.classifier import TaskGuess, classify
 from gateway.routing.text import read_request
 
 

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import prometheus_client
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.config import parse_config
+from contracts.config import parse_config
 from gateway.metrics import _circuit_open
 from gateway.trace import RequestTrace
 from tests.fakes.vllm_metrics import vllm_metrics_page

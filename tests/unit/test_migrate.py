@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 import yaml
 
-from backends.launch_profile import build_argv
 from backends.migrate import DROPPED, SPEC_FLAGS, MigrationError, migrate, profile_yaml
+from contracts.launch_profile import build_argv
 from gateway.cli import main
 from tests.fakes.vllm_python import VLLM_PYTHON, run_in_vllm
 

@@ -11,7 +11,6 @@ from typing import Any
 import pytest
 
 from backends.checks import ModelLookup
-from backends.launch_profile import BackendProfile, Speculation
 from backends.memory import GIB, estimate_memory
 from backends.model_info import (
     KNOWN_MODELS,
@@ -21,8 +20,9 @@ from backends.model_info import (
     load_model_info,
     safetensors_parameters,
 )
-from backends.paths import CachePaths
 from backends.plan import plan_profiles, render_plan
+from contracts.launch_profile import BackendProfile, Speculation
+from contracts.paths import CachePaths
 from gateway.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
