@@ -71,7 +71,7 @@ def launched(config_path: Path, work: Path, logs: Path) -> Iterator[tuple[Gatewa
     """Start the local backends and the gateway (their logs in ``logs``); yield (config in
     use, gateway URL)."""
     from backends.launcher import LocalStack
-    from gateway.launch import cache_paths, local_backends, prepare
+    from cli.launch import cache_paths, local_backends, prepare
     from gateway.settings import Settings
 
     free = available_gib()
@@ -93,7 +93,7 @@ def launched(config_path: Path, work: Path, logs: Path) -> Iterator[tuple[Gatewa
         [
             sys.executable,
             "-m",
-            "gateway.cli",
+            "cli",
             "serve",
             "--config",
             str(launched_path),

@@ -21,14 +21,13 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from backends.drafts.hf_stages import _read_prompts
-from backends.vllm_env import LogFn, SetupError, run_command
+from backends.vllm_env import LogFn, run_command
 
 HERE = Path(__file__).resolve().parent
 HF_STAGES, CPU_TRAIN = HERE / "hf_stages.py", HERE / "cpu_train.py"
@@ -131,85 +130,9 @@ def publish_head(source: Path, out: Path, strip: Callable[[Path], None]) -> None
     shutil.rmtree(old, ignore_errors=True)
 
 
-def cmd_train(args: argparse.Namespace) -> int:
-    """``specgate drafts train``: check inputs (exit 2), then run the stages (exit 1 on a
-    failed stage, else the gate's exit code)."""
-    from backends.drafts.cli import parse_ks, plain_target, say
-    from backends.drafts.head_check import HeadError, read_json
-    from contracts.config import ConfigError
-
-    try:
-        if args.engine != "transformers":
-            raise ValueError("--engine vllm is not implemented yet; use transformers")
-        ks = parse_ks(args.k)
-        for flag in ("epochs", "max_new_tokens", "gate_prompts", "draft_vocab_size"):
-            if getattr(args, flag) < 1:
-                raise ValueError(f"--{flag.replace('_', '-')} must be at least 1")
-        target, served = plain_target(args.config)
-        hidden_size = int(read_json(target / "config.json")["hidden_size"])
-        if args.from_capture is not None:
-            args.prompts = prompts_from_capture(args)
-        elif args.tasks is not None:
-            raise ValueError("--tasks goes with --from-capture")
-        plan = plan_run(args.prompts, args.max_samples, args.max_new_tokens, hidden_size)
-        if not args.no_gate:  # refused now, not after hours of training
-            from backends.drafts.gate import load_gate_prompts
-
-            load_gate_prompts(args.data, args.gate_prompts)
-    except (HeadError, ValueError, OSError, KeyError, ConfigError) as exc:
-        print(f"specgate drafts train: {exc}", file=sys.stderr)
-        return 2
-    say(
-        f"{plan.prompts} prompts, about {plan.tokens:,} tokens; hidden states need about "
-        f"{plan.hidden_bytes / 1e9:.2f} GB of disk (deleted after training)"
-    )
-    from backends.drafts.train_run import run_stages
-
-    try:
-        run_stages(args, target, plan, log=say)
-    except (SetupError, FileNotFoundError) as exc:
-        print(f"specgate drafts train: {exc}", file=sys.stderr)
-        return 1
-    say(f"head written: {args.out}")
-    if args.no_gate:
-        return 0
-    from backends.drafts.cli import run_check
-    from backends.drafts.gate import GateSettings
-
-    settings = GateSettings(ks=ks, prompts_per_task=args.gate_prompts)
-    return run_check(args.out, target, served, args.data, settings)
-
-
 def work_dir(args: argparse.Namespace) -> Path:
     """Where the stages write: ``--work``, else ``OUT.work``."""
     return args.work or args.out.with_name(args.out.name + ".work")  # type: ignore[no-any-return]
-
-
-def prompts_from_capture(args: argparse.Namespace) -> Path:
-    """Convert the captured prompts (``--from-capture [DIR]``, ``--tasks``) into
-    ``WORK/capture-prompts.jsonl`` and return its path; ValueError (naming ``file:line``
-    for a bad line) or OSError when they cannot be used."""
-    from backends.drafts.cli import say
-    from backends.drafts.from_capture import convert_capture, parse_tasks, write_prompts
-    from contracts.config import load_config
-    from contracts.paths import CachePaths
-
-    tasks = parse_tasks(args.tasks)
-    root = args.from_capture
-    if root is True:  # no DIR: the config's capture.dir, else the cache's capture/
-        configured = load_config(args.config).capture.dir
-        root = configured.expanduser() if configured else CachePaths.default().capture
-    found = convert_capture(root, tasks)
-    if not found.prompts:
-        raise ValueError(f"{root}: no captured prompts for {', '.join(tasks)}")
-    out = work_dir(args) / "capture-prompts.jsonl"
-    write_prompts(found.prompts, out)
-    skipped = ", ".join(f"{n} {why}" for why, n in sorted(found.skipped.items()))
-    say(
-        f"capture {root}: {found.records} records, {len(found.prompts)} distinct prompts "
-        f"({found.duplicates} duplicates{', skipped: ' + skipped if skipped else ''}) -> {out}"
-    )
-    return out
 
 
 def stage_command(python: Path, script: Path, *argv: str | Path) -> list[str]:

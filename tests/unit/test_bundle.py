@@ -20,8 +20,8 @@ from backends.bundle import (
     write_bundle_files,
 )
 from backends.vllm_env import SetupError
+from cli.launch import vllm_python
 from contracts.paths import CachePaths
-from gateway.launch import vllm_python
 from gateway.settings import Settings
 
 # The host the GPU run used (scripts/gpu/README.md), a few lines of its `pip list --format=freeze`.

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from cli.main import main
 from contracts.config import ConfigError, load_config, parse_config
-from gateway.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 

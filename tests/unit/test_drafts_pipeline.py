@@ -10,7 +10,7 @@ import pytest
 
 from backends.drafts.cpu_train import cpu_argv
 from backends.drafts.pipeline import Plan, Stages, best_checkpoint, plan_run, publish_head
-from gateway.cli import main
+from cli.main import main
 
 ROOT = Path(__file__).resolve().parents[2]
 SMOKE = ROOT / "tests" / "data" / "drafts" / "smoke_prompts.jsonl"

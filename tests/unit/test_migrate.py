@@ -10,8 +10,8 @@ import pytest
 import yaml
 
 from backends.migrate import DROPPED, SPEC_FLAGS, MigrationError, migrate, profile_yaml
+from cli.main import main
 from contracts.launch_profile import build_argv
-from gateway.cli import main
 from tests.fakes.vllm_python import VLLM_PYTHON, run_in_vllm
 
 API = "python -m vllm.entrypoints.openai.api_server"

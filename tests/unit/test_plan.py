@@ -21,9 +21,9 @@ from backends.model_info import (
     safetensors_parameters,
 )
 from backends.plan import plan_profiles, render_plan
+from cli.main import main
 from contracts.launch_profile import BackendProfile, Speculation
 from contracts.paths import CachePaths
-from gateway.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 SMOLLM2_DIR = Path("/root/.cache/specgate/models/smollm2-135m-instruct")

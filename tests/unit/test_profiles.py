@@ -8,8 +8,8 @@ import pytest
 from pydantic import ValidationError
 
 from backends.checks import ModelLookup, check_profiles
-from backends.cli import load_profile
 from backends.plan import plan_profiles
+from cli.backends import load_profile
 from contracts.launch_profile import BackendProfile, build_argv, build_serve_args
 from contracts.paths import CachePaths
 

@@ -13,9 +13,9 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
+from cli.main import main
 from contracts.config import parse_config
 from contracts.vllm_metrics import parse_vllm_metrics
-from gateway.cli import main
 from gateway.tune import window_advice
 from tests.fakes.servers import free_port, running_server
 from tests.fakes.vllm_metrics import vllm_metrics_page
