@@ -164,7 +164,7 @@ def render(model: TaskModel, source: str) -> str:
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Fit on every development item in every shape; print or write the model."""
-    from bench.classify import DEFAULT_DATA, load_rows, samples_of
+    from bench.classify_data import DEFAULT_DATA, load_rows, samples_of
     from bench.shapes import shaped
 
     ap = argparse.ArgumentParser(prog="python -m bench.classify_fit", description=__doc__)
