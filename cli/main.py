@@ -12,10 +12,10 @@ from pathlib import Path
 from cli.backends import add_backends_commands, run_backends_command
 from cli.drafts import add_drafts_commands, run_drafts_command
 from cli.serve import run_gateway
+from cli.tune import add_tune_command, run_tune
 from contracts.config import ConfigError, GatewayConfig, load_config
 from gateway.auth import InsecureSettings, build_auth
 from gateway.settings import Settings
-from gateway.tune import add_tune_command, run_tune
 
 
 def build_parser() -> argparse.ArgumentParser:

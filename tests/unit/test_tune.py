@@ -14,9 +14,9 @@ from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
 from cli.main import main
+from cli.tune import window_advice
 from contracts.config import parse_config
 from contracts.vllm_metrics import parse_vllm_metrics
-from gateway.tune import window_advice
 from tests.fakes.servers import free_port, running_server
 from tests.fakes.vllm_metrics import vllm_metrics_page
 
