@@ -25,9 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, NamedTuple
 
-from backends.launch_profile import BackendProfile
 from backends.model_info import ModelInfo, load_model_info, tokenizer_fingerprint
-from gateway.config import GatewayConfig
+from contracts.config import GatewayConfig
+from contracts.launch_profile import BackendProfile
 
 Severity = Literal["error", "warning"]
 

@@ -40,7 +40,7 @@ from backends.stack import (
     health_command,
     stack_backends,
 )
-from gateway.config import GatewayConfig
+from contracts.config import GatewayConfig
 
 
 def assign_gpus(backends: list[StackBackend]) -> dict[str, list[int]]:

@@ -38,7 +38,7 @@ from backends.stack import (
     gateway_secret_vars,
     stack_backends,
 )
-from gateway.config import GatewayConfig
+from contracts.config import GatewayConfig
 
 PART_OF = "specgate"
 GATEWAY = "specgate-gateway"

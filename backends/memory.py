@@ -27,8 +27,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from backends.checks import ModelLookup, Problem
-from backends.launch_profile import BackendProfile
 from backends.model_info import ModelInfo, bytes_per_parameter, quantization_of
+from contracts.launch_profile import BackendProfile
 
 GIB = 1024**3
 #: vLLM's default ``--gpu-memory-utilization``.

@@ -29,7 +29,7 @@ from typing import Any, Literal
 from pydantic import ValidationError
 
 from backends.checks import head_method_from_name
-from backends.launch_profile import VLLM_SERVER_MODULE, BackendProfile, Speculation
+from contracts.launch_profile import VLLM_SERVER_MODULE, BackendProfile, Speculation
 
 Action = Literal["migrated", "dropped", "kept", "passed"]
 

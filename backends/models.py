@@ -24,9 +24,9 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from backends.launch_profile import BackendProfile
-from backends.paths import CachePaths
 from backends.vllm_env import SetupError, run_command
+from contracts.launch_profile import BackendProfile
+from contracts.paths import CachePaths
 
 LogFn = Callable[[str], None]
 

@@ -14,10 +14,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from backends.checks import ModelLookup, Problem, check_profiles
-from backends.launch_profile import BackendProfile, build_argv
 from backends.memory import MemoryEstimate, estimate_memory
 from backends.models import resolve_model, resolve_profile
-from backends.paths import CachePaths
+from contracts.launch_profile import BackendProfile, build_argv
+from contracts.paths import CachePaths
 
 
 @dataclass

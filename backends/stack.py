@@ -2,7 +2,7 @@
 gateway with its config rewritten to reach them by service name.
 
 A backend with a launch profile becomes service ``vllm-<name>``: the ``vllm/vllm-openai``
-image runs ``vllm serve`` with :func:`~backends.launch_profile.build_serve_args` (the current
+image runs ``vllm serve`` with :func:`~contracts.launch_profile.build_serve_args` (the current
 ``--speculative-config`` form), listening on all interfaces at the profile's port. Backends
 without a profile are external: the gateway keeps their URLs.
 """
@@ -15,9 +15,9 @@ from typing import Any, Literal
 
 import yaml
 
-from backends.launch_profile import BackendProfile, build_serve_args
 from backends.models import LOCAL_PREFIX
-from gateway.config import GatewayConfig
+from contracts.config import GatewayConfig
+from contracts.launch_profile import BackendProfile, build_serve_args
 
 #: Default images; pin the vLLM tag you tested (``--vllm-image vllm/vllm-openai:vX.Y.Z``).
 VLLM_IMAGE = "vllm/vllm-openai:latest"

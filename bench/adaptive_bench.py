@@ -30,7 +30,8 @@ import yaml
 
 from bench.llm_client import Outcome, run_items
 from bench.procs import Server, free_port
-from bench.workloads import TASKS, Item, sample
+from bench.workloads import Item, sample
+from contracts.tasks import TASKS
 
 TARGET = "adaptive"
 STATIC = "specgate"
@@ -63,7 +64,7 @@ def adaptive_gateway(config_path: Path, work: Path, logs: Path) -> Iterator[str]
     path = work / "adaptive-config.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     port = free_port()
-    argv = [sys.executable, "-m", "gateway.cli", "serve", "--config", str(path)]
+    argv = [sys.executable, "-m", "cli", "serve", "--config", str(path)]
     server = Server(
         TARGET,
         [*argv, "--port", str(port)],

@@ -28,7 +28,7 @@ import httpx
 
 from bench.llm_client import run_items
 from bench.workloads import default_prompts_dir, sample
-from gateway.config import GatewayConfig, load_config
+from contracts.config import GatewayConfig, load_config
 from gateway.upstream.canary import compare, parse_completion
 
 

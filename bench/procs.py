@@ -1,5 +1,6 @@
-"""Child processes for benchmarks: start in their own group, wait until they answer, measure
-their CPU time from ``/proc`` (summed over the process tree), stop them and every descendant.
+"""Child processes for benchmarks: start them (``backends.process``, the launcher's own
+supervision), wait until they answer, measure their CPU time from ``/proc`` (summed over the
+process tree), stop them and every descendant.
 
 Linux only (``/proc``); benchmarks are run on the project's Linux machines.
 """
@@ -9,7 +10,6 @@ from __future__ import annotations
 import os
 import signal
 import socket
-import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -18,6 +18,8 @@ from types import TracebackType
 from typing import Any
 
 import httpx
+
+from backends import process
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -48,18 +50,7 @@ def _stat(pid: int) -> list[str] | None:
 
 def descendants(root: int) -> list[int]:
     """``root`` and every live descendant (by parent pid, from /proc)."""
-    parents: dict[int, int] = {}
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            fields = _stat(int(entry.name))
-            if fields is not None and fields[0] not in ("Z", "X"):
-                parents[int(entry.name)] = int(fields[1])
-    found = [root] if root in parents else []
-    frontier = set(found)
-    while frontier:
-        frontier = {pid for pid, ppid in parents.items() if ppid in frontier} - set(found)
-        found.extend(sorted(frontier))
-    return found
+    return sorted(pid for pid, _ in process.descendants(root))
 
 
 def cpu_seconds(root: int) -> float:
@@ -123,7 +114,8 @@ def load_average() -> float:
 
 class Server:
     """A benchmarked server process: ``with Server(...) as s:`` starts it, waits until
-    ``ready_url`` answers 2xx, and stops the whole tree on exit.
+    ``ready_url`` answers 2xx, and stops the whole tree on exit (the process itself is a
+    :class:`backends.process.ChildProcess`, as ``specgate up``'s servers are).
 
     ``cpus`` pins the process (and so its children) to those CPUs.
     """
@@ -142,32 +134,22 @@ class Server:
         self.name, self.argv, self.ready_url = name, list(argv), ready_url
         self.log_path, self.env, self.cpus = log_path, env, cpus
         self.startup_timeout_s = startup_timeout_s
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.process: process.ChildProcess | None = None
 
     @property
     def pid(self) -> int:
         """The server's pid (also its process group id)."""
-        assert self.proc is not None, "not started"
-        return self.proc.pid
+        assert self.process is not None and self.process.pid is not None, "not started"
+        return self.process.pid
 
     def start(self) -> None:
         """Spawn the server and wait until it is ready; raises RuntimeError with its log."""
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, **(self.env or {})}
-        cpus = self.cpus
-        with self.log_path.open("wb") as log:
-            self.proc = subprocess.Popen(
-                self.argv,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=env,
-                start_new_session=True,
-                preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None,  # noqa: PLW1509
-            )
+        self.process = process.ChildProcess(self.argv, self.log_path, env=env, cpus=self.cpus)
+        self.process.start()
         deadline = time.monotonic() + self.startup_timeout_s
         while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
+            if self.process.returncode is not None:
                 raise RuntimeError(f"{self.name} exited at start:\n{self.log_tail()}")
             try:
                 if httpx.get(self.ready_url, timeout=1.0).is_success:
@@ -182,37 +164,16 @@ class Server:
 
     def log_tail(self, lines: int = 15) -> str:
         """The last lines of the server's log."""
-        try:
-            text = self.log_path.read_text(errors="replace")
-        except OSError:
-            return ""
-        return "\n".join(text.splitlines()[-lines:])
+        return self.process.log_tail(lines) if self.process is not None else ""
 
     def cpu_seconds(self) -> float:
         """CPU seconds used so far by the server's process tree."""
         return cpu_seconds(self.pid)
 
     def stop(self) -> None:
-        """SIGTERM the group and every descendant, SIGKILL after 10 s, reap."""
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        tree = descendants(self.proc.pid)
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            for send, target in [(os.killpg, self.proc.pid), *((os.kill, p) for p in tree)]:
-                try:
-                    send(target, sig)
-                except (ProcessLookupError, PermissionError):
-                    pass
-            try:
-                self.proc.wait(timeout=10)
-                break
-            except subprocess.TimeoutExpired:
-                continue
-        for pid in tree:  # descendants that left the group
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+        """SIGTERM the group and every descendant, SIGKILL after 10 s, wait until all are gone."""
+        if self.process is not None:
+            self.process.stop(timeout_s=10.0)
 
     def __enter__(self) -> Server:
         self.start()

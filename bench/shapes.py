@@ -8,7 +8,7 @@ several shapes and scored on one it never saw (leave-one-shape-out, ``bench.clas
 Every shape keeps the item's task. Templates vary per item (a stable choice by the item's id),
 so no shape is a single fixed string. Shapes:
 
-- ``plain``: the item as the dataset gives it (``bench.classify.to_body``);
+- ``plain``: the item as the dataset gives it (``bench.classify_data.to_body``);
 - ``system_context``: RAG instructions and documents in the system message, the question as
   the user message; other items behind one of several system prompts;
 - ``xml_documents``: RAG documents as XML blocks (``<documents><document index=...>``,

@@ -41,8 +41,8 @@ from bench import adaptive_bench, speedup_report
 from bench.llm_client import run_items
 from bench.procs import Server, free_port, interrupt_on_sigterm
 from bench.workloads import Item, default_prompts_dir, sample, unseeded
-from gateway.config import GatewayConfig, load_config, parse_config
-from gateway.upstream.scrape import parse_vllm_metrics
+from contracts.config import GatewayConfig, load_config, parse_config
+from contracts.vllm_metrics import parse_vllm_metrics
 
 MIN_FREE_GIB = 10.0
 
@@ -71,7 +71,7 @@ def launched(config_path: Path, work: Path, logs: Path) -> Iterator[tuple[Gatewa
     """Start the local backends and the gateway (their logs in ``logs``); yield (config in
     use, gateway URL)."""
     from backends.launcher import LocalStack
-    from gateway.launch import cache_paths, local_backends, prepare
+    from cli.launch import cache_paths, local_backends, prepare
     from gateway.settings import Settings
 
     free = available_gib()
@@ -93,7 +93,7 @@ def launched(config_path: Path, work: Path, logs: Path) -> Iterator[tuple[Gatewa
         [
             sys.executable,
             "-m",
-            "gateway.cli",
+            "cli",
             "serve",
             "--config",
             str(launched_path),

@@ -11,7 +11,7 @@ from typing import Any
 
 from bench.load import percentile
 from bench.procs import machine
-from bench.workloads import TASKS
+from contracts.tasks import TASKS
 
 #: specgate's targets (issue #6): per task within 5% of the best single backend, and never
 #: slower than the plain backend overall.

@@ -1,7 +1,7 @@
 """The servers the overhead benchmark compares, each in front of the same fake upstream.
 
 * ``direct``: the fake upstream itself (the baseline);
-* ``specgate``: ``python -m gateway.cli serve`` (what ``specgate serve`` runs) with a config
+* ``specgate``: ``python -m cli serve`` (what ``specgate serve`` runs) with a config
   whose three backends (plain, ngram, draft) and rules are those of ``config/local.yaml``,
   pointed at three ports of the fake: routing, classifier, health polling and metrics
   scraping all on;
@@ -19,9 +19,9 @@ from pathlib import Path
 
 import yaml
 
-from backends.paths import default_cache_dir
 from bench.fake_upstream import MODEL
 from bench.load import API_KEY
+from contracts.paths import default_cache_dir
 
 #: Peer package requirements, installed into ``<cache>/bench-venvs/<name>``.
 PEERS: dict[str, str] = {"vllm-router": "vllm-router", "litellm": "litellm[proxy]"}
@@ -149,7 +149,7 @@ def specgate_target(
     if variant_flags:
         argv = [sys.executable, "-m", "bench.variants", *variant_flags]
     else:
-        argv = [sys.executable, "-m", "gateway.cli", "serve"]
+        argv = [sys.executable, "-m", "cli", "serve"]
     argv += ["--config", str(path), "--port", str(port)]
     # its learnt state in the run's own folder, never the shared cache
     env = {"SPECGATE_STATE_FILE": str(workdir / "specgate-state.json"), **(env or {})}

@@ -18,9 +18,9 @@ import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
+from cli.serve import run_gateway
+from contracts.config import load_config
 from gateway.app import create_app
-from gateway.cli import run_gateway
-from gateway.config import load_config
 from gateway.settings import Settings
 
 

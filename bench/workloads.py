@@ -18,7 +18,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-TASKS = ("code", "rag", "chat", "creative")
+from contracts.tasks import TASKS
+
 #: Sampling per task: code and rag answers are near-deterministic, chat and creative not.
 TEMPERATURE = {"code": 0.2, "rag": 0.0, "chat": 0.7, "creative": 1.0}
 SEED = 1234

@@ -21,9 +21,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from contracts.config import GatewayConfig, load_config
 from gateway.api import admin, health, metrics, openai, passthrough, quarantine, status
 from gateway.auth import build_auth, require_admin, require_client_key
-from gateway.config import GatewayConfig, load_config
 from gateway.errors import GatewayError, error_envelope
 from gateway.runtime import Parts, open_runtime
 from gateway.settings import Settings
@@ -42,7 +42,7 @@ def create_app(
     """Build the gateway app.
 
     ``config`` defaults to ``load_config(settings.config)`` (raises
-    :class:`~gateway.config.ConfigError` at once, before anything listens); raises
+    :class:`~contracts.config.ConfigError` at once, before anything listens); raises
     :class:`~gateway.auth.InsecureSettings` for admin endpoints beyond loopback without a
     token; ``transport``
     replaces the network for in-process tests; ``rng`` seeds routing tie breaks;

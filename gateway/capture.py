@@ -6,7 +6,7 @@ Responses ``instructions``/``input``, Anthropic ``system``/``messages``), the cl
 the endpoint and a UTC timestamp; nothing else of the request (no output, keys, headers,
 addresses or sampling fields). The request path only appends a reference to a bounded
 in-memory queue (:meth:`Capture.offer`, no I/O, no serialization); a background task hands
-batches to a worker thread that serializes and writes them (:mod:`gateway.capture_store`).
+batches to a worker thread that serializes and writes them (:mod:`contracts.capture_store`).
 A full queue drops the record, a disk error is logged once and the batch dropped, each
 counted in ``specgate_capture_dropped_total``; neither ever reaches the client.
 """
@@ -27,9 +27,9 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter
 
-from backends.paths import CachePaths, default_cache_dir
-from gateway.capture_store import CaptureStore
-from gateway.config import CaptureSettings
+from contracts.capture_store import CaptureStore
+from contracts.config import CaptureSettings
+from contracts.paths import CachePaths, default_cache_dir
 from gateway.metrics import GatewayMetrics
 from gateway.service import Gateway
 from gateway.settings import Settings

@@ -169,7 +169,7 @@ class ConfigRejected(GatewayError):
 
 
 def config_invalid(exc: Exception) -> GatewayError:
-    """400 listing a :class:`~gateway.config.ConfigError`'s issues; the old config stays."""
+    """400 listing a :class:`~contracts.config.ConfigError`'s issues; the old config stays."""
     issues = [{"path": i.path, "message": i.message} for i in getattr(exc, "issues", [])]
     return ConfigRejected(
         f"Config {getattr(exc, 'source', '')} is invalid; kept the running config.", issues

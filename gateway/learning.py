@@ -12,7 +12,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from gateway.config import AdaptiveSettings
+from contracts.config import AdaptiveSettings
 from gateway.routing.adaptive import Learner, Observation, bucket_of
 from gateway.trace import RequestTrace
 

@@ -17,7 +17,7 @@ from gateway.status import StatusPage
 from gateway.upstream.deaths import DeathWatch
 
 if TYPE_CHECKING:
-    from gateway.runtime import BackgroundTasks
+    from gateway.background import BackgroundTasks
 
 
 @dataclass(frozen=True, slots=True)

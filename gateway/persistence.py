@@ -19,7 +19,7 @@ from gateway.service import Gateway
 from gateway.settings import Settings
 
 if TYPE_CHECKING:
-    from gateway.runtime import BackgroundTasks
+    from gateway.background import BackgroundTasks
 
 logger = logging.getLogger(__name__)
 

@@ -15,15 +15,16 @@ import contextlib
 import logging
 import random
 import signal
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
+from contracts.config import ConfigError, GatewayConfig, load_config
 from gateway.auth import Auth
+from gateway.background import BackgroundTasks
 from gateway.capture import Capture, capture_lifespan
-from gateway.config import ConfigError, GatewayConfig, load_config
 from gateway.history import AcceptanceHistory
 from gateway.metrics import GatewayMetrics
 from gateway.observability import Observability, observability
@@ -43,31 +44,6 @@ from gateway.upstream.state import BackendRegistry
 
 logger = logging.getLogger(__name__)
 Processes = Callable[[], dict[str, Any]]
-
-
-class BackgroundTasks:
-    """The app's background loops (health, scraping, canary, history, learning saves):
-    started here, cancelled and awaited together by :meth:`aclose` (idempotent)."""
-
-    def __init__(self) -> None:
-        self.tasks: list[asyncio.Task[None]] = []
-
-    def start(self, work: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
-        """Run ``work`` as a task named ``name`` until :meth:`aclose`."""
-        task = asyncio.create_task(work, name=name)
-        self.tasks.append(task)
-        return task
-
-    async def aclose(self) -> None:
-        """Cancel every task and wait for them to end (a task that failed is logged)."""
-        tasks, self.tasks = self.tasks, []
-        for task in tasks:
-            task.cancel()
-        for task, outcome in zip(
-            tasks, await asyncio.gather(*tasks, return_exceptions=True), strict=True
-        ):
-            if isinstance(outcome, Exception):
-                logger.error("background task %s failed: %r", task.get_name(), outcome)
 
 
 @dataclass(frozen=True, slots=True)

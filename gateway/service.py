@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.config import GatewayConfig
+from contracts.config import GatewayConfig
 from gateway.errors import guarded, model_not_found, too_busy
 from gateway.learning import FeedbackCollector
 from gateway.protocol import (

@@ -8,7 +8,7 @@ from typing import Literal
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from backends.paths import default_cache_dir
+from contracts.paths import default_cache_dir
 
 
 class Settings(BaseSettings):

@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gateway.capture_store import capture_files
-from gateway.routing.features import TASKS
+from contracts.capture_store import capture_files
+from contracts.tasks import TASKS
 
 Messages = list[dict[str, str]]
 _ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}

@@ -29,9 +29,9 @@ from backends.drafts.gate_report import (
     summarise_k,
     verdict,
 )
-from backends.launch_profile import BackendProfile, Speculation
 from backends.launcher import LocalBackend
-from gateway.routing.acceptance import SpecCounters
+from contracts.acceptance import SpecCounters
+from contracts.launch_profile import BackendProfile, Speculation
 
 LogFn = Callable[[str], None]
 

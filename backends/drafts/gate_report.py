@@ -3,7 +3,7 @@
 Pure code (no servers): the counters come from vLLM's ``/metrics`` text
 (``vllm:spec_decode_num_drafts``, ``..._num_draft_tokens``, ``..._num_accepted_tokens`` and
 ``..._num_accepted_tokens_per_pos`` by ``position``), read with the gateway's own parser
-(prometheus_client's, ``gateway/upstream/scrape.py``).
+(prometheus_client's, ``contracts/vllm_metrics.py``).
 Mean acceptance length = 1 + accepted / drafts (vLLM's ``v1/spec_decode/metrics.py``).
 """
 
@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.routing.acceptance import SpecCounters
-from gateway.upstream.scrape import parse_vllm_metrics
+from contracts.acceptance import SpecCounters
+from contracts.vllm_metrics import parse_vllm_metrics
 
 #: A head must decode at least this much faster than plain (best task mean) to be worth serving.
 WORTH_SERVING_SPEEDUP = 1.1

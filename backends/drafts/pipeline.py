@@ -22,16 +22,16 @@ The speculators stages run in the speculators venv (``spec_env.py``). CLI-time, 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import shutil
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from backends.drafts.hf_stages import _read_prompts
-from backends.vllm_env import LogFn, SetupError, run_command
+from backends.vllm_env import LogFn, run_command
+from contracts.config import ConfigError, load_config
+from contracts.launch_profile import BackendProfile
 
 HERE = Path(__file__).resolve().parent
 HF_STAGES, CPU_TRAIN = HERE / "hf_stages.py", HERE / "cpu_train.py"
@@ -139,105 +139,9 @@ def publish_head(source: Path, out: Path, strip: Callable[[Path], None]) -> None
     shutil.rmtree(old, ignore_errors=True)
 
 
-def cmd_train(args: argparse.Namespace) -> int:
-    """``specgate drafts train``: check inputs (exit 2), then run the stages (exit 1 on a
-    failed stage, else the gate's exit code)."""
-    from backends.drafts.cli import parse_ks, plain_target, say
-    from backends.drafts.head_check import HeadError, read_json
-    from backends.drafts.vllm_distill import DistillError
-    from gateway.config import ConfigError
-
-    try:
-        if args.server is not None and args.engine != "vllm":
-            raise ValueError("--server goes with --engine vllm")
-        ks = parse_ks(args.k)
-        for flag in ("epochs", "max_new_tokens", "gate_prompts", "draft_vocab_size", "concurrency"):
-            if getattr(args, flag) < 1:
-                raise ValueError(f"--{flag.replace('_', '-')} must be at least 1")
-        target, served = plain_target(args.config)
-        hidden_size = int(read_json(target / "config.json")["hidden_size"])
-        if args.server is not None:  # a server of another model is refused before any write
-            check_given_server(args.server, target, served)
-        if args.from_capture is not None:
-            args.prompts = prompts_from_capture(args)
-        elif args.tasks is not None:
-            raise ValueError("--tasks goes with --from-capture")
-        plan = plan_run(args.prompts, args.max_samples, args.max_new_tokens, hidden_size)
-        plan = dataclasses.replace(plan, engine=args.engine)
-        if not args.no_gate:  # refused now, not after hours of training
-            from backends.drafts.gate import load_gate_prompts
-
-            load_gate_prompts(args.data, args.gate_prompts)
-    except (HeadError, ValueError, OSError, KeyError, ConfigError, DistillError) as exc:
-        print(f"specgate drafts train: {exc}", file=sys.stderr)
-        return 2
-    say(
-        f"{plan.prompts} prompts, about {plan.tokens:,} tokens; hidden states need about "
-        f"{plan.hidden_bytes / 1e9:.2f} GB of disk (deleted after training)"
-    )
-    from backends.drafts.train_run import run_stages
-    from backends.launcher import BackendError
-
-    try:
-        run_stages(args, target, plan, log=say)
-    except (SetupError, FileNotFoundError, DistillError, BackendError) as exc:
-        print(f"specgate drafts train: {exc}", file=sys.stderr)
-        return 1
-    say(f"head written: {args.out}")
-    if args.no_gate:
-        return 0
-    from backends.drafts.cli import run_check
-    from backends.drafts.gate import GateSettings
-
-    settings = GateSettings(ks=ks, prompts_per_task=args.gate_prompts)
-    return run_check(args.out, target, served, args.data, settings)
-
-
-def check_given_server(url: str, target: Path, served: str) -> None:
-    """Refuse (DistillError) a ``--server`` that cannot be reached or serves another model."""
-    import asyncio
-
-    from backends.drafts.cli import say
-    from backends.drafts.vllm_distill import DistillSettings, Server, check_server, http_client
-
-    async def check() -> None:
-        async with http_client(DistillSettings()) as client:
-            await check_server(Server(client, url), target, served, say)
-
-    asyncio.run(check())
-    say(f"{url}: serves the target ({target})")
-
-
 def work_dir(args: argparse.Namespace) -> Path:
     """Where the stages write: ``--work``, else ``OUT.work``."""
     return args.work or args.out.with_name(args.out.name + ".work")  # type: ignore[no-any-return]
-
-
-def prompts_from_capture(args: argparse.Namespace) -> Path:
-    """Convert the captured prompts (``--from-capture [DIR]``, ``--tasks``) into
-    ``WORK/capture-prompts.jsonl`` and return its path; ValueError (naming ``file:line``
-    for a bad line) or OSError when they cannot be used."""
-    from backends.drafts.cli import say
-    from backends.drafts.from_capture import convert_capture, parse_tasks, write_prompts
-    from backends.paths import CachePaths
-    from gateway.config import load_config
-
-    tasks = parse_tasks(args.tasks)
-    root = args.from_capture
-    if root is True:  # no DIR: the config's capture.dir, else the cache's capture/
-        configured = load_config(args.config).capture.dir
-        root = configured.expanduser() if configured else CachePaths.default().capture
-    found = convert_capture(root, tasks)
-    if not found.prompts:
-        raise ValueError(f"{root}: no captured prompts for {', '.join(tasks)}")
-    out = work_dir(args) / "capture-prompts.jsonl"
-    write_prompts(found.prompts, out)
-    skipped = ", ".join(f"{n} {why}" for why, n in sorted(found.skipped.items()))
-    say(
-        f"capture {root}: {found.records} records, {len(found.prompts)} distinct prompts "
-        f"({found.duplicates} duplicates{', skipped: ' + skipped if skipped else ''}) -> {out}"
-    )
-    return out
 
 
 def stage_command(python: Path, script: Path, *argv: str | Path) -> list[str]:
@@ -248,3 +152,37 @@ def stage_command(python: Path, script: Path, *argv: str | Path) -> list[str]:
 def run_logged(command: list[str], log: LogFn = print) -> list[str]:
     """:func:`~backends.vllm_env.run_command` with unbuffered Python output."""
     return run_command(command, log=log, env={"PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"})
+
+
+def plain_target(config_path: Path) -> tuple[Path, str]:
+    """The target folder and served name of the config's plain local backend (errors as
+    :func:`plain_profile`)."""
+    profile = plain_profile(config_path)
+    return Path(profile.model), profile.served_model_name
+
+
+def plain_profile(config_path: Path) -> BackendProfile:
+    """The launch profile of the config's plain local backend, ``local:`` names resolved.
+
+    Raises ValueError naming the config when it is invalid or has no plain local backend,
+    or when the target folder is missing (``specgate models prepare`` builds it).
+    """
+    from backends.models import resolve_profile
+    from contracts.paths import CachePaths
+
+    try:
+        config = load_config(config_path)
+    except ConfigError as exc:
+        raise ValueError(str(exc)) from None
+    profiles: list[BackendProfile] = [
+        b.profile
+        for b in config.backends.values()
+        if b.profile is not None and not b.profile.speculation.speculative
+    ]
+    if not profiles:
+        raise ValueError(f"{config_path}: no plain backend with a profile names the target")
+    profile = resolve_profile(profiles[0], CachePaths.default())
+    target = Path(profile.model)
+    if not (target / "config.json").is_file():
+        raise ValueError(f"{target}: target model folder missing (specgate models prepare)")
+    return profile

@@ -14,8 +14,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from backends.paths import CachePaths
 from backends.vllm_env import LogFn, run_command
+from contracts.paths import CachePaths
 
 #: speculators and the dependencies the vLLM venv lacks (its METADATA, less torchaudio).
 SPECULATORS_REQUIREMENTS: tuple[str, ...] = (

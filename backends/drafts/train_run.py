@@ -23,10 +23,10 @@ from backends.drafts.pipeline import (
     work_dir,
 )
 from backends.drafts.spec_env import ensure_speculators_env
-from backends.launch_profile import BackendProfile, Speculation
 from backends.launcher import LocalBackend
-from backends.paths import CachePaths
 from backends.vllm_env import LogFn, ensure_vllm_env
+from contracts.launch_profile import BackendProfile, Speculation
+from contracts.paths import CachePaths
 
 #: Seconds a self-started distill server may take to answer /health.
 STARTUP_TIMEOUT_S = 600.0
@@ -130,7 +130,7 @@ def distill_on_vllm(
     """The distill stage against ``args.server``, else against a plain vLLM server of the
     config's target started here (its plain backend's profile on a free port) and stopped
     at the end, on error and on Ctrl-C. Raises DistillError, BackendError."""
-    from backends.drafts.cli import plain_profile
+    from backends.drafts.pipeline import plain_profile
     from backends.drafts.vllm_distill import DistillSettings, distill_from
 
     profile = plain_profile(args.config)

@@ -6,12 +6,12 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
-from backends.launch_profile import Speculation
+from contracts.acceptance import AcceptanceWindow
+from contracts.config import ConfigError, load_config
+from contracts.launch_profile import Speculation
 from gateway.api.deps import GatewayDep, SettingsDep
 from gateway.api.openai import parse_json, read_body
-from gateway.config import ConfigError, load_config
 from gateway.errors import config_invalid
-from gateway.routing.acceptance import AcceptanceWindow
 from gateway.routing.advisor import advise_window
 from gateway.runtime import runtime_of
 from gateway.upstream.deaths import DeathWatch

@@ -1,7 +1,7 @@
 """Tuning advisor: which ``num_speculative_tokens`` (k) a speculative backend should use next.
 
-Pure code. Input: the backend's :class:`~backends.launch_profile.Speculation` (method, current
-k) and its measured :class:`~gateway.routing.acceptance.AcceptanceStats` over a window.
+Pure code. Input: the backend's :class:`~contracts.launch_profile.Speculation` (method, current
+k) and its measured :class:`~contracts.acceptance.AcceptanceStats` over a window.
 
 **The model.** Leviathan et al., 2023, "Fast Inference from Transformers via Speculative
 Decoding" (ICML), eq. (1): with an i.i.d. per-token acceptance probability ``a``, one
@@ -50,8 +50,8 @@ import json
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from backends.launch_profile import Speculation
-from gateway.routing.acceptance import AcceptanceStats, AcceptanceWindow, SpecCounters
+from contracts.acceptance import AcceptanceStats, AcceptanceWindow, SpecCounters
+from contracts.launch_profile import Speculation
 
 #: Draft cost per drafted token, relative to one target step (Leviathan's c), by method.
 DRAFT_COST = {"ngram": 0.0, "suffix": 0.0, "eagle": 0.05, "eagle3": 0.05, "mtp": 0.05}

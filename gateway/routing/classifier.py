@@ -31,6 +31,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from contracts.tasks import TASKS
 from gateway.routing import task_model
 from gateway.routing.signals import FEATURES, extract_features, read_signals
 from gateway.routing.text import RequestText, read_request
@@ -38,7 +39,6 @@ from gateway.routing.text import RequestText, read_request
 __all__ = [
     "FEATURES",
     "PRIOR",
-    "TASKS",
     "TaskGuess",
     "TaskModel",
     "classify",
@@ -48,7 +48,6 @@ __all__ = [
     "probabilities",
 ]
 
-TASKS = ("code", "rag", "chat", "creative")
 Weights = tuple[float, float, float, float]
 
 # Hand-set weights (columns as TASKS), left out of the fit and added to the fitted model.

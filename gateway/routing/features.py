@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-TASKS = ("code", "rag", "chat", "creative")
+from contracts.tasks import TASKS
 
 
 @dataclass(frozen=True, slots=True)

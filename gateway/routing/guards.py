@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from gateway.config import GatewayConfig, Guard
+from contracts.config import GatewayConfig, Guard
 from gateway.routing.policy import RouteDecision
 
 #: Tokens allowed per chat message for its template (role markers, separators).

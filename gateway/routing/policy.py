@@ -10,7 +10,7 @@ import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from gateway.config import BackendConfig, GatewayConfig
+from contracts.config import BackendConfig, GatewayConfig
 from gateway.routing.adaptive import Estimates, bucket_of
 from gateway.routing.adaptive_choice import AdaptiveChoice, choose
 from gateway.routing.features import RequestFeatures

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from gateway.config import Rule
+from contracts.config import Rule
 from gateway.routing.features import RequestFeatures
 
 

@@ -26,7 +26,7 @@ from typing import Any, Literal
 
 import httpx
 
-from gateway.config import BackendConfig, GatewayConfig
+from contracts.config import BackendConfig, GatewayConfig
 from gateway.upstream.state import BackendRegistry, BackendState
 
 logger = logging.getLogger(__name__)

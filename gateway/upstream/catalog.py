@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 
-from gateway.config import BackendConfig
+from contracts.config import BackendConfig
 from gateway.endpoints import PathTemplate, openapi_templates
 
 logger = logging.getLogger(__name__)

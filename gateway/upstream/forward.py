@@ -19,7 +19,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.config import BackendConfig
+from contracts.config import BackendConfig
 from gateway.errors import GatewayError, no_backend, sse_error_event, upstream_timeout
 from gateway.trace import RequestTrace
 from gateway.upstream.attempt import Attempt, read_head

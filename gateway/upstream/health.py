@@ -9,9 +9,9 @@ from collections.abc import Callable
 
 import httpx
 
-from gateway.config import BackendConfig, GatewayConfig
-from gateway.routing.acceptance import is_demoted
-from gateway.upstream.scrape import parse_vllm_metrics
+from contracts.acceptance import is_demoted
+from contracts.config import BackendConfig, GatewayConfig
+from contracts.vllm_metrics import parse_vllm_metrics
 from gateway.upstream.state import BackendRegistry, BackendState
 
 logger = logging.getLogger(__name__)

@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Literal
 
-from gateway.routing.acceptance import AcceptanceStats, AcceptanceWindow
+from contracts.acceptance import AcceptanceStats, AcceptanceWindow
 from gateway.routing.policy import BackendSnapshot
 from gateway.upstream.circuit import CircuitBreaker
 

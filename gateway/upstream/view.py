@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from gateway.config import BackendConfig
-from gateway.routing.acceptance import AcceptanceStats, AcceptanceWindow
+from contracts.acceptance import AcceptanceStats, AcceptanceWindow
+from contracts.config import BackendConfig
 from gateway.upstream.circuit import CircuitBreaker, CircuitState
 from gateway.upstream.state import BackendRegistry, DecisionStats, Health
 

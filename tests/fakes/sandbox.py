@@ -36,10 +36,10 @@ from pydantic import BaseModel
 
 ROOT = Path(__file__).resolve().parents[2]
 FIRST_ALIAS = 10  # backend i resolves to 127.0.0.(10 + i)
-#: what ``specgate serve`` checks before it binds (gateway/cli.py main): config and listener
+#: what ``specgate serve`` checks before it binds (cli/main.py main): config and listener
 PREFLIGHT = """
 from gateway.auth import build_auth
-from gateway.config import load_config
+from contracts.config import load_config
 from gateway.settings import Settings
 settings = Settings()
 load_config(settings.config)

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from backends.paths import CachePaths
+from contracts.paths import CachePaths
 
 #: The vLLM venv's interpreter (``specgate models prepare`` creates it; CI runs that first).
 VLLM_PYTHON = CachePaths.default().vllm_python

@@ -16,9 +16,9 @@ import pytest
 import yaml
 
 from backends.launcher import LocalStack
+from cli.launch import cache_paths, local_backends, prepare
+from contracts.config import GatewayConfig, parse_config
 from gateway.app import create_app
-from gateway.config import GatewayConfig, parse_config
-from gateway.launch import cache_paths, local_backends, prepare
 from gateway.settings import Settings
 from tests.fakes.servers import free_port, running_server
 

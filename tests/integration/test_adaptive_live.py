@@ -11,8 +11,8 @@ from typing import Any
 import httpx
 import pytest
 
+from contracts.config import GatewayConfig
 from gateway.app import create_app
-from gateway.config import GatewayConfig
 from gateway.settings import Settings
 from tests.fakes.servers import running_server
 from tests.integration.conftest import MODEL, backend_url

@@ -6,7 +6,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from gateway.config import GatewayConfig
+from contracts.config import GatewayConfig
 from gateway.upstream.canary import CANARY_PROMPTS, Canary
 from gateway.upstream.state import BackendRegistry
 

@@ -8,8 +8,8 @@ import time
 import httpx
 import pytest
 
-from gateway.config import GatewayConfig
-from gateway.upstream.scrape import parse_vllm_metrics
+from contracts.config import GatewayConfig
+from contracts.vllm_metrics import parse_vllm_metrics
 from tests.integration.conftest import MODEL, backend_url
 
 pytestmark = pytest.mark.integration

@@ -8,7 +8,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from gateway.config import GatewayConfig
+from contracts.config import GatewayConfig
 from tests.integration.conformance import ON_PURPOSE, Answer, compare, corpus, send
 from tests.integration.conftest import backend_url
 

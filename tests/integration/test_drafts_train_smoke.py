@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from backends.drafts.cli import DEFAULT_CONFIG, plain_target
 from backends.drafts.head_check import check_head
+from backends.drafts.pipeline import plain_target
+from cli.drafts import DEFAULT_CONFIG
 
 pytestmark = pytest.mark.integration
 
@@ -23,7 +24,7 @@ PROMPTS = ROOT / "tests" / "data" / "drafts" / "smoke_prompts.jsonl"
 
 
 def train(out: Path) -> subprocess.CompletedProcess[str]:
-    argv = [sys.executable, "-m", "gateway.cli", "drafts", "train", "--prompts", str(PROMPTS)]
+    argv = [sys.executable, "-m", "cli", "drafts", "train", "--prompts", str(PROMPTS)]
     argv += ["--out", str(out), "--max-new-tokens", "16", "--epochs", "1", "--no-gate"]
     return subprocess.run(argv, capture_output=True, text=True, timeout=900, cwd=ROOT)
 

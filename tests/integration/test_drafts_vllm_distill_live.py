@@ -15,12 +15,13 @@ from pathlib import Path
 import httpx
 import pytest
 
-from backends.drafts.cli import DEFAULT_CONFIG, plain_profile
 from backends.drafts.hf_stages import _sampled
+from backends.drafts.pipeline import plain_profile
 from backends.drafts.train_run import distill_on_vllm, started_server
 from backends.launcher import _port_open
-from backends.paths import CachePaths
 from backends.vllm_env import is_vllm_env_ready
+from cli.drafts import DEFAULT_CONFIG
+from contracts.paths import CachePaths
 
 pytestmark = pytest.mark.integration
 

@@ -11,7 +11,7 @@ from safetensors import safe_open
 
 from backends.drafts.gate_report import counter_delta, spec_counters
 from backends.models import HEADS_DIR
-from gateway.config import GatewayConfig
+from contracts.config import GatewayConfig
 from tests.integration.conftest import MODEL, backend_url
 
 pytestmark = pytest.mark.integration

@@ -8,8 +8,8 @@ import httpx
 import openai
 import pytest
 
+from contracts.config import GatewayConfig, parse_config
 from gateway.app import create_app
-from gateway.config import GatewayConfig, parse_config
 from gateway.settings import Settings
 from tests.fakes.servers import free_port, running_server
 from tests.integration.conftest import MODEL, backend_url, local_config_data

@@ -30,9 +30,9 @@ import pytest
 
 from backends.launcher import LocalStack
 from backends.supervisor import RestartPolicy, Supervisor
+from cli.launch import cache_paths, local_backends, prepare
+from contracts.config import GatewayConfig, parse_config
 from gateway.app import create_app
-from gateway.config import GatewayConfig, parse_config
-from gateway.launch import cache_paths, local_backends, prepare
 from gateway.settings import Settings
 from tests.fakes.servers import running_server
 from tests.integration.conftest import MODEL, local_config_data

@@ -10,8 +10,8 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.config import GatewayConfig
-from gateway.upstream.scrape import parse_vllm_metrics
+from contracts.config import GatewayConfig
+from contracts.vllm_metrics import parse_vllm_metrics
 from tests.integration.conftest import MODEL, backend_url
 
 pytestmark = pytest.mark.integration

@@ -13,8 +13,8 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
+from contracts.config import GatewayConfig, load_config
 from gateway.app import create_app
-from gateway.config import GatewayConfig, load_config
 from gateway.settings import Settings
 from tests.fakes.fake_vllm import FakeBehaviour, create_fake_vllm
 from tests.fakes.transport import BackendsTransport

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from gateway.routing.acceptance import AcceptanceWindow, SpecCounters, is_demoted
-from gateway.upstream.scrape import parse_vllm_metrics
+from contracts.acceptance import AcceptanceWindow, SpecCounters, is_demoted
+from contracts.vllm_metrics import parse_vllm_metrics
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 

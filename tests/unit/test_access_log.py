@@ -67,7 +67,7 @@ def test_log_level_setting_applies_to_the_access_log(monkeypatch: pytest.MonkeyP
     """``SPECGATE_LOG_LEVEL=warning`` drops the per-request lines, not only uvicorn's."""
     import uvicorn
 
-    from gateway.cli import run_gateway
+    from cli.serve import run_gateway
     from gateway.settings import Settings
 
     served: list[object] = []

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from gateway.config import ConfigError, GatewayConfig, parse_config
+from contracts.config import ConfigError, GatewayConfig, parse_config
 from gateway.routing.adaptive import Learner, Observation
 from gateway.routing.features import RequestFeatures
 from gateway.routing.policy import BackendSnapshot, RoutingPolicy

@@ -14,8 +14,8 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
+from contracts.config import parse_config
 from gateway.app import create_app
-from gateway.config import parse_config
 from gateway.service import Gateway
 from gateway.settings import Settings
 from gateway.trace import RequestTrace

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from backends.launch_profile import Speculation
-from gateway.routing.acceptance import AcceptanceStats, AcceptanceWindow, SpecCounters
+from contracts.acceptance import AcceptanceStats, AcceptanceWindow, SpecCounters
+from contracts.launch_profile import Speculation
+from contracts.vllm_metrics import parse_vllm_metrics
 from gateway.routing.advisor import (
     advise,
     advise_window,
@@ -16,7 +17,6 @@ from gateway.routing.advisor import (
     expected_tokens,
     fit_alpha,
 )
-from gateway.upstream.scrape import parse_vllm_metrics
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 NGRAM = Speculation(

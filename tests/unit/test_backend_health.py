@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from gateway.config import parse_config
+from contracts.config import parse_config
 from gateway.upstream.state import BackendState, health_of
 from tests.unit.conftest import MODEL, InProcess
 

@@ -19,9 +19,9 @@ from backends.bundle import (
     split_resolution,
     write_bundle_files,
 )
-from backends.paths import CachePaths
 from backends.vllm_env import SetupError
-from gateway.launch import vllm_python
+from cli.launch import vllm_python
+from contracts.paths import CachePaths
 from gateway.settings import Settings
 
 # The host the GPU run used (scripts/gpu/README.md), a few lines of its `pip list --format=freeze`.

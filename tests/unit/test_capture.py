@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
+from contracts.capture_store import CaptureStore, capture_files
+from contracts.config import CaptureSettings, ConfigError, GatewayConfig, parse_config
 from gateway.capture import Capture, CaptureMetrics
-from gateway.capture_store import CaptureStore, capture_files
-from gateway.config import CaptureSettings, ConfigError, GatewayConfig, parse_config
 from tests.unit.conftest import MODEL, gateway_settings, in_process, local_config
 
 SECRET = "sk-client-secret-4242"

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 from backends.checks import ModelLookup, Problem, check_backends, check_profiles
-from backends.launch_profile import BackendProfile, Speculation
 from backends.model_info import KNOWN_MODELS
-from gateway.config import load_config
+from contracts.config import load_config
+from contracts.launch_profile import BackendProfile, Speculation
 
 ROOT = Path(__file__).resolve().parents[2]
 L8B, L1B = "meta-llama/Llama-3.1-8B-Instruct", "meta-llama/Llama-3.2-1B-Instruct"

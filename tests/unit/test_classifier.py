@@ -9,8 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bench.classify import DEFAULT_DATA, load_rows, scores, to_items
-from gateway.routing.classifier import TASKS, TaskGuess, classify
+from bench.classify import scores
+from bench.classify_data import DEFAULT_DATA, load_rows, to_items
+from contracts.tasks import TASKS
+from gateway.routing.classifier import TaskGuess, classify
 from gateway.routing.text import read_request
 
 

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gateway.cli import main
-from gateway.config import ConfigError, load_config, parse_config
+from cli.main import main
+from contracts.config import ConfigError, load_config, parse_config
 
 ROOT = Path(__file__).resolve().parents[2]
 

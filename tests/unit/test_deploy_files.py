@@ -21,8 +21,8 @@ import yaml
 from backends.compose import build_compose
 from backends.k8s import build_manifests, prerequisites
 from backends.stack import ADMIN_TOKEN_VAR, API_KEYS_VAR, GATEWAY_CONFIG_PATH, StackError
-from gateway.cli import main
-from gateway.config import load_config, parse_config
+from cli.main import main
+from contracts.config import load_config, parse_config
 
 ROOT = Path(__file__).resolve().parents[2]
 SOURCE = "config/production.example.yaml"

@@ -28,7 +28,7 @@ from backends.stack import (
     gateway_secret_vars,
     service_name,
 )
-from gateway.config import load_config
+from contracts.config import load_config
 from tests.fakes.deployment import (
     BackendService,
     ContainerRun,

@@ -13,8 +13,8 @@ import pytest
 from backends.drafts import train_run
 from backends.drafts.from_capture import convert_capture, parse_tasks, to_prompts
 from backends.drafts.hf_stages import _read_prompts
-from gateway.capture_store import CaptureStore
-from gateway.cli import main
+from cli.main import main
+from contracts.capture_store import CaptureStore
 
 HI = [{"role": "user", "content": "hi"}]
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from backends.drafts.cli import parse_ks
+from backends.drafts.commands import parse_ks
 from backends.drafts.gate import load_gate_prompts
 from backends.drafts.gate_report import (
     TaskTiming,

@@ -10,7 +10,7 @@ import pytest
 
 from backends.drafts.cpu_train import cpu_argv
 from backends.drafts.pipeline import Plan, Stages, best_checkpoint, plan_run, publish_head
-from gateway.cli import main
+from cli.main import main
 
 ROOT = Path(__file__).resolve().parents[2]
 SMOKE = ROOT / "tests" / "data" / "drafts" / "smoke_prompts.jsonl"
@@ -128,7 +128,7 @@ def test_check_refuses_bad_heads_before_any_server(
 
 def test_speculators_env_is_ready_only_with_a_matching_marker(tmp_path: Path) -> None:
     from backends.drafts import spec_env
-    from backends.paths import CachePaths
+    from contracts.paths import CachePaths
 
     paths = CachePaths(tmp_path)
     python = spec_env.speculators_python(paths)

@@ -18,7 +18,7 @@ from backends.drafts.vllm_distill import (
     ServerMismatch,
     distill_from,
 )
-from gateway.cli import main
+from cli.main import main
 from tests.fakes.fake_vllm import FakeBehaviour, create_fake_vllm
 from tests.fakes.fake_vllm_extra import fake_token_id, fake_words
 from tests.fakes.servers import free_port, running_server

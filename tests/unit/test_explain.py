@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.cli import main
+from cli.main import main
 from tests.unit.conftest import MODEL, InProcess
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from gateway.config import ConfigError, parse_config
+from contracts.config import ConfigError, parse_config
 from gateway.routing.features import RequestFeatures
 from gateway.routing.guards import apply_guards, needs_token_count, prompt_tokens_bound
 from gateway.service import Gateway

@@ -8,8 +8,8 @@ import json
 import httpx
 import pytest
 
+from contracts.config import BackendConfig
 from gateway.app import create_app
-from gateway.config import BackendConfig
 from gateway.settings import Settings
 from gateway.trace import RequestTrace
 from gateway.upstream.client import HttpxUpstream

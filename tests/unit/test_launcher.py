@@ -11,8 +11,8 @@ from typing import Protocol
 
 import pytest
 
-from backends.launch_profile import BackendProfile
 from backends.launcher import BackendError, LocalBackend, LocalStack
+from contracts.launch_profile import BackendProfile
 
 # argv: MODE PORT PIDFILE. Serves /health (200, or 503 while "warming up"/"never"), and in some
 # modes first starts a grandchild and writes its pid to PIDFILE once it runs.

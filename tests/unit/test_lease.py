@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from gateway.config import BackendConfig
+from contracts.config import BackendConfig
 from gateway.quarantine import QuarantineTable
 from gateway.trace import RequestTrace
 from gateway.upstream.attempt import Attempt

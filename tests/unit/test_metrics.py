@@ -10,7 +10,7 @@ from pathlib import Path
 import prometheus_client
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.config import parse_config
+from contracts.config import parse_config
 from gateway.trace import RequestTrace
 from tests.fakes.vllm_metrics import vllm_metrics_page
 from tests.unit.conftest import MODEL, InProcess

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 import yaml
 
-from backends.launch_profile import build_argv
 from backends.migrate import DROPPED, SPEC_FLAGS, MigrationError, migrate, profile_yaml
-from gateway.cli import main
+from cli.main import main
+from contracts.launch_profile import build_argv
 from tests.fakes.vllm_python import VLLM_PYTHON, run_in_vllm
 
 API = "python -m vllm.entrypoints.openai.api_server"

@@ -11,7 +11,6 @@ from typing import Any
 import pytest
 
 from backends.checks import ModelLookup
-from backends.launch_profile import BackendProfile, Speculation
 from backends.memory import GIB, estimate_memory
 from backends.model_info import (
     KNOWN_MODELS,
@@ -21,9 +20,10 @@ from backends.model_info import (
     load_model_info,
     safetensors_parameters,
 )
-from backends.paths import CachePaths
 from backends.plan import plan_profiles, render_plan
-from gateway.cli import main
+from cli.main import main
+from contracts.launch_profile import BackendProfile, Speculation
+from contracts.paths import CachePaths
 
 ROOT = Path(__file__).resolve().parents[2]
 SMOLLM2_DIR = Path("/root/.cache/specgate/models/smollm2-135m-instruct")

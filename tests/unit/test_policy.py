@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.config import load_config
+from contracts.config import load_config
+from contracts.tasks import TASKS
 from gateway.routing.features import RequestFeatures
 from gateway.routing.policy import BackendSnapshot, RoutingPolicy
 
@@ -157,7 +158,7 @@ snapshots = st.builds(
 
 
 @given(
-    task=st.sampled_from(["code", "rag", "chat", "creative"]),
+    task=st.sampled_from(TASKS),
     temperature=st.none() | st.floats(0, 2),
     state=st.fixed_dictionaries({n: snapshots for n in BACKENDS}),
     seed=st.integers(0, 2**32),

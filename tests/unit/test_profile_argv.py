@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from backends.launch_profile import BackendProfile, Speculation, build_argv
 from backends.models import LOCAL_MODELS, resolve_model, resolve_profile
-from backends.paths import CachePaths, default_cache_dir
 from backends.vllm_env import MARKER_NAME, SetupError, is_vllm_env_ready, run_command
+from contracts.launch_profile import BackendProfile, Speculation, build_argv
+from contracts.paths import CachePaths, default_cache_dir
 
 PY = "/venv/bin/python"
 BASE = [PY, "-m", "vllm.entrypoints.openai.api_server", "--model", "/m/target"]

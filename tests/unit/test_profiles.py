@@ -8,10 +8,10 @@ import pytest
 from pydantic import ValidationError
 
 from backends.checks import ModelLookup, check_profiles
-from backends.cli import load_profile
-from backends.launch_profile import BackendProfile, build_argv, build_serve_args
-from backends.paths import CachePaths
 from backends.plan import plan_profiles
+from cli.backends import load_profile
+from contracts.launch_profile import BackendProfile, build_argv, build_serve_args
+from contracts.paths import CachePaths
 
 PROFILES = Path(__file__).resolve().parents[2] / "backends" / "profiles"
 L8B = "meta-llama/Llama-3.1-8B-Instruct"

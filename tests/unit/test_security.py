@@ -11,9 +11,9 @@ import pytest
 import yaml
 from pydantic import SecretStr
 
+from cli.main import main
 from gateway.app import create_app
 from gateway.auth import InsecureSettings
-from gateway.cli import main
 from gateway.settings import Settings
 from tests.fakes.fake_vllm import FakeBehaviour, create_fake_vllm
 from tests.fakes.transport import BackendsTransport

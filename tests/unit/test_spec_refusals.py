@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from gateway.config import GatewayConfig
+from contracts.config import GatewayConfig
 from gateway.routing.features import RequestFeatures
 from gateway.routing.policy import BackendSnapshot, RoutingPolicy
 from gateway.routing.spec_params import SpecParams, names_speculation

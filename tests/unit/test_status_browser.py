@@ -17,8 +17,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from contracts.config import parse_config
 from gateway.app import create_app
-from gateway.config import parse_config
 from gateway.settings import Settings
 from tests.fakes.fake_vllm import FakeBehaviour, create_fake_vllm
 from tests.fakes.servers import running_server

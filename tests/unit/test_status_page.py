@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from contracts.acceptance import AcceptanceStats
 from gateway.history import AcceptanceHistory
-from gateway.routing.acceptance import AcceptanceStats
 from gateway.status import SPARK_H, SPARK_W, sparkline
 from gateway.upstream.state import BackendRegistry
 from tests.unit.conftest import MODEL, InProcess

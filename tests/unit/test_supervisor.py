@@ -12,9 +12,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from backends.launch_profile import BackendProfile
 from backends.launcher import LocalBackend, LocalStack
 from backends.supervisor import RestartPolicy, Supervisor, error_lines
+from contracts.launch_profile import BackendProfile
 from tests.fakes.servers import free_port
 
 # argv: PORT MODE COUNTFILE. Counts its starts in COUNTFILE; POST /die exits (code 7) after

@@ -13,10 +13,10 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
-from gateway.cli import main
-from gateway.config import parse_config
-from gateway.tune import window_advice
-from gateway.upstream.scrape import parse_vllm_metrics
+from cli.main import main
+from cli.tune import window_advice
+from contracts.config import parse_config
+from contracts.vllm_metrics import parse_vllm_metrics
 from tests.fakes.servers import free_port, running_server
 from tests.fakes.vllm_metrics import vllm_metrics_page
 

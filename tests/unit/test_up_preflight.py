@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from backends import launcher
-from gateway import launch
-from gateway.config import parse_config
+from cli import launch
+from contracts.config import parse_config
 from gateway.settings import Settings
 
 #: Known model cards (backends.model_info.KNOWN_MODELS): 128,256 vs 151,936 tokens.

@@ -21,10 +21,10 @@ from typing import Any
 
 import httpx
 
-from gateway.config import BackendConfig, ConfigError, load_config
-from gateway.routing.acceptance import AcceptanceWindow, SpecCounters
+from contracts.acceptance import AcceptanceWindow, SpecCounters
+from contracts.config import BackendConfig, ConfigError, load_config
+from contracts.vllm_metrics import parse_vllm_metrics
 from gateway.routing.advisor import Advice, advise_window
-from gateway.upstream.scrape import parse_vllm_metrics
 
 
 @dataclass(frozen=True, slots=True)

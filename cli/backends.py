@@ -23,9 +23,9 @@ import yaml
 from pydantic import ValidationError
 
 from backends.bundle import DEFAULT_EXTRA, DEFAULT_VLLM
-from backends.launch_profile import BackendProfile
 from backends.stack import ADMIN_MODES, GATEWAY_IMAGE, VLLM_IMAGE, StackError
-from gateway.config import ConfigError, GatewayConfig, load_config
+from contracts.config import ConfigError, GatewayConfig, load_config
+from contracts.launch_profile import BackendProfile
 
 
 def add_backends_commands(sub: Any) -> None:
@@ -238,7 +238,7 @@ def _bundle(args: argparse.Namespace) -> int:
         read_have,
     )
     from backends.models import fetch_model_source
-    from backends.paths import CachePaths
+    from contracts.paths import CachePaths
 
     repo = Path(__file__).resolve().parent.parent
     source = repo if (repo / "pyproject.toml").is_file() else None

@@ -27,9 +27,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from backends.launch_profile import BackendProfile, Speculation
-
-Task = Literal["code", "rag", "chat", "creative"]
+from contracts.launch_profile import BackendProfile, Speculation
+from contracts.tasks import TASKS, Task
 
 
 class _Strict(BaseModel):
@@ -257,7 +256,7 @@ class CaptureSettings(_Strict):
     dir: Path | None = None
     max_bytes: int = Field(default=64 * MiB, ge=1024)
     max_file_bytes: int = Field(default=8 * MiB, ge=1024)
-    tasks: list[Task] = ["code", "rag", "chat", "creative"]
+    tasks: list[Task] = list(TASKS)
     sample: float = Field(default=1.0, ge=0, le=1)
 
     @model_validator(mode="after")

@@ -15,10 +15,11 @@ from types import FrameType
 from backends.checks import check_profiles
 from backends.launcher import BackendError, LocalBackend, LocalStack
 from backends.models import prepare_models, resolve_profile
-from backends.paths import CachePaths, default_cache_dir
 from backends.supervisor import RestartPolicy, Supervisor
 from backends.vllm_env import SetupError, ensure_vllm_env
-from gateway.config import GatewayConfig
+from cli.serve import run_gateway
+from contracts.config import GatewayConfig
+from contracts.paths import CachePaths, default_cache_dir
 from gateway.settings import Settings
 
 
@@ -100,8 +101,6 @@ def up(settings: Settings, config: GatewayConfig, *, startup_timeout_s: float) -
     SIGINT or SIGTERM at any point stops the gateway and every process this started.
     Returns the exit code (0 on a clean stop, 1 when a check failed or a backend did not start).
     """
-    from gateway.cli import run_gateway
-
     signal.signal(signal.SIGTERM, _interrupt)
     started = time.monotonic()
     paths = cache_paths(settings)

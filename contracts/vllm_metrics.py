@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.routing.acceptance import SpecCounters
+from contracts.acceptance import SpecCounters
 
 _GAUGES = {
     "vllm:num_requests_running": "running",

@@ -6,16 +6,16 @@ import argparse
 import json
 import logging
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
-from backends.cli import add_backends_commands, run_backends_command
-from backends.drafts.cli import add_drafts_commands, run_drafts_command
+from cli.backends import add_backends_commands, run_backends_command
+from cli.drafts import add_drafts_commands, run_drafts_command
+from cli.serve import run_gateway
+from cli.tune import add_tune_command, run_tune
+from contracts.config import ConfigError, GatewayConfig, load_config
 from gateway.auth import InsecureSettings, build_auth
-from gateway.config import ConfigError, GatewayConfig, load_config
 from gateway.settings import Settings
-from gateway.tune import add_tune_command, run_tune
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -141,39 +141,6 @@ def cmd_explain(config_path: Path, task_type: str | None) -> int:
     return 0
 
 
-def run_gateway(
-    settings: Settings,
-    config: GatewayConfig,
-    processes: Callable[[], dict[str, Any]] | None = None,
-) -> None:
-    """Run the gateway in the foreground with uvicorn until SIGINT/SIGTERM.
-
-    On SIGTERM uvicorn stops accepting connections and lets requests in flight (streams
-    included) finish for up to ``shutdown_grace_s`` seconds before closing them.
-    Raises :class:`~gateway.auth.InsecureSettings` for an unsafe listener. ``processes``:
-    the supervisor's view of the local backends (``specgate up``).
-    """
-    import uvicorn
-
-    from gateway.app import create_app
-
-    logging.getLogger().setLevel(settings.log_level.upper())
-    app = create_app(settings, config=config, processes=processes)
-    uvicorn.run(
-        app,
-        host=settings.host,
-        port=settings.port,
-        log_level=settings.log_level,
-        timeout_graceful_shutdown=settings.shutdown_grace_s,
-        # uvloop and httptools (both from uvicorn[standard]) named, not left to "auto", so a
-        # missing one fails loudly instead of silently halving throughput; uvicorn's own
-        # access log off: specgate.access already logs one richer line per request.
-        loop="uvloop",
-        http="httptools",
-        access_log=False,
-    )
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``specgate`` console script; returns the exit code."""
     args = build_parser().parse_args(argv)
@@ -193,7 +160,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_drafts_command(args)
     if args.command == "models":
         from backends.vllm_env import SetupError
-        from gateway.launch import prepare
+        from cli.launch import prepare
 
         try:
             prepare(Settings())
@@ -215,7 +182,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "serve":
         run_gateway(settings, config)
         return 0
-    from gateway.launch import up
+    from cli.launch import up
 
     return up(settings, config, startup_timeout_s=args.startup_timeout)
 

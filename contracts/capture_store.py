@@ -21,10 +21,12 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+from contracts.tasks import TASKS
+
 logger = logging.getLogger(__name__)
 
 #: A capture file's name: its creation time (UTC, microseconds) and its task.
-FILE_NAME = re.compile(r"^\d{8}T\d{6}\.\d{6}Z-(code|rag|chat|creative)\.jsonl$")
+FILE_NAME = re.compile(r"^\d{8}T\d{6}\.\d{6}Z-(" + "|".join(TASKS) + r")\.jsonl$")
 
 
 @dataclass(slots=True)

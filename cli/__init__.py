@@ -1,0 +1,1 @@
+"""The ``specgate`` command line: the top layer, over gateway/, backends/ and contracts/."""

@@ -1,0 +1,43 @@
+"""``specgate serve``: the gateway in the foreground under uvicorn (also what ``up`` ends in)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from contracts.config import GatewayConfig
+from gateway.settings import Settings
+
+
+def run_gateway(
+    settings: Settings,
+    config: GatewayConfig,
+    processes: Callable[[], dict[str, Any]] | None = None,
+) -> None:
+    """Run the gateway in the foreground with uvicorn until SIGINT/SIGTERM.
+
+    On SIGTERM uvicorn stops accepting connections and lets requests in flight (streams
+    included) finish for up to ``shutdown_grace_s`` seconds before closing them.
+    Raises :class:`~gateway.auth.InsecureSettings` for an unsafe listener. ``processes``:
+    the supervisor's view of the local backends (``specgate up``).
+    """
+    import uvicorn
+
+    from gateway.app import create_app
+
+    logging.getLogger().setLevel(settings.log_level.upper())
+    app = create_app(settings, config=config, processes=processes)
+    uvicorn.run(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        timeout_graceful_shutdown=settings.shutdown_grace_s,
+        # uvloop and httptools (both from uvicorn[standard]) named, not left to "auto", so a
+        # missing one fails loudly instead of silently halving throughput; uvicorn's own
+        # access log off: specgate.access already logs one richer line per request.
+        loop="uvloop",
+        http="httptools",
+        access_log=False,
+    )
