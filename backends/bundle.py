@@ -66,7 +66,10 @@ class Target:
 
     def platforms(self) -> list[str]:
         """pip ``--platform`` tags, newest first (pip matches tags exactly, PEP 600)."""
-        major, minor = (int(p) for p in self.glibc.split(".")[:2])
+        try:
+            major, minor = (int(p) for p in self.glibc.split(".")[:2])
+        except ValueError:
+            raise BundleError(f"--glibc {self.glibc!r}: expected a version like 2.39") from None
         if major != 2 or minor < 17:
             raise BundleError(f"glibc {self.glibc}: manylinux wheels need glibc 2.17 or later")
         tags = [f"manylinux_2_{n}_{self.arch}" for n in range(minor, 16, -1)]

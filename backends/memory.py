@@ -110,7 +110,10 @@ def parse_human_int(text: str) -> int:
     units |= {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
     text = text.strip()
     if text and text[-1] in units:
-        return int(float(text[:-1]) * units[text[-1]])
+        number = text[:-1]
+        if text[-1].isupper() and not number.isdigit():
+            raise ValueError(f"{text!r}: binary suffixes take whole numbers (vLLM refuses it)")
+        return int(float(number) * units[text[-1]])
     return int(text)
 
 
@@ -183,11 +186,16 @@ def estimate_memory(
     weights = sum(line.gib for line in lines)
     fixed = _arg_value(profile, "--kv-cache-memory-bytes")
     kv_fixed = False
+    bad_kv: list[Problem] = []
     if fixed is not None:
         try:
             size = parse_human_int(fixed)
-        except ValueError:
-            notes.append(f"--kv-cache-memory-bytes {fixed!r} not understood: not used")
+            if size <= 0:
+                raise ValueError("must be positive")
+        except ValueError as exc:
+            msg = f"--kv-cache-memory-bytes {fixed!r}: {exc} (e.g. 6G = 6 GiB, 6g = 6e9 bytes)"
+            bad_kv.append(Problem(name, "extra_args", msg))
+            notes.append("--kv-cache-memory-bytes not understood: KV cache estimated without it")
         else:
             kv_fixed = True
             per_token_all = sum(b for _, b in kv_lines)
@@ -214,7 +222,7 @@ def estimate_memory(
         else ENGINE_OVERHEAD_GIB,
         kv_fixed=kv_fixed,
     )
-    return estimate, _memory_problems(name, estimate)
+    return estimate, bad_kv + _memory_problems(name, estimate)
 
 
 def _dtype_bytes(dtype: str | None) -> float:
@@ -222,6 +230,23 @@ def _dtype_bytes(dtype: str | None) -> float:
 
 
 def _memory_problems(name: str, e: MemoryEstimate) -> list[Problem]:
+    if e.kv_fixed:  # vLLM sizes nothing from gpu_memory_utilization then
+        kv_bytes = (e.need_gib - e.weights_gib) * GIB
+        tokens = int(kv_bytes // e.kv_bytes_per_token) if e.kv_bytes_per_token else 0
+        if tokens < e.context:
+            msg = (
+                f"the fixed KV cache holds {tokens:,} tokens, under one {e.context:,}-token "
+                "sequence: vLLM will not start (a larger --kv-cache-memory-bytes or a smaller "
+                "max_model_len)"
+            )
+            return [Problem(name, "extra_args", msg)]
+        if e.expected_gib > e.gpu_memory_gib:
+            msg = (
+                f"expects {e.expected_gib:.2f} GiB per GPU with its fixed KV cache, over the "
+                f"GPU's {e.gpu_memory_gib:g} GiB"
+            )
+            return [Problem(name, "extra_args", msg)]
+        return []
     budget = f"{e.budget_gib:.2f} GiB ({e.gpu_memory_gib:g} GiB x {e.utilization:g})"
     one_sequence = e.weights_gib + e.kv_bytes_per_token * e.context / GIB
     if one_sequence > e.budget_gib:

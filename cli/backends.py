@@ -60,8 +60,9 @@ def add_backends_commands(sub: Any) -> None:
     bundle.add_argument(
         "--extra",
         action="append",
-        default=list(DEFAULT_EXTRA),
-        help="more requirements (repeatable; default: %(default)s)",
+        default=None,
+        help="more requirements (repeatable); given, they replace the default "
+        f"{', '.join(DEFAULT_EXTRA)} (vLLM 0.26's version fix)",
     )
     bundle.add_argument(
         "--have",
@@ -226,6 +227,16 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _have_lines(path: Path) -> list[str]:
+    """The lines of ``--have``; BundleError naming the flag when unreadable or not text."""
+    from backends.bundle import BundleError
+
+    try:
+        return path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise BundleError(f"--have {path}: {exc}") from None
+
+
 def _bundle(args: argparse.Namespace) -> int:
     from importlib.metadata import requires
 
@@ -244,9 +255,10 @@ def _bundle(args: argparse.Namespace) -> int:
     source = repo if (repo / "pyproject.toml").is_file() else None
     own = [r for r in (requires("specgate") or []) if "extra ==" not in r]
     try:
-        have = read_have(args.have.read_text(encoding="utf-8").splitlines()) if args.have else {}
+        have = read_have(_have_lines(args.have)) if args.have else {}
         models = [] if args.no_models else [fetch_model_source(CachePaths.default())]
-        reqs = [args.vllm, *args.extra, *own, *([] if args.no_models else MODEL_TOOLS)]
+        extra = DEFAULT_EXTRA if args.extra is None else args.extra
+        reqs = [args.vllm, *extra, *own, *([] if args.no_models else MODEL_TOOLS)]
         target = Target(python_version=args.python_version, arch=args.arch, glibc=args.glibc)
         make_bundle(
             args.output,

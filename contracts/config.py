@@ -261,6 +261,8 @@ class CaptureSettings(_Strict):
 
     @model_validator(mode="after")
     def _file_fits(self) -> CaptureSettings:
+        if self.dir is not None and str(self.dir).strip() in ("", "."):
+            raise ValueError("dir must name a folder (leave it out for capture/ under the cache)")
         if self.max_file_bytes > self.max_bytes:
             raise ValueError("max_file_bytes must not exceed max_bytes")
         return self

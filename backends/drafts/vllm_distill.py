@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -115,8 +116,16 @@ class Server:
 async def check_server(server: Server, target: Path, served: str, log: LogFn = print) -> None:
     """Pick the served model (``served``, else the only one) and refuse a server whose
     tokenizer is not the target's; sets ``server.model``. Raises DistillError."""
+    bad = DistillError(f"--server {server.url!r}: expected a URL like http://HOST:PORT")
     if not server.url.startswith(("http://", "https://")):
-        raise DistillError(f"--server {server.url!r}: expected a URL like http://HOST:PORT")
+        raise bad
+    try:
+        parts = urlsplit(server.url)
+        parts.port  # noqa: B018  (raises ValueError for a port outside 0-65535)
+    except ValueError:
+        raise bad from None
+    if not parts.hostname:
+        raise bad
     try:
         names = [m["id"] for m in (await server.call("GET", "/v1/models"))["data"]]
     except (KeyError, TypeError):

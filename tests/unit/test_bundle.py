@@ -206,3 +206,28 @@ def test_check_pip_needs_a_recent_pip(tmp_path: Path, version: str, ok: bool) ->
     else:
         with pytest.raises(BundleError, match=r"pip 23.2.1: the bundle needs pip >= 24.0"):
             check_pip(str(python))
+
+
+@pytest.mark.parametrize("glibc", ["abc", "2", "2.x"])
+def test_glibc_that_is_not_a_version(glibc: str) -> None:
+    with pytest.raises(BundleError, match=f"--glibc '{glibc}': expected a version like 2.39"):
+        Target(glibc=glibc).platforms()
+
+
+def test_have_file_that_is_not_text(tmp_path: Path) -> None:
+    from cli.backends import _have_lines
+
+    binary = tmp_path / "bin.txt"
+    binary.write_bytes(bytes(range(256)))
+    with pytest.raises(BundleError, match="--have .*bin.txt"):
+        _have_lines(binary)
+    with pytest.raises(BundleError, match="--have .*missing.txt"):
+        _have_lines(tmp_path / "missing.txt")
+
+
+def test_extra_replaces_the_default() -> None:
+    from cli.main import build_parser
+
+    parse = build_parser().parse_args
+    assert parse(["backends", "bundle", "-o", "x"]).extra is None  # then DEFAULT_EXTRA
+    assert parse(["backends", "bundle", "-o", "x", "--extra", "idna"]).extra == ["idna"]

@@ -247,6 +247,7 @@ def test_a_record_larger_than_a_file_is_dropped(tmp_path: Path) -> None:
         ({"tasks": ["code", "poetry"]}, "capture.tasks.1"),
         ({"sample": 1.5}, "capture.sample"),
         ({"enabled": True, "outputs": True}, "capture.outputs"),
+        ({"enabled": True, "dir": ""}, "dir must name a folder"),
     ],
 )
 def test_capture_config_is_validated(capture: dict[str, Any], problem: str) -> None:

@@ -138,6 +138,9 @@ def test_an_unreachable_or_bad_url_is_a_clear_error(target: Path, tmp_path: Path
         run(dead, target, prompts, out)
     with pytest.raises(DistillError, match="expected a URL like http://HOST:PORT"):
         run("localhost:8000", target, prompts, out)
+    for bad in ("http://127.0.0.1:99999", "http://:8000", "http://[::1"):
+        with pytest.raises(DistillError, match="expected a URL like http://HOST:PORT"):
+            run(bad, target, prompts, out)
     assert not out.exists()
 
 

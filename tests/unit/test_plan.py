@@ -290,3 +290,28 @@ def test_fixed_kv_cache_and_expected_memory(lookup: ModelLookup) -> None:
     assert round(memory.lines[1].gib, 3) == round(6e9 / GIB, 3)  # lowercase: powers of 1000
     text = render_plan(plan_profiles({"plain": p}, lookup=lookup))
     assert "expected" in text and "what nvidia-smi shows" in text
+
+
+@pytest.mark.parametrize("size", ["abc", "1.5G", "-1", "0", "6GiB", "1e9"])
+def test_kv_cache_size_vllm_would_refuse_is_an_error(lookup: ModelLookup, size: str) -> None:
+    p = profile(dtype="float16", max_model_len=8192, extra_args=["--kv-cache-memory-bytes", size])
+    _, problems = estimate_memory("plain", p, lookup)
+    assert [(x.field, x.severity) for x in problems][:1] == [("extra_args", "error")]
+    assert size in problems[0].message
+
+
+def test_fixed_kv_cache_under_one_sequence_or_over_the_gpu(lookup: ModelLookup) -> None:
+    small = profile(
+        dtype="float16", max_model_len=8192, extra_args=["--kv-cache-memory-bytes", "512M"]
+    )
+    _, problems = estimate_memory("plain", small, lookup)
+    assert "under one 8,192-token sequence" in problems[0].message  # 128 KiB/token: 4,096
+    big = profile(
+        dtype="float16",
+        max_model_len=8192,
+        gpu_memory_gb=24,
+        extra_args=["--kv-cache-memory-bytes", "20G"],
+    )
+    _, problems = estimate_memory("plain", big, lookup)
+    assert [(x.field, x.severity) for x in problems] == [("extra_args", "error")]
+    assert "over the GPU's 24 GiB" in problems[0].message
