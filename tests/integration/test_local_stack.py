@@ -132,7 +132,8 @@ def test_task_header_routes_and_routes_counts(gateway_url: str, client: openai.O
     assert by_rule["creative-plain"] == before["by_rule"].get("creative-plain", 0) + 1
     assert by_rule["code-rag-speculative"] == before["by_rule"].get("code-rag-speculative", 0) + 1
     served = {b["name"]: b["requests"] for b in after["backends"]}
-    assert served[chosen] == before["by_backend"].get(chosen, 0) + 1
+    # the creative request went to plain too
+    assert served[chosen] == before["by_backend"].get(chosen, 0) + 1 + (chosen == "plain")
     assert all(b["healthy"] for b in after["backends"])
 
 
