@@ -81,7 +81,7 @@ bench)
         --prompts .gpu/prompts --out "$out" 2>&1 | tail -60
     "$PY" -m bench.speedup --config "$ROOT/gpu-static.yaml" --gateway http://127.0.0.1:8010 \
         --adaptive --adaptive-gateway http://127.0.0.1:8000 --prompts .gpu/prompts \
-        --per-task 16 --max-tokens 128 --concurrency "${CONCURRENCY:-1,8,32}" --warmup 20 \
+        --per-task 8 --max-tokens 64 --concurrency "${CONCURRENCY:-1,8,32}" --warmup 10 --settle 0.05 \
         --out "$out/speedup" 2>&1 | grep -v -e '^bench: ' -e 'it/s' | tail -60
     curl -s localhost:8000/routes > "$out/routes-adaptive.json" || true
     cp "$ROOT/up.log" "$out/" 2>/dev/null || true
