@@ -20,7 +20,6 @@ Resolution and download need the package index; nothing here runs vLLM or import
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 import shutil
@@ -34,6 +33,8 @@ from typing import Any
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
+
+from backends.models import sha256_file
 
 LogFn = Callable[[str], None]
 
@@ -250,15 +251,6 @@ def resolve(
         return parse_report(json.loads(report.read_text(encoding="utf-8")))
 
 
-def sha256_of(path: Path) -> str:
-    """Hex sha256 of a file, read in 1 MiB blocks."""
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        while block := f.read(1 << 20):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def download(
     packages: Sequence[Resolved],
     target: Target,
@@ -327,7 +319,7 @@ def write_bundle_files(
                     {
                         "path": f"{folder}/{path.name}",
                         "bytes": path.stat().st_size,
-                        "sha256": sha256_of(path),
+                        "sha256": sha256_file(path),
                     }
                 )
     manifest = {
