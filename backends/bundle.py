@@ -311,7 +311,7 @@ def write_bundle_files(
     if own_wheel is not None:
         reqs.append(f"specgate @ file:./wheels/{own_wheel.name}")
     (out / "requirements.txt").write_text("\n".join(reqs) + "\n", encoding="utf-8")
-    files = []
+    files: list[dict[str, Any]] = []
     for folder in ("wheels", "downloads"):
         for path in sorted((out / folder).glob("*")):
             if path.is_file() and _SAFE.match(path.name):

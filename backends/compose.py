@@ -58,7 +58,7 @@ def assign_gpus(backends: list[StackBackend]) -> dict[str, list[int]]:
         if b.profile.gpus:
             assigned[b.name] = list(b.profile.gpus)
             continue
-        mine = []
+        mine: list[int] = []
         while len(mine) < b.gpu_count:
             if next_free not in taken:
                 mine.append(next_free)

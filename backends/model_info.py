@@ -120,21 +120,32 @@ class ModelInfo:
                 return section[key]
         return default
 
+    def get_int(self, key: str) -> int | None:
+        """A whole-number ``config.json`` value (see :meth:`get`); None when absent or not
+        an integer (booleans are not counted)."""
+        value = self.get(key)
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+    def get_str(self, key: str) -> str | None:
+        """A text ``config.json`` value (see :meth:`get`); None when absent or not text."""
+        value = self.get(key)
+        return value if isinstance(value, str) else None
+
     @property
     def vocab_size(self) -> int | None:
-        return self.get("vocab_size")
+        return self.get_int("vocab_size")
 
     @property
     def hidden_size(self) -> int | None:
-        return self.get("hidden_size")
+        return self.get_int("hidden_size")
 
     @property
     def model_type(self) -> str | None:
-        return self.get("model_type")
+        return self.get_str("model_type")
 
     @property
     def checkpoint_dtype(self) -> str | None:
-        return self.get("torch_dtype") or self.get("dtype")
+        return self.get_str("torch_dtype") or self.get_str("dtype")
 
     def kv_bytes_per_token(self, element_bytes: float, tensor_parallel: int = 1) -> float:
         """KV cache bytes per token on one GPU: ``2 x layers x kv_heads x head_dim x bytes``.
@@ -143,14 +154,14 @@ class ModelInfo:
         (``kv_lora_rank``) store one latent of ``kv_lora_rank + qk_rope_head_dim`` per layer.
         Only full-attention layers count when ``layer_types`` names them.
         """
-        layers = self.get("num_hidden_layers", 0)
-        if types := self.get("layer_types"):
+        layers = self.get_int("num_hidden_layers") or 0
+        if isinstance(types := self.get("layer_types"), list) and types:
             layers = sum(1 for t in types if t in ("full_attention", "attention"))
-        if rank := self.get("kv_lora_rank"):
-            return layers * (rank + self.get("qk_rope_head_dim", 0)) * element_bytes
-        heads = self.get("num_attention_heads", 1)
-        kv_heads = self.get("num_key_value_heads") or heads
-        head_dim = self.get("head_dim") or self.get("hidden_size", 0) // heads
+        if rank := self.get_int("kv_lora_rank"):
+            return layers * (rank + (self.get_int("qk_rope_head_dim") or 0)) * element_bytes
+        heads = self.get_int("num_attention_heads") or 1
+        kv_heads = self.get_int("num_key_value_heads") or heads
+        head_dim = self.get_int("head_dim") or (self.get_int("hidden_size") or 0) // heads
         per_gpu = max(1, math.ceil(kv_heads / tensor_parallel))
         return 2 * layers * per_gpu * head_dim * element_bytes
 
@@ -181,7 +192,7 @@ def count_parameters(c: dict[str, Any]) -> int:
         mlp = 3 * h * c["intermediate_size"]
     embed = c["vocab_size"] * h
     head = 0 if c.get("tie_word_embeddings", False) else embed
-    return layers * (attn + mlp + 2 * h) + embed + head + h
+    return int(layers * (attn + mlp + 2 * h) + embed + head + h)
 
 
 def hf_hub_cache(environ: dict[str, str] | None = None) -> Path:

@@ -53,7 +53,7 @@ class RestartPolicy:
 
     def delay(self, consecutive_failures: int) -> float:
         """Seconds to wait before the next start, after ``consecutive_failures`` (>= 1)."""
-        return min(self.max_backoff_s, self.backoff_s * 2 ** max(0, consecutive_failures - 1))
+        return min(self.max_backoff_s, self.backoff_s * 2.0 ** max(0, consecutive_failures - 1))
 
     def allows(self, restarts: deque[float], now: float) -> bool:
         """Whether another restart fits the window (``restarts``: monotonic start times)."""

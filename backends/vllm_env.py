@@ -97,7 +97,7 @@ def is_vllm_env_ready(paths: CachePaths) -> bool:
     if not paths.vllm_python.exists() or not marker.is_file():
         return False
     try:
-        return json.loads(marker.read_text()) == _expected_marker()
+        return bool(json.loads(marker.read_text()) == _expected_marker())
     except (OSError, ValueError):
         return False
 

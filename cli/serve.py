@@ -33,7 +33,8 @@ def run_gateway(
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
-        timeout_graceful_shutdown=settings.shutdown_grace_s,
+        # uvicorn hints int, but hands the value to asyncio.wait_for: seconds as a float work.
+        timeout_graceful_shutdown=settings.shutdown_grace_s,  # type: ignore[arg-type]
         # uvloop and httptools (both from uvicorn[standard]) named, not left to "auto", so a
         # missing one fails loudly instead of silently halving throughput; uvicorn's own
         # access log off: specgate.access already logs one richer line per request.

@@ -31,7 +31,7 @@ import os
 import tempfile
 import time
 from pathlib import Path
-from typing import Literal
+from typing import Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -39,8 +39,8 @@ from gateway.routing.adaptive import BackendStats, GroupStats, Learner
 
 logger = logging.getLogger(__name__)
 
-KIND = "specgate.adaptive-routing"
-VERSION = 2
+KIND: Final = "specgate.adaptive-routing"
+VERSION: Final = 2
 
 
 class _Frozen(BaseModel):

@@ -169,8 +169,8 @@ class BackendCollector(Collector):
             spec = backend.spec
             info.add_metric([name, spec.method, backend.base_url, backend.served_model], 1)
             healthy.add_metric([name], 1.0 if view.available else 0.0)
-            for value in HEALTH_STATES:
-                health.add_metric([name, value], 1.0 if view.health == value else 0.0)
+            for state in HEALTH_STATES:
+                health.add_metric([name, state], 1.0 if view.health == state else 0.0)
             circuit.add_metric([name], 1.0 if view.circuit_open else 0.0)
             inflight.add_metric([name], view.inflight)
             running.add_metric([name], view.running)

@@ -39,17 +39,17 @@ def patch_for_cpu() -> None:
     from speculators.train import trainer
 
     cpu = torch.device("cpu")
-    torch.accelerator.synchronize = lambda *args, **kwargs: None  # type: ignore[assignment]
+    torch.accelerator.synchronize = lambda *args, **kwargs: None
     # Trainer.__init__ reads get_local_rank() and moves the model there (setup_model), and
     # every batch later: the CPU device instead of the integer rank.
-    trainer.get_local_rank = lambda: cpu  # type: ignore[assignment]
+    trainer.get_local_rank = lambda: cpu
     original_init = trainer.Trainer.__init__
 
     def init_on_cpu(self: Any, *args: Any, **kwargs: Any) -> None:
         original_init(self, *args, **kwargs)
         self.device_type = "cpu"  # torch.autocast(self.device_type, ...) while training
 
-    trainer.Trainer.__init__ = init_on_cpu  # type: ignore[method-assign]
+    trainer.Trainer.__init__ = init_on_cpu
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -78,7 +78,8 @@ def _checked(record: Any) -> dict[str, Any]:
         raise ValueError("not a JSON object")
     if record.get("task") not in TASKS:
         raise ValueError(f"task {record.get('task')!r} is not one of {', '.join(TASKS)}")
-    fields = _FIELDS.get(record.get("endpoint"))
+    endpoint = record.get("endpoint")
+    fields = _FIELDS.get(endpoint) if isinstance(endpoint, str) else None
     if fields is None:
         raise ValueError(f"endpoint {record.get('endpoint')!r} is not a routed endpoint")
     if not any(name in record for name in fields):

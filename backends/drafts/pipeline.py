@@ -120,7 +120,7 @@ def best_checkpoint(ckpt: Path) -> Path:
     raise FileNotFoundError(f"{ckpt}: no checkpoint with config.json and model.safetensors")
 
 
-def publish_head(source: Path, out: Path, strip: Callable[[Path], None]) -> None:
+def publish_head(source: Path, out: Path, strip: Callable[[Path], object]) -> None:
     """Copy ``source``'s head files to ``OUT.tmp``, ``strip`` it there, then rename it to
     ``out`` (an old ``out`` is replaced only once the new head is complete)."""
     tmp = out.with_name(out.name + ".tmp")
@@ -144,7 +144,7 @@ def work_dir(args: argparse.Namespace) -> Path:
     return args.work or args.out.with_name(args.out.name + ".work")  # type: ignore[no-any-return]
 
 
-def stage_command(python: Path, script: Path, *argv: str | Path) -> list[str]:
+def stage_command(python: Path, script: Path, *argv: str | Path | int) -> list[str]:
     """``[python, script, *argv]`` as strings."""
     return [str(python), str(script), *map(str, argv)]
 

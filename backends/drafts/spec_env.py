@@ -59,7 +59,7 @@ def is_speculators_env_ready(paths: CachePaths) -> bool:
     if not speculators_python(paths).exists() or not marker.is_file():
         return False
     try:
-        return json.loads(marker.read_text()) == _expected_marker(paths)
+        return bool(json.loads(marker.read_text()) == _expected_marker(paths))
     except (OSError, ValueError):
         return False
 

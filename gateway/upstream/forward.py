@@ -263,7 +263,7 @@ class Forwarder:
     async def _judge(self, attempt: Attempt, response: UpstreamResponse) -> _Settled | str:
         """Settle an answer's status: a 5xx is looked at closer (its head read: a death, or
         a retryable failure, closes it), a status outside 200-599 fails over."""
-        chunks, head = response.chunks(), []
+        chunks, head = response.chunks(), list[bytes]()
         if 500 <= response.status <= 599:  # a dying backend answers so: look closer
             head, broken = await read_head(chunks)
             death = await attempt.died(f"HTTP {response.status}", b"".join(head))
