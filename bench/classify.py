@@ -42,7 +42,7 @@ from bench.classify_data import (
 )
 from bench.shapes import SHAPES, shaped
 from contracts.tasks import TASKS
-from gateway.routing.classifier import (
+from gateway.classify.classifier import (
     SHIPPED,
     TaskModel,
     classify,

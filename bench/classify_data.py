@@ -10,8 +10,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from gateway.routing.signals import read_signals
-from gateway.routing.text import read_request
+from gateway.classify.signals import read_signals
+from gateway.classify.text import read_request
 
 DEFAULT_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "datasets" / "prompts"
 Item = tuple[str, str, dict[str, Any]]  # (id, task, request body)

@@ -1,5 +1,5 @@
 """``specgate tune --config FILE``: read the live speculative backends' acceptance and print
-the ``num_speculative_tokens`` to use next (see :mod:`gateway.routing.advisor`).
+the ``num_speculative_tokens`` to use next (see :mod:`gateway.speculation.advisor`).
 
 vLLM's ``spec_decode`` counters are cumulative since the server started. The command reads
 each backend's ``/metrics`` twice, ``--interval`` seconds apart (default 10), and advises on
@@ -24,7 +24,7 @@ import httpx
 from contracts.acceptance import AcceptanceWindow, SpecCounters
 from contracts.config import BackendConfig, ConfigError, load_config
 from contracts.vllm_metrics import parse_vllm_metrics
-from gateway.routing.advisor import Advice, advise_window
+from gateway.speculation.advisor import Advice, advise_window
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +71,7 @@ def window_advice(
 ) -> Advice | None:
     """Advice over ``first -> second`` (``seconds`` apart) when that holds at least
     ``min_drafts`` drafts, else over the newest read's counters since server start (see
-    :func:`~gateway.routing.advisor.advise_window`)."""
+    :func:`~gateway.speculation.advisor.advise_window`)."""
     window = AcceptanceWindow(window_s=max(seconds, 1.0) * 2)
     window.add(0.0, first)
     if second is not None:

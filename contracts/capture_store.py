@@ -7,7 +7,7 @@ would pass ``max_bytes``, the oldest ones are deleted first. Other files in the 
 never touched. The directory is created 0700, files 0600.
 
 Blocking code: :class:`CaptureStore` runs in the capture's worker thread, never on the event
-loop (see :mod:`gateway.capture`).
+loop (see :mod:`gateway.telemetry.capture`).
 """
 
 from __future__ import annotations

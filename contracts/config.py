@@ -242,7 +242,7 @@ MiB = 1024 * 1024
 
 class CaptureSettings(_Strict):
     """Opt-in recording of routed requests' prompts for training draft heads
-    (``specgate drafts train --from-capture``; see :mod:`gateway.capture`).
+    (``specgate drafts train --from-capture``; see :mod:`gateway.telemetry.capture`).
 
     ``enabled``: off by default; ``dir``: where the JSONL files go (default ``capture/``
     under the cache dir, ``SPECGATE_CACHE_DIR``); ``max_bytes``: the dataset's total size,

@@ -7,13 +7,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from gateway.access_log import AccessLog
-from gateway.containment_metrics import ContainmentCollector
-from gateway.history import AcceptanceHistory
-from gateway.metrics import GatewayMetrics
 from gateway.service import Gateway
 from gateway.settings import Settings
-from gateway.status import StatusPage
+from gateway.telemetry.access_log import AccessLog
+from gateway.telemetry.containment_metrics import ContainmentCollector
+from gateway.telemetry.history import AcceptanceHistory
+from gateway.telemetry.metrics import GatewayMetrics
+from gateway.telemetry.status import StatusPage
 from gateway.upstream.deaths import DeathWatch
 
 if TYPE_CHECKING:

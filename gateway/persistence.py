@@ -3,7 +3,7 @@
 :func:`persisted_learning` loads the state file into the gateway's learner before the app
 serves, saves it every ``state_save_interval_s`` when something was learnt (serialized on the
 event loop, written in a worker thread), after every config reload, and on shutdown. The file
-format and its atomic write are in :mod:`gateway.learning_store`.
+format and its atomic write are in :mod:`gateway.learning.store`.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import logging
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
-from gateway.learning_store import LearningStore
+from gateway.learning.store import LearningStore
 from gateway.service import Gateway
 from gateway.settings import Settings
 

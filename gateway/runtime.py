@@ -24,15 +24,14 @@ import httpx
 from contracts.config import ConfigError, GatewayConfig, load_config
 from gateway.auth import Auth
 from gateway.background import BackgroundTasks
-from gateway.capture import Capture, capture_lifespan
-from gateway.history import AcceptanceHistory
-from gateway.metrics import GatewayMetrics
 from gateway.observability import Observability, observability
 from gateway.persistence import persisted_learning
-from gateway.quarantine import QuarantineTable
 from gateway.service import Gateway
 from gateway.settings import Settings
-from gateway.status import StatusPage
+from gateway.telemetry.capture import Capture, capture_lifespan
+from gateway.telemetry.history import AcceptanceHistory
+from gateway.telemetry.metrics import GatewayMetrics
+from gateway.telemetry.status import StatusPage
 from gateway.upstream.affinity import ResponseAffinity
 from gateway.upstream.canary import Canary
 from gateway.upstream.catalog import BackendCatalog
@@ -40,6 +39,7 @@ from gateway.upstream.client import AiohttpUpstream, HttpxUpstream, UpstreamClie
 from gateway.upstream.deaths import DeathWatch
 from gateway.upstream.forward import Forwarder
 from gateway.upstream.health import HealthPoller
+from gateway.upstream.quarantine import QuarantineTable
 from gateway.upstream.state import BackendRegistry
 
 logger = logging.getLogger(__name__)

@@ -13,23 +13,23 @@ from dataclasses import dataclass
 from typing import Any
 
 from contracts.config import GatewayConfig
-from gateway.errors import guarded, model_not_found, too_busy
-from gateway.learning import FeedbackCollector
-from gateway.protocol import (
+from gateway.classify.classifier import classify_text
+from gateway.classify.features import RequestFeatures, header_task, read_temperature
+from gateway.classify.protocol import (
     RoutedFields,
     kind_of,
     read_fields,
     routing_view,
 )
-from gateway.routing.classifier import classify_text
+from gateway.classify.text import RequestText, read_request
+from gateway.errors import guarded, model_not_found, too_busy
+from gateway.learning.observer import FeedbackCollector
 from gateway.routing.explain import decision_json
-from gateway.routing.features import RequestFeatures, header_task, read_temperature
 from gateway.routing.guards import apply_guards
 from gateway.routing.load import break_even
 from gateway.routing.policy import RouteDecision, RoutingPolicy
-from gateway.routing.prompt_stats import PromptStats, prompt_stats, stats_of
-from gateway.routing.spec_params import SpecParams
-from gateway.routing.text import RequestText, read_request
+from gateway.speculation.prompt_stats import PromptStats, prompt_stats, stats_of
+from gateway.speculation.spec_params import SpecParams
 from gateway.trace import RequestTrace
 from gateway.upstream.state import BackendRegistry, DecisionStats
 from gateway.upstream.view import BackendView, backend_views
@@ -219,7 +219,7 @@ class Gateway:
         """Read routing features from a routing view (see :func:`routing_view`); the
         sampling parameters speculation refuses on ``endpoint`` are read from ``raw_body``
         (the client's own body; default ``body``); ``text``: the view's
-        :func:`~gateway.routing.text.read_request`, when already read.
+        :func:`~gateway.classify.text.read_request`, when already read.
 
         ``model`` None (absent or unreadable) is the first served model, as vLLM serves
         its only model then. Raises :class:`~gateway.errors.GatewayError` 404 when no
@@ -262,7 +262,7 @@ class Gateway:
         endpoint: str = "/v1/chat/completions",
     ) -> tuple[RequestFeatures, PromptStats | None]:
         """Routing features and prompt statistics of a routing view, from one bounded read
-        of its prompt (:func:`~gateway.routing.text.read_request`) shared by the classifier
+        of its prompt (:func:`~gateway.classify.text.read_request`) shared by the classifier
         and the statistics. Arguments and errors as for :meth:`features`."""
         wanted = self._wants_prompt_stats()
         text: RequestText | None | _Unread = UNREAD
@@ -277,7 +277,7 @@ class Gateway:
         self, body: Any, task_header: str | None, endpoint: str | None = None
     ) -> dict[str, Any]:
         """The decision for a body of a routed ``endpoint`` (default: guessed from the body,
-        see :func:`~gateway.protocol.kind_of`) against the current state, without calling a
+        see :func:`~gateway.classify.protocol.kind_of`) against the current state, without calling a
         backend or counting it (see :func:`decision_json` for the shape). Raises
         :class:`~gateway.errors.GatewayError` 400/404 as the real endpoint would.
         """

@@ -37,7 +37,7 @@ class Settings(BaseSettings):
     max_inflight: int = Field(default=1024, ge=1)
     circuit_failures: int = Field(default=5, ge=1)
     circuit_cooldown_s: float = Field(default=10.0, gt=0)
-    # containment of queries of death (gateway/quarantine.py, gateway/upstream/deaths.py):
+    # containment of queries of death (gateway/upstream/quarantine.py, gateway/upstream/deaths.py):
     # seconds a request in flight at a backend death is refused (0: never refused), the
     # table's bound, deaths with several requests in flight before each is quarantined, and
     # the /health probe that tells a death from an ordinary failure
@@ -89,7 +89,7 @@ class Settings(BaseSettings):
     cache_dir: Path | None = (
         None  # vLLM venv, local models, backend logs; default ~/.cache/specgate
     )
-    # what adaptive routing learnt (gateway/learning_store.py): loaded at start, saved every
+    # what adaptive routing learnt (gateway/learning/store.py): loaded at start, saved every
     # interval when it changed, on config reload and on shutdown; default
     # <cache_dir>/state/adaptive-routing.json; state_persist=false keeps it in memory only
     state_file: Path | None = None

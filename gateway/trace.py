@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from gateway.routing.features import RequestFeatures
-    from gateway.routing.prompt_stats import PromptStats
+    from gateway.classify.features import RequestFeatures
+    from gateway.speculation.prompt_stats import PromptStats
 
 _USAGE_MARK = b'"completion_tokens"'
 logger = logging.getLogger(__name__)

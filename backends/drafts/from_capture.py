@@ -1,5 +1,5 @@
 """``specgate drafts train --from-capture [DIR]``: the gateway's captured prompts (config
-``capture:``, :mod:`gateway.capture`) as the ``{"id", "messages"}`` prompts JSONL the
+``capture:``, :mod:`gateway.telemetry.capture`) as the ``{"id", "messages"}`` prompts JSONL the
 pipeline reads.
 
 Each record's prompt becomes chat messages with text content: chat ``messages`` as sent

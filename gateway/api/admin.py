@@ -12,8 +12,8 @@ from contracts.launch_profile import Speculation
 from gateway.api.deps import GatewayDep, SettingsDep
 from gateway.api.openai import parse_json, read_body
 from gateway.errors import config_invalid
-from gateway.routing.advisor import advise_window
 from gateway.runtime import runtime_of
+from gateway.speculation.advisor import advise_window
 from gateway.upstream.deaths import DeathWatch
 
 router = APIRouter(tags=["admin"])

@@ -28,10 +28,10 @@ from fastapi import APIRouter, Request
 from starlette.routing import Route
 
 from gateway.api.deps import GatewayDep
+from gateway.api.relay import Send, relay
 from gateway.api.settle import Settle, pin
 from gateway.auth import check_client_key, header_text
-from gateway.errors import GatewayError, bad_request, no_backend, quarantined, too_busy
-from gateway.protocol import (
+from gateway.classify.protocol import (
     ChatCompletionFields,
     CompletionFields,
     MessagesFields,
@@ -40,7 +40,7 @@ from gateway.protocol import (
     openapi_body,
     read_fields,
 )
-from gateway.quarantine import QuarantineTable, fingerprint
+from gateway.errors import GatewayError, bad_request, no_backend, quarantined, too_busy
 from gateway.routing.guards import needs_token_count
 from gateway.routing.policy import RouteDecision
 from gateway.runtime import Runtime, runtime_of
@@ -48,13 +48,12 @@ from gateway.service import Gateway
 from gateway.trace import RequestTrace
 from gateway.upstream.catalog import merge_cards
 from gateway.upstream.feedback import ResponseTap, with_usage
-from gateway.upstream.forward import Forwarder, Upstream, read_all
+from gateway.upstream.quarantine import QuarantineTable, fingerprint
 from gateway.upstream.tokens import count_prompt_tokens
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
 Kind = type[RoutedFields]
 
 logger = logging.getLogger(__name__)
@@ -87,10 +86,6 @@ ENDPOINTS: tuple[tuple[str, Kind, str, str], ...] = (
         "Messages",
         "Anthropic Messages, routed to one backend; JSON or SSE as the client asked.",
     ),
-)
-#: Response headers the gateway sets itself (a backend's own are dropped).
-_OWN_HEADERS = frozenset(
-    {b"x-specgate-backend", b"x-specgate-rule", b"x-specgate-task", b"x-request-id"}
 )
 
 
@@ -261,7 +256,7 @@ class ProxyEndpoint:
         assert task is not None
         watcher = asyncio.ensure_future(_cancel_on_disconnect(receive, task))
         try:
-            await _forward(
+            await relay(
                 gateway,
                 state.forwarder,
                 decision,
@@ -280,61 +275,6 @@ class ProxyEndpoint:
             trace.finish(499, "client_closed")
         finally:
             watcher.cancel()
-
-
-async def _forward(
-    gateway: Gateway,
-    forwarder: Forwarder,
-    decision: RouteDecision,
-    path: str,
-    request: tuple[bytes, Any],
-    headers: dict[str, str],
-    trace: RequestTrace,
-    tap: ResponseTap | None,
-    send: Send,
-    settle: Settle,
-) -> None:
-    def count_failover(_backend: str, _why: str) -> None:
-        gateway.stats.failovers += 1
-
-    async def open_on(order: tuple[str, ...], tap: ResponseTap | None) -> Upstream:
-        return await forwarder.open(
-            gateway.config.backends,
-            gateway.registry.states,
-            order,
-            path=path,
-            body=request[0],
-            headers=headers,
-            trace=trace,
-            on_failure=count_failover,
-            tap=tap,
-            request=request[1],
-        )
-
-    first = await open_on(decision.backends, tap)
-    try:
-        upstream = await settle.settle(first, open_on)
-    except BaseException:
-        await first.aclose()  # idempotent: a refusal retried was closed already
-        raise
-    gateway.stats.by_backend[upstream.backend] += 1
-    out = [(k, v) for k, v in upstream.headers if k not in _OWN_HEADERS]
-    out += [
-        (b"x-specgate-backend", upstream.backend.encode()),
-        (b"x-specgate-rule", decision.rule.encode()),
-        (b"x-specgate-task", decision.features.task.encode()),
-        (b"x-request-id", trace.request_id.encode()),
-    ]
-    try:
-        if trace.stream:
-            await _relay_stream(upstream, out, send)
-            return
-        content = await read_all(upstream)
-    finally:
-        await upstream.aclose()
-    out.append((b"content-length", str(len(content)).encode()))
-    await send({"type": "http.response.start", "status": upstream.status, "headers": out})
-    await send({"type": "http.response.body", "body": content})
 
 
 async def _guard(
@@ -360,14 +300,6 @@ def refuse_quarantined(table: QuarantineTable, path: str, body: Any) -> None:
     remaining = (entry.quarantined_until or 0.0) - table.clock()
     logger.info("refused quarantined request, fingerprint %s", fp)
     raise quarantined(fp, death.backend, death.signal, remaining)
-
-
-async def _relay_stream(upstream: Upstream, headers: list[tuple[bytes, bytes]], send: Send) -> None:
-    """Send the status and headers, then each upstream chunk as it arrives."""
-    await send({"type": "http.response.start", "status": upstream.status, "headers": headers})
-    async for chunk in upstream.body:
-        await send({"type": "http.response.body", "body": chunk, "more_body": True})
-    await send({"type": "http.response.body", "body": b""})
 
 
 async def send_error(send: Send, error: GatewayError) -> None:

@@ -2,9 +2,9 @@
 
 ``/{path}`` (any method, after every other route): a path a backend lists in its
 ``/openapi.json`` (:class:`~gateway.upstream.catalog.BackendCatalog`) and that
-:func:`~gateway.endpoints.is_client_path` allows is relayed to a healthy backend listing it,
-serving the body's ``model`` when it names one: plain backends first, then the least loaded
-(a stored Response's paths go to the backend that created it, see
+:func:`~gateway.upstream.endpoints.is_client_path` allows is relayed to a healthy backend
+listing it, serving the body's ``model`` when it names one: plain backends first, then the
+least loaded (a stored Response's paths go to the backend that created it, see
 :mod:`gateway.upstream.affinity`). Operator paths answer 404 here and are relayed only at
 ``/routes/backends/{backend}{path}``, behind the admin token (:data:`admin_router`).
 Unknown paths are 404, known paths with another method 405, in OpenAI's envelope.
@@ -27,12 +27,18 @@ from starlette.responses import Response, StreamingResponse
 
 from gateway.api.deps import GatewayDep, SettingsDep
 from gateway.api.openai import read_body
-from gateway.endpoints import OWN_PATHS, STATEFUL_TEMPLATES, PathTemplate, is_client_path, match
+from gateway.classify.protocol import ROUTED
 from gateway.errors import GatewayError, model_not_found, no_backend
-from gateway.protocol import ROUTED
 from gateway.runtime import runtime_of
 from gateway.service import Gateway
 from gateway.upstream.catalog import BackendCatalog
+from gateway.upstream.endpoints import (
+    OWN_PATHS,
+    STATEFUL_TEMPLATES,
+    PathTemplate,
+    is_client_path,
+    match,
+)
 from gateway.upstream.forward import client_headers, upstream_headers
 
 logger = logging.getLogger(__name__)

@@ -4,7 +4,7 @@ Two things the routed endpoints need that plain forwarding does not give:
 
 * **speculation refusals**: a speculative backend answers a request it cannot serve with a
   400 naming speculative decoding (a stream: 200, then an error event). The gateway learns
-  the parameters named (:class:`~gateway.routing.spec_params.SpecParams`), routes the
+  the parameters named (:class:`~gateway.speculation.spec_params.SpecParams`), routes the
   request again without that speculation method, and the client gets the plain backend's
   answer as if nothing happened (the refused attempt is not traced or counted as served).
 * **Response affinity**: a ``POST /v1/responses`` answer's id is remembered with the backend
@@ -23,11 +23,11 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.protocol import ResponsesFields, RoutedFields
-from gateway.routing.features import RequestFeatures
+from gateway.classify.features import RequestFeatures
+from gateway.classify.protocol import ResponsesFields, RoutedFields
 from gateway.routing.policy import RouteDecision
-from gateway.routing.spec_params import names_speculation
 from gateway.service import Gateway
+from gateway.speculation.spec_params import names_speculation
 from gateway.trace import RequestTrace
 from gateway.upstream.affinity import ResponseAffinity, response_id
 from gateway.upstream.feedback import ResponseTap

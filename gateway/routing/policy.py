@@ -11,12 +11,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from contracts.config import BackendConfig, GatewayConfig
+from gateway.classify.features import RequestFeatures
 from gateway.routing.adaptive import Estimates, bucket_of
 from gateway.routing.adaptive_choice import AdaptiveChoice, choose
-from gateway.routing.features import RequestFeatures
 from gateway.routing.load import LoadView, load_view, measured_at_load
-from gateway.routing.prompt_stats import PromptStats
 from gateway.routing.rules import first_match
+from gateway.speculation.prompt_stats import PromptStats
 
 DEFAULT_RULE = "default"
 #: Pool label of plain backends added because speculative ones were passed over.

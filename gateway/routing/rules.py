@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from contracts.config import Rule
-from gateway.routing.features import RequestFeatures
+from gateway.classify.features import RequestFeatures
 
 
 def rule_matches(rule: Rule, features: RequestFeatures) -> bool:

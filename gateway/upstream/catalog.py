@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 
 from contracts.config import BackendConfig
-from gateway.endpoints import PathTemplate, openapi_templates
+from gateway.upstream.endpoints import PathTemplate, openapi_templates
 
 logger = logging.getLogger(__name__)
 

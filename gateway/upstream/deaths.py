@@ -14,7 +14,7 @@ request was sent, a stream cut short or ending with an error event) it asks
 A death opens an event for the backend: every attempt in flight there at that moment is a
 participant, the backend is marked unhealthy at once (the poller marks it healthy again
 once it answers ``/health``), and the participants' fingerprints are recorded in the
-:class:`~gateway.quarantine.QuarantineTable`. A participant is never failed over (it may
+:class:`~gateway.upstream.quarantine.QuarantineTable`. A participant is never failed over (it may
 be the query of death); an attempt that starts after the death (sent to an already dead
 backend) is not a participant and fails over. The event stays open while the backend is not
 healthy again (and at least ``min_event_s``).
@@ -32,7 +32,7 @@ from typing import Any
 
 import httpx
 
-from gateway.quarantine import QuarantineTable, fingerprint
+from gateway.upstream.quarantine import QuarantineTable, fingerprint
 from gateway.upstream.state import BackendRegistry
 
 logger = logging.getLogger(__name__)

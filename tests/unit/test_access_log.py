@@ -8,7 +8,7 @@ import logging
 
 import pytest
 
-from gateway.access_log import AccessLog, _text_value, access_fields, text_line
+from gateway.telemetry.access_log import AccessLog, _text_value, access_fields, text_line
 from gateway.trace import RequestTrace
 from tests.unit.conftest import MODEL, InProcess, local_config
 

@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import pytest
 
-from gateway.learning_store import LearnedState, dump_state, restore_state
+from gateway.learning.store import LearnedState, dump_state, restore_state
 from gateway.routing.adaptive import (
     ALL,
     Learner,

@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 
 from contracts.config import ConfigError, GatewayConfig, parse_config
+from gateway.classify.features import RequestFeatures
 from gateway.routing.adaptive import Learner, Observation
-from gateway.routing.features import RequestFeatures
 from gateway.routing.policy import BackendSnapshot, RoutingPolicy
-from gateway.routing.prompt_stats import PromptStats, self_overlap
 from gateway.service import Gateway
+from gateway.speculation.prompt_stats import PromptStats, self_overlap
 from tests.unit.conftest import MODEL, InProcess, local_config, static_config
 
 

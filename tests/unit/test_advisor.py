@@ -10,7 +10,7 @@ import pytest
 from contracts.acceptance import AcceptanceStats, AcceptanceWindow, SpecCounters
 from contracts.launch_profile import Speculation
 from contracts.vllm_metrics import parse_vllm_metrics
-from gateway.routing.advisor import (
+from gateway.speculation.advisor import (
     advise,
     advise_window,
     config_json,

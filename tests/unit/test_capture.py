@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry
 
 from contracts.capture_store import CaptureStore, capture_files
 from contracts.config import CaptureSettings, ConfigError, GatewayConfig, parse_config
-from gateway.capture import Capture, CaptureMetrics
+from gateway.telemetry.capture import Capture, CaptureMetrics
 from tests.unit.conftest import MODEL, gateway_settings, in_process, local_config
 
 SECRET = "sk-client-secret-4242"
@@ -149,7 +149,7 @@ async def test_unwritable_dir_answers_200_and_counts_the_error_once_logged(
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory\n")
     config = capture_config(blocker / "capture")
-    with caplog.at_level(logging.ERROR, logger="gateway.capture"):
+    with caplog.at_level(logging.ERROR, logger="gateway.telemetry.capture"):
         async with in_process(gateway_settings(), config) as gw:
             for _ in range(3):
                 resp = await gw.client.post("/v1/completions", json=COMPLETION)
@@ -165,7 +165,7 @@ async def test_unwritable_dir_answers_200_and_counts_the_error_once_logged(
     )
     assert errors == 3
     assert metric(app, "specgate_capture_dropped_total", {"reason": "write_error"}) == 3
-    logged = [r for r in caplog.records if r.name == "gateway.capture"]
+    logged = [r for r in caplog.records if r.name == "gateway.telemetry.capture"]
     assert len(logged) == 1
     assert "cannot write" in logged[0].getMessage()
     assert COMPLETION["prompt"] not in caplog.text

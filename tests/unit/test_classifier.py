@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from bench.classify import scores
 from bench.classify_data import DEFAULT_DATA, load_rows, to_items
 from contracts.tasks import TASKS
-from gateway.routing.classifier import TaskGuess, classify
-from gateway.routing.text import read_request
+from gateway.classify.classifier import TaskGuess, classify
+from gateway.classify.text import read_request
 
 
 def chat(*turns: str, system: str | None = None) -> dict[str, Any]:

@@ -8,9 +8,9 @@ import httpx
 import pytest
 from httpx_sse import aconnect_sse
 
-from gateway.endpoints import is_client_path, match, openapi_templates
-from gateway.protocol import MessagesFields, ResponsesFields, read_fields, routing_view
-from gateway.routing.classifier import classify
+from gateway.classify.classifier import classify
+from gateway.classify.protocol import MessagesFields, ResponsesFields, read_fields, routing_view
+from gateway.upstream.endpoints import is_client_path, match, openapi_templates
 from tests.unit.conftest import MODEL, ROOT, InProcess
 
 RESPONSES = {"model": MODEL, "input": "Say hi", "max_output_tokens": 8}

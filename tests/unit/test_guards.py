@@ -7,7 +7,7 @@ import random
 import pytest
 
 from contracts.config import ConfigError, parse_config
-from gateway.routing.features import RequestFeatures
+from gateway.classify.features import RequestFeatures
 from gateway.routing.guards import apply_guards, needs_token_count, prompt_tokens_bound
 from gateway.service import Gateway
 from tests.unit.conftest import MODEL, InProcess, local_config

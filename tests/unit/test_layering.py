@@ -131,3 +131,41 @@ def test_contracts_need_no_web_stack(name: str) -> None:
     path = modules()[name]
     web = [m for m in imported(name, path) if m.split(".")[0] in WEB]
     assert web == [], f"{name} imports {web}: contracts are plain data and parsing"
+
+
+def package_of(name: str) -> str:
+    """``gateway.routing.policy`` -> ``gateway.routing``; a top module is its own package."""
+    parts = name.split(".")
+    return ".".join(parts[:2]) if len(parts) > 2 else name
+
+
+PURE = ("gateway.classify", "gateway.speculation", "gateway.routing")
+
+
+def test_the_server_packages_form_no_loop() -> None:
+    """Inside ``gateway/``, the function packages (classify, speculation, routing, learning,
+    upstream, telemetry, api) and the top modules depend one way: a loop would be two
+    packages each needing the other."""
+    edges: dict[str, set[str]] = {}
+    for a, targets in graph().items():
+        if a.startswith("gateway."):
+            edges.setdefault(package_of(a), set()).update(
+                package_of(b) for b in targets if b.startswith("gateway.")
+            )
+    assert cycles({a: bs - {a} for a, bs in edges.items()}) == []
+
+
+@pytest.mark.parametrize("name", sorted(n for n in modules() if n.startswith(PURE)))
+def test_routing_decisions_are_pure(name: str) -> None:
+    """Classification, speculation knowledge and the routing policy need no HTTP: no web
+    stack, and nothing of the server's I/O side (upstream, api, telemetry, the service)."""
+    mods = modules()
+    path = mods[name]
+    allowed = (*PURE, "gateway.errors", "contracts")
+    wrong = [
+        m
+        for m in imported(name, path)
+        if m.split(".")[0] in WEB
+        or (m.split(".")[0] in LAYER and not m.startswith(allowed) and m in mods)
+    ]
+    assert wrong == [], f"{name} imports {wrong}"

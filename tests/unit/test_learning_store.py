@@ -17,7 +17,7 @@ import pytest
 from fastapi import FastAPI
 
 from gateway.app import create_app
-from gateway.learning_store import KIND, VERSION, LearningStore
+from gateway.learning.store import KIND, VERSION, LearningStore
 from gateway.routing.adaptive import Learner, Observation
 from gateway.settings import Settings
 from tests.fakes.fake_vllm import FakeBehaviour, create_fake_vllm
@@ -94,7 +94,7 @@ def test_an_unreadable_or_foreign_file_is_set_aside(
     path = tmp_path / "state.json"
     path.write_bytes(content)
     learner = Learner()
-    with caplog.at_level(logging.WARNING, logger="gateway.learning_store"):
+    with caplog.at_level(logging.WARNING, logger="gateway.learning.store"):
         assert LearningStore(path).load(learner) is False
     assert learner.observations == 0 and not learner.groups  # learning starts fresh
     assert not path.exists()

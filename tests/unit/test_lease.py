@@ -13,12 +13,12 @@ from dataclasses import dataclass, field
 import httpx
 
 from contracts.config import BackendConfig
-from gateway.quarantine import QuarantineTable
 from gateway.trace import RequestTrace
 from gateway.upstream.attempt import Attempt
 from gateway.upstream.client import UpstreamDropped
 from gateway.upstream.deaths import DeathWatch
 from gateway.upstream.forward import Forwarder
+from gateway.upstream.quarantine import QuarantineTable
 from gateway.upstream.state import BackendRegistry, BackendState
 from tests.unit.conftest import MODEL
 

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from contracts.config import load_config
 from contracts.tasks import TASKS
-from gateway.routing.features import RequestFeatures
+from gateway.classify.features import RequestFeatures
 from gateway.routing.policy import BackendSnapshot, RoutingPolicy
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.quarantine import VOLATILE_FIELDS, QuarantineTable, fingerprint
+from gateway.upstream.quarantine import VOLATILE_FIELDS, QuarantineTable, fingerprint
 
 BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "seed": 1}
 CHAT = "/v1/chat/completions"

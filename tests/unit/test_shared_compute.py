@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import random
 
+from gateway.classify.features import RequestFeatures
 from gateway.routing.adaptive import Learner, Observation
-from gateway.routing.features import RequestFeatures
 from gateway.routing.load import break_even, load_view, measured_at_load
 from gateway.routing.policy import BackendSnapshot, RoutingPolicy
 from gateway.upstream.state import BackendState

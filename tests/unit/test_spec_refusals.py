@@ -8,9 +8,9 @@ import random
 import pytest
 
 from contracts.config import GatewayConfig
-from gateway.routing.features import RequestFeatures
+from gateway.classify.features import RequestFeatures
 from gateway.routing.policy import BackendSnapshot, RoutingPolicy
-from gateway.routing.spec_params import SpecParams, names_speculation
+from gateway.speculation.spec_params import SpecParams, names_speculation
 from tests.unit.conftest import MODEL, InProcess, local_config
 
 CODE = {"model": MODEL, "prompt": "def add(a, b):", "temperature": 0, "max_tokens": 8}

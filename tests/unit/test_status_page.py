@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from contracts.acceptance import AcceptanceStats
-from gateway.history import AcceptanceHistory
-from gateway.status import SPARK_H, SPARK_W, sparkline
+from gateway.telemetry.history import AcceptanceHistory
+from gateway.telemetry.status import SPARK_H, SPARK_W, sparkline
 from gateway.upstream.state import BackendRegistry
 from tests.unit.conftest import MODEL, InProcess
 

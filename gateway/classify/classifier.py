@@ -2,14 +2,14 @@
 
 A transparent linear model, multinomial logistic regression over two kinds of input:
 
-- the named features of ``gateway.routing.signals`` (code syntax and stubs, passage markers
+- the named features of ``gateway.classify.signals`` (code syntax and stubs, passage markers
   and markup, grounding phrases, tool results, creative-writing verbs in about 30 languages,
   ...), each a small float;
 - the words of the instruction window (head and tail of the final user message, heads of the
   system prompt and recent user turns) and the first three words of the final message, each
   present or absent.
 
-The weights (``gateway.routing.task_model``) are fitted offline by
+The weights (``gateway.classify.task_model``) are fitted offline by
 ``python -m bench.classify_fit --write`` on the development prompts rebuilt in the request
 shapes clients send (``bench.shapes``: context in the system message, XML document blocks,
 completion templates, earlier turns, content parts, tool-calling conversations), so no shape
@@ -19,7 +19,7 @@ each with its reason, where the development labels cannot teach the right weight
 
 ``tools`` in a request say nothing about the task: a weather or calendar tool call is chat.
 
-Cost: at most ~4,000 characters read whatever the body's size (see ``gateway.routing.text``),
+Cost: at most ~4,000 characters read whatever the body's size (see ``gateway.classify.text``),
 a few dozen C-level scans and set lookups, two small weighted sums: tens of microseconds per
 decision (``python -m bench.classify`` measures it). No I/O, no mutable state.
 """
@@ -32,9 +32,9 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from contracts.tasks import TASKS
-from gateway.routing import task_model
-from gateway.routing.signals import FEATURES, extract_features, read_signals
-from gateway.routing.text import RequestText, read_request
+from gateway.classify import task_model
+from gateway.classify.signals import FEATURES, extract_features, read_signals
+from gateway.classify.text import RequestText, read_request
 
 __all__ = [
     "FEATURES",

@@ -2,8 +2,8 @@
 
 :class:`StatusPage` renders ``templates/status.html`` (Jinja2, autoescaped, no JavaScript)
 from the live :class:`~gateway.service.Gateway` and an
-:class:`~gateway.history.AcceptanceHistory`. The acceptance chart is an inline SVG polyline
-built here (:func:`sparkline`).
+:class:`~gateway.telemetry.history.AcceptanceHistory`. The acceptance chart is an inline SVG
+polyline built here (:func:`sparkline`).
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from typing import Any
 
 from jinja2 import Environment, PackageLoader, select_autoescape
 
-from gateway.history import AcceptanceHistory
-from gateway.routing.advisor import advise_window
 from gateway.service import Gateway
+from gateway.speculation.advisor import advise_window
+from gateway.telemetry.history import AcceptanceHistory
 
 SPARK_W, SPARK_H = 240, 48
 

@@ -6,7 +6,7 @@ answer repeats text the context already holds. How much the prompt repeats itsel
 proxy: the share of word bigrams in the prompt that occurred before in it (repeated
 identifiers, quoted passages, templated records).
 
-Bounded work on the event loop: the text comes from :func:`gateway.routing.text.read_request`
+Bounded work on the event loop: the text comes from :func:`gateway.classify.text.read_request`
 (head/tail slices, at most about 3,800 characters) and only its last ``max_chars`` characters
 are split into words (about 10 microseconds for 1,000 characters).
 """
@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.routing.text import RequestText, read_request
+from gateway.classify.text import RequestText, read_request
 
 #: Fewer word bigrams than this give no meaningful repeat share (reported as 0.0).
 MIN_BIGRAMS = 8

@@ -30,9 +30,9 @@ from prometheus_client import CollectorRegistry, Counter
 from contracts.capture_store import CaptureStore
 from contracts.config import CaptureSettings
 from contracts.paths import CachePaths, default_cache_dir
-from gateway.metrics import GatewayMetrics
 from gateway.service import Gateway
 from gateway.settings import Settings
+from gateway.telemetry.metrics import GatewayMetrics
 
 logger = logging.getLogger(__name__)
 

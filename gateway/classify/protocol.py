@@ -9,7 +9,7 @@ answers its own 400). Every other field, vLLM extras included (``top_k``, ``min_
 ``return_token_ids``, ``priority``...), is ignored here and reaches the backend untouched.
 
 Each routed endpoint has its fields class; ``view`` gives the chat-shaped body that routing
-(features, classifier, prompt statistics) reads (see :mod:`gateway.shapes`).
+(features, classifier, prompt statistics) reads (see :mod:`gateway.classify.shapes`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
-from gateway import shapes
+from gateway.classify import shapes
 from gateway.errors import bad_request
 
 _FLOAT: TypeAdapter[float | None] = TypeAdapter(float | None)

@@ -1,8 +1,8 @@
 """Named, bounded-cost signals of a request's task, for the task classifier.
 
 Every feature is a small float (mostly 0..3) computed from the bounded text views of
-``gateway.routing.text``: C-level scans of at most a few thousand characters, set
-intersections with the word lists of ``gateway.routing.lexicon``, a few anchored or
+``gateway.classify.text``: C-level scans of at most a few thousand characters, set
+intersections with the word lists of ``gateway.classify.lexicon``, a few anchored or
 literal-prefixed regexes. Pure functions, no state.
 """
 
@@ -13,8 +13,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from gateway.routing import lexicon as lx
-from gateway.routing.text import RequestText, read_request
+from gateway.classify import lexicon as lx
+from gateway.classify.text import RequestText, read_request
 
 FEATURES = (
     # code

@@ -24,8 +24,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from gateway.routing.advisor import advise_window
 from gateway.service import Gateway
+from gateway.speculation.advisor import advise_window
 from gateway.trace import RequestTrace
 from gateway.upstream.state import HEALTH_STATES
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
-from gateway.routing.lexicon import DOC_TAGS
+from gateway.classify.lexicon import DOC_TAGS
 
 # Messages looked at: the first few (system prompts) and the last few (the live exchange).
 HEAD_MESSAGES = 2

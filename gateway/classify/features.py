@@ -17,7 +17,7 @@ class RequestFeatures:
     (``temperature_given`` says which); ``task`` comes from the ``X-Task-Type`` header
     (``task_source == "header"``, confidence 1.0) or the classifier, whose deciding
     features are in ``task_features``. ``spec_refused`` maps a speculation method to the
-    request's parameters its backends refuse (see :mod:`gateway.routing.spec_params`).
+    request's parameters its backends refuse (see :mod:`gateway.speculation.spec_params`).
     """
 
     model: str

@@ -1,0 +1,100 @@
+"""Relay a routed request's answer: open the decided backends, settle, send over ASGI.
+
+The second half of a routed request (:class:`~gateway.api.openai.ProxyEndpoint` parses and
+decides): the forwarder opens the backends in the decision's order with failover before the
+first byte (:class:`~gateway.upstream.forward.Forwarder`, a backend lease per attempt),
+:class:`~gateway.api.settle.Settle` judges the first answer, and the body goes to the client
+with raw ASGI ``send`` (no Starlette response objects on the hot path).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from gateway.api.settle import Settle
+from gateway.routing.policy import RouteDecision
+from gateway.service import Gateway
+from gateway.trace import RequestTrace
+from gateway.upstream.feedback import ResponseTap
+from gateway.upstream.forward import Forwarder, Upstream, read_all
+
+Message = MutableMapping[str, Any]
+Send = Callable[[Message], Awaitable[None]]
+
+#: Response headers the gateway sets itself (a backend's own are dropped).
+OWN_HEADERS = frozenset(
+    {b"x-specgate-backend", b"x-specgate-rule", b"x-specgate-task", b"x-request-id"}
+)
+
+
+async def relay(
+    gateway: Gateway,
+    forwarder: Forwarder,
+    decision: RouteDecision,
+    path: str,
+    request: tuple[bytes, Any],
+    headers: dict[str, str],
+    trace: RequestTrace,
+    tap: ResponseTap | None,
+    send: Send,
+    settle: Settle,
+) -> None:
+    """Open ``decision``'s backends in order (failing over before the first byte), let
+    ``settle`` judge the first answer (a refusal it retries elsewhere), then relay the
+    answer to the client with ``send``: SSE chunk by chunk as each arrives, JSON whole with
+    its ``content-length``. The backend's headers pass except the gateway's own
+    ``x-specgate-*`` and ``x-request-id``, which are set here. ``request`` is the body as
+    the client sent it (bytes) and as parsed. Raises :class:`~gateway.errors.GatewayError`
+    when no backend answers (from the forwarder); the upstream answer is closed on every
+    exit."""
+
+    def count_failover(_backend: str, _why: str) -> None:
+        gateway.stats.failovers += 1
+
+    async def open_on(order: tuple[str, ...], tap: ResponseTap | None) -> Upstream:
+        return await forwarder.open(
+            gateway.config.backends,
+            gateway.registry.states,
+            order,
+            path=path,
+            body=request[0],
+            headers=headers,
+            trace=trace,
+            on_failure=count_failover,
+            tap=tap,
+            request=request[1],
+        )
+
+    first = await open_on(decision.backends, tap)
+    try:
+        upstream = await settle.settle(first, open_on)
+    except BaseException:
+        await first.aclose()  # idempotent: a refusal retried was closed already
+        raise
+    gateway.stats.by_backend[upstream.backend] += 1
+    out = [(k, v) for k, v in upstream.headers if k not in OWN_HEADERS]
+    out += [
+        (b"x-specgate-backend", upstream.backend.encode()),
+        (b"x-specgate-rule", decision.rule.encode()),
+        (b"x-specgate-task", decision.features.task.encode()),
+        (b"x-request-id", trace.request_id.encode()),
+    ]
+    try:
+        if trace.stream:
+            await relay_stream(upstream, out, send)
+            return
+        content = await read_all(upstream)
+    finally:
+        await upstream.aclose()
+    out.append((b"content-length", str(len(content)).encode()))
+    await send({"type": "http.response.start", "status": upstream.status, "headers": out})
+    await send({"type": "http.response.body", "body": content})
+
+
+async def relay_stream(upstream: Upstream, headers: list[tuple[bytes, bytes]], send: Send) -> None:
+    """Send the status and headers, then each upstream chunk as it arrives."""
+    await send({"type": "http.response.start", "status": upstream.status, "headers": headers})
+    async for chunk in upstream.body:
+        await send({"type": "http.response.body", "body": chunk, "more_body": True})
+    await send({"type": "http.response.body", "body": b""})
