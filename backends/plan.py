@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from backends.checks import ModelLookup, Problem, check_profiles
 from backends.memory import MemoryEstimate, estimate_memory
@@ -31,12 +31,33 @@ class BackendPlan:
     memory: MemoryEstimate | None
 
 
+@dataclass(frozen=True)
+class SharedGpu:
+    """One GPU that several backends share, and what they take of it together (GiB).
+
+    ``parts``: (backend, GiB) per sharer: ``expected_gib`` for a fixed KV cache, else its
+    share ``gpu_memory_utilization x GPU`` (vLLM sizes itself to that fraction of the whole
+    device, ``vllm serve --help``). ``gpu_gib``: the smallest GPU size the sharers assume.
+    """
+
+    node: str
+    gpu: int
+    parts: tuple[tuple[str, float], ...]
+    gpu_gib: float
+
+    @property
+    def total_gib(self) -> float:
+        return sum(gib for _, gib in self.parts)
+
+
 @dataclass
 class Plan:
-    """Every backend's plan and every problem found (checks first, then memory)."""
+    """Every backend's plan and every problem found (checks first, then memory), and the
+    GPUs that several backends share."""
 
     backends: list[BackendPlan]
     problems: list[Problem]
+    shared: list[SharedGpu] = field(default_factory=list)
 
     @property
     def errors(self) -> list[Problem]:
@@ -85,7 +106,42 @@ def plan_profiles(
                 name, profile, command_line(resolved, python), describe_gpus(profile), memory
             )
         )
-    return Plan(plans, problems)
+    shared = shared_gpus(plans)
+    return Plan(plans, problems + [p for g in shared for p in _shared_problems(g)], shared)
+
+
+def shared_gpus(plans: list[BackendPlan]) -> list[SharedGpu]:
+    """The GPUs (by node and index, from explicit ``gpus``) that two or more backends use,
+    with each sharer's part; backends whose memory is not estimated are left out of the sum."""
+    users: dict[tuple[str, int], list[BackendPlan]] = {}
+    for b in plans:
+        for gpu in b.profile.gpus or []:
+            users.setdefault((b.profile.node or "default", gpu), []).append(b)
+    out = []
+    for (node, gpu), group in users.items():
+        known = [b for b in group if b.memory is not None]
+        if len(group) < 2 or not known:
+            continue
+        parts = tuple((b.name, _part_gib(b.memory)) for b in known if b.memory is not None)
+        size = min(b.memory.gpu_memory_gib for b in known if b.memory is not None)
+        out.append(SharedGpu(node, gpu, parts, size))
+    return out
+
+
+def _part_gib(m: MemoryEstimate) -> float:
+    return m.expected_gib if m.kv_fixed else m.budget_gib
+
+
+def _shared_problems(g: SharedGpu) -> list[Problem]:
+    if g.total_gib <= g.gpu_gib:
+        return []
+    parts = " + ".join(f"{name} {gib:.2f}" for name, gib in g.parts)
+    msg = (
+        f"GPU {g.gpu} on node '{g.node}' is shared: {parts} = {g.total_gib:.2f} GiB, over the "
+        f"GPU's {g.gpu_gib:g} GiB (fixed KV caches count with the engine overhead, the others "
+        "with their gpu_memory_utilization share): the last servers to start will not fit"
+    )
+    return [Problem(g.parts[-1][0], "gpus", msg)]
 
 
 def _describe_backend(b: BackendPlan) -> str:
@@ -120,6 +176,15 @@ def render_plan(plan: Plan) -> str:
     for b in plan.backends:
         out += [_describe_backend(b), f"  command: {b.command}", f"  gpus:    {b.gpus}"]
         out += _render_memory(b.memory) if b.memory else ["  memory:  not estimated"]
+        out.append("")
+    for g in plan.shared:
+        parts = " + ".join(f"{name} {gib:.2f}" for name, gib in g.parts)
+        verdict = "fits" if g.total_gib <= g.gpu_gib else "DOES NOT FIT"
+        out.append(
+            f"GPU {g.gpu} on node '{g.node}', shared (GiB): {parts} = {g.total_gib:.2f}"
+            f" of {g.gpu_gib:g}: {verdict}"
+        )
+    if plan.shared:
         out.append("")
     if plan.problems:
         out.append("problems:")

@@ -315,3 +315,37 @@ def test_fixed_kv_cache_under_one_sequence_or_over_the_gpu(lookup: ModelLookup) 
     _, problems = estimate_memory("plain", big, lookup)
     assert [(x.field, x.severity) for x in problems] == [("extra_args", "error")]
     assert "over the GPU's 24 GiB" in problems[0].message
+
+
+def test_backends_sharing_a_gpu_are_summed(lookup: ModelLookup) -> None:
+    """Each sharer fits alone, but four fixed 6 GiB caches of a 0.5B target (+ weights and
+    the engine overhead, ~9.4 GiB each) do not fit one 24 GiB GPU together."""
+    qwen = "Qwen/Qwen2.5-0.5B-Instruct"
+    one = profile(
+        model=qwen,
+        dtype="bfloat16",
+        max_model_len=4096,
+        gpus=[0],
+        gpu_memory_gb=24,
+        gpu_memory_utilization=0.2,
+        extra_args=["--kv-cache-memory-bytes", "6G"],
+    )
+    four = {n: one.model_copy(update={"port": 8000 + i}) for i, n in enumerate("abcd")}
+    plan = plan_profiles(four, lookup=lookup)
+    assert [b.memory and b.memory.expected_gib <= 24 for b in plan.backends] == [True] * 4
+    [gpu] = plan.shared
+    assert (gpu.node, gpu.gpu, [n for n, _ in gpu.parts]) == ("default", 0, list("abcd"))
+    assert gpu.total_gib == pytest.approx(4 * plan.backends[0].memory.expected_gib)  # type: ignore[union-attr]
+    assert gpu.total_gib > 24
+    [problem] = [p for p in plan.errors if p.field == "gpus"]
+    assert problem.backend == "d" and "over the GPU's 24 GiB" in problem.message
+    assert "DOES NOT FIT" in render_plan(plan)
+
+    # Two fixed caches and one sized by its share (0.2 x 24 = 4.8 GiB) fit together.
+    mixed = {"a": four["a"], "b": four["b"]}
+    mixed["c"] = four["c"].model_copy(update={"extra_args": []})
+    plan = plan_profiles(mixed, lookup=lookup)
+    [gpu] = plan.shared
+    assert dict(gpu.parts)["c"] == pytest.approx(4.8)
+    assert not [p for p in plan.errors if p.field == "gpus"]
+    assert f"= {gpu.total_gib:.2f} of 24: fits" in render_plan(plan)
