@@ -56,7 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
     config = sub.add_parser("config", help="config files")
     config_sub = config.add_subparsers(dest="config_command", required=True)
     check = config_sub.add_parser("check", help="validate a config and print what it defines")
-    check.add_argument("file", type=Path)
+    given = check.add_mutually_exclusive_group(required=True)
+    given.add_argument("file", type=Path, nargs="?", help="the config YAML")
+    given.add_argument("--config", dest="config_file", type=Path, help="the same, as a flag")
     return parser
 
 
@@ -149,7 +151,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     logging.getLogger("httpx").setLevel(logging.WARNING)  # else one line per health poll
     if args.command == "config":
-        return cmd_config_check(args.file)
+        return cmd_config_check(args.file or args.config_file)
     if args.command == "explain":
         return cmd_explain(args.config, args.task_type)
     if args.command == "tune":

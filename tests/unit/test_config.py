@@ -93,6 +93,14 @@ def test_config_check_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     assert main(["config", "check", str(ROOT / "config" / "local.yaml")]) == 0
     out = capsys.readouterr().out
     assert "ngram" in out and "code-rag-speculative" in out
+    # --config FILE as every other command takes it; not both, not neither
+    assert main(["config", "check", "--config", str(ROOT / "config" / "local.yaml")]) == 0
+    assert "code-rag-speculative" in capsys.readouterr().out
+    for argv in (["config", "check"], ["config", "check", "a.yaml", "--config", "b.yaml"]):
+        with pytest.raises(SystemExit) as exit_info:
+            main(argv)
+        assert exit_info.value.code == 2
+    capsys.readouterr()
     bad = tmp_path / "bad.yaml"
     bad.write_text("defaults: {pool: plain}\nbackends: {}\npools: {plain: [plain]}\n")
     assert main(["config", "check", str(bad)]) == 1
