@@ -108,6 +108,7 @@ class Capture:
         self._idle = asyncio.Event()
         self._idle.set()
         self._closing = False
+        self._abandoned = False  # shutdown gave up waiting: the writer thread stops early
         self._failing = False
 
     def offer(self, endpoint: str, task: str, body: Mapping[str, Any], size: int) -> None:
@@ -156,14 +157,21 @@ class Capture:
 
     async def aclose(self, task: asyncio.Task[None], timeout_s: float = FLUSH_TIMEOUT_S) -> None:
         """Refuse new records, write the queued ones (flush) and stop ``task`` (:meth:`run`);
-        what is not written within ``timeout_s`` is dropped and counted."""
+        what is not written within ``timeout_s`` is dropped and counted as ``shutdown``: the
+        queue here, the rest of a batch the worker thread is on by the thread itself (it
+        stops before its next line; a line already handed to a hung disk may still land)."""
         self._closing = True
         self._wake.set()
         try:
             await asyncio.wait_for(task, timeout_s)
         except TimeoutError:  # a hung disk (say, NFS) must not hold the shutdown
+            self._abandoned = True
             self.metrics.dropped.labels("shutdown").inc(len(self.pending))
-            logger.warning("capture: %d prompts not written at shutdown", len(self.pending))
+            logger.warning(
+                "capture: %d queued prompts not written at shutdown (and the rest of the "
+                "batch being written)",
+                len(self.pending),
+            )
 
     def write(self, batch: list[Pending]) -> None:
         """Serialize and store one batch (worker thread). A disk error drops the rest of the
@@ -184,6 +192,9 @@ class Capture:
             if lines:
                 self.store.begin()
             for task, line in lines:
+                if self._abandoned:  # the app has stopped: write nothing more
+                    self.metrics.dropped.labels("shutdown").inc(len(lines) - written)
+                    return
                 self.store.append(task, line)
                 written += 1
                 self.metrics.records.labels(task).inc()

@@ -4,10 +4,12 @@ bounded dataset on disk (rotation, total cap, modes), and that capture never cos
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import random
 import stat
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -254,3 +256,42 @@ def test_capture_config_is_validated(capture: dict[str, Any], problem: str) -> N
     data = local_config().model_dump(mode="json", exclude_none=True) | {"capture": capture}
     with pytest.raises(ConfigError, match=problem):
         parse_config(data, "test.yaml")
+
+
+async def test_a_hung_disk_at_shutdown_stops_the_writer_and_counts_what_was_lost(
+    tmp_path: Path,
+) -> None:
+    """Shutdown waits ``timeout_s`` for the writer, then goes: the queued prompts and the
+    rest of the batch the worker thread holds are counted as ``shutdown`` drops, and the
+    thread writes nothing after the app has stopped."""
+    release = threading.Event()
+    appended: list[str] = []
+
+    class HungStore(CaptureStore):
+        def append(self, task: str, line: bytes) -> None:
+            release.wait(5)  # the first line hangs (say, an NFS server gone)
+            appended.append(task)
+
+    registry = CollectorRegistry()
+    capture = Capture(
+        lambda: CaptureSettings(enabled=True),
+        HungStore(tmp_path, 10**9, 10**8),
+        CaptureMetrics(registry),
+    )
+    task = asyncio.create_task(capture.run())
+    for _ in range(3):
+        capture.offer("/v1/completions", "code", COMPLETION, 100)
+    await asyncio.sleep(0.05)  # the writer took the batch of 3 and hangs on its first line
+    for _ in range(2):
+        capture.offer("/v1/completions", "code", COMPLETION, 100)  # queued behind it
+    await capture.aclose(task, timeout_s=0.1)
+    dropped = {"reason": "shutdown"}
+    assert registry.get_sample_value("specgate_capture_dropped_total", dropped) == 2
+    release.set()  # the disk comes back after the app stopped
+    for _ in range(100):
+        if registry.get_sample_value("specgate_capture_dropped_total", dropped) == 4:
+            break
+        await asyncio.sleep(0.01)
+    # the line already in the hung call lands; the other two of its batch are not written
+    assert appended == ["code"]
+    assert registry.get_sample_value("specgate_capture_dropped_total", dropped) == 4
