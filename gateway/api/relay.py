@@ -72,15 +72,15 @@ async def relay(
     except BaseException:
         await first.aclose()  # idempotent: a refusal retried was closed already
         raise
-    gateway.stats.by_backend[upstream.backend] += 1
-    out = [(k, v) for k, v in upstream.headers if k not in OWN_HEADERS]
-    out += [
-        (b"x-specgate-backend", upstream.backend.encode()),
-        (b"x-specgate-rule", decision.rule.encode()),
-        (b"x-specgate-task", decision.features.task.encode()),
-        (b"x-request-id", trace.request_id.encode()),
-    ]
-    try:
+    try:  # from here the settled answer is closed (its lease ended) on every way out
+        gateway.stats.by_backend[upstream.backend] += 1
+        out = [(k, v) for k, v in upstream.headers if k not in OWN_HEADERS]
+        out += [
+            (b"x-specgate-backend", upstream.backend.encode()),
+            (b"x-specgate-rule", decision.rule.encode()),
+            (b"x-specgate-task", decision.features.task.encode()),
+            (b"x-request-id", trace.request_id.encode()),
+        ]
         if trace.stream:
             await relay_stream(upstream, out, send)
             return

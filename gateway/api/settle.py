@@ -70,19 +70,29 @@ class Settle:
     affinity: ResponseAffinity | None
 
     async def settle(self, upstream: Upstream, open_on: Opener) -> Upstream:
-        """The answer to relay: ``upstream``, or the answer of a retry after a refusal."""
+        """The answer to relay: ``upstream``, or the answer of a retry after a refusal.
+
+        Owns every answer it holds: on any exception (cancellation included) the one in
+        hand, a retry's too, is closed (its backend lease ended) before the error goes on.
+        """
         refused_methods: set[str] = set()
-        while True:
-            refusal, upstream = await self._refusal(upstream)
-            if refusal is None:
-                break
-            retried = await self._retry(upstream, refusal, refused_methods, open_on)
-            if retried is None:
-                break  # nothing else can serve it: the client gets the refusal
-            upstream = retried
-        if self.affinity is not None and self.kind is ResponsesFields and upstream.status == 200:
-            upstream = await self._remember(upstream, self.affinity)
-        return upstream
+        current = upstream
+        try:
+            while True:
+                refusal, current = await self._refusal(current)
+                if refusal is None:
+                    break
+                retried = await self._retry(current, refusal, refused_methods, open_on)
+                if retried is None:
+                    break  # nothing else can serve it: the client gets the refusal
+                current = retried
+            if self.affinity is not None and self.kind is ResponsesFields:
+                if current.status == 200:
+                    current = await self._remember(current, self.affinity)
+            return current
+        except BaseException:
+            await current.aclose()  # idempotent
+            raise
 
     async def _refusal(self, upstream: Upstream) -> tuple[str | None, Upstream]:
         backend = self.gateway.config.backends.get(upstream.backend)

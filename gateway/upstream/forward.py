@@ -200,9 +200,9 @@ class Forwarder:
             backend, state = backends[name], states[name]
             trace.backend, trace.attempts = name, number
             attempt = Attempt(name, backend.base_url, state, self.watch)
-            attempt.begin(path, request)  # the lease: ended on every way out of this try
-            state.circuit.on_attempt(self.clock())
             try:
+                attempt.begin(path, request)  # the lease: ended on every way out of this try
+                state.circuit.on_attempt(self.clock())
                 sent = upstream_headers(headers, backend)
                 outcome = await self._try(attempt, backend.base_url + path, body, sent)
             except BaseException:

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import random
+from typing import Any
 
 import pytest
 
 from contracts.config import GatewayConfig
+from gateway.api.settle import Settle
 from gateway.classify.features import RequestFeatures
 from gateway.routing.policy import BackendSnapshot, RoutingPolicy
 from gateway.speculation.spec_params import SpecParams, names_speculation
@@ -187,3 +189,29 @@ async def test_refused_attempt_is_not_traced_as_served(gw: InProcess) -> None:
     lines = [line for line in metrics.splitlines() if line.startswith("specgate_requests_total{")]
     assert len(lines) == 1 and 'backend="plain"' in lines[0] and 'status="200"' in lines[0]
     assert json.dumps(VLLM_MESSAGE)  # the fake words it as vLLM does
+
+
+async def test_a_failure_after_the_retry_ends_the_retried_backends_lease(
+    gw: InProcess, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The retry's answer is Settle's to close: an error while it is judged (here the second
+    look raises) must end plain's lease at once, not when the garbage collector finds the
+    answer (a log handler keeping the traceback, as caplog does, would hold it forever)."""
+    refusing(gw, "repetition_penalty")
+    looks = 0
+    real = Settle._refusal
+
+    async def second_look_fails(self: Settle, upstream: Any) -> Any:
+        nonlocal looks
+        looks += 1
+        if looks == 2:
+            raise RuntimeError("a bug while judging the retried answer")
+        return await real(self, upstream)
+
+    monkeypatch.setattr(Settle, "_refusal", second_look_fails)
+    resp = await gw.client.post("/v1/completions", json=CODE | {"repetition_penalty": 1.3})
+    assert resp.status_code == 500 and resp.json()["error"]["type"]
+    assert looks == 2 and "plain" in served(gw)
+    states = gw.app.state.runtime.gateway.registry.states
+    assert {name: s.inflight for name, s in states.items()} == dict.fromkeys(states, 0)
+    assert gw.app.state.runtime.gateway.inflight == 0
