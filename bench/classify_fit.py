@@ -25,6 +25,7 @@ import numpy as np
 from scipy import optimize, sparse
 
 from contracts.tasks import TASKS
+from gateway.classify import task_model
 from gateway.classify.classifier import FEATURES, PRIOR, TaskModel
 
 L2_FEATURES = 0.3  # per unit of item weight summed over the training set
@@ -33,7 +34,8 @@ MIN_DF = 3  # a word is a feature if at least this many training items have it
 MAX_WORDS = 4000
 MIN_WORD_WEIGHT = 0.05  # smaller word weights are dropped: fewer lookups per decision
 Sample = tuple[Mapping[str, float], frozenset[str]]
-MODEL_PATH = Path(__file__).resolve().parents[1] / "gateway" / "routing" / "task_model.py"
+#: The module ``--write`` replaces: found from the module itself, so a move cannot strand it.
+MODEL_PATH = Path(task_model.__file__)
 
 
 def _word_ok(word: str) -> bool:
