@@ -13,9 +13,10 @@ return every :class:`Problem` found, each naming the backend and the profile fie
   from the configs when readable) and its method matches its name (vLLM tells ``EAGLE3`` heads
   from ``EAGLE-`` heads by name).
 - mtp: the target has built-in MTP layers (``num_nextn_predict_layers`` in its config).
-- GPU indices: at least tensor-parallel-size of them, none shared by two backends on a node.
+- GPU indices: at least tensor-parallel-size of them; one GPU of a node shared only when
+  every sharer sets ``gpu_memory_utilization`` and the shares sum to at most 1.
 
-Model facts come from :class:`backends.model_info.ModelLookup`; nothing is downloaded.
+Model facts come from :class:`ModelLookup`; nothing is downloaded.
 """
 
 from __future__ import annotations

@@ -24,6 +24,7 @@ an estimate just under the budget is tight. :attr:`MemoryEstimate.expected_gib` 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from backends.checks import ModelLookup, Problem
@@ -109,11 +110,16 @@ def parse_human_int(text: str) -> int:
     units = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
     units |= {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
     text = text.strip()
+    if text.startswith("-"):
+        raise ValueError(f"{text!r}: a size cannot be negative")
     if text and text[-1] in units:
         number = text[:-1]
         if text[-1].isupper() and not number.isdigit():
             raise ValueError(f"{text!r}: binary suffixes take whole numbers (vLLM refuses it)")
-        return int(float(number) * units[text[-1]])
+        value = float(number)
+        if not math.isfinite(value):
+            raise ValueError(f"{text!r}: not a finite number")
+        return int(value * units[text[-1]])
     return int(text)
 
 

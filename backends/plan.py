@@ -35,19 +35,39 @@ class BackendPlan:
 class SharedGpu:
     """One GPU that several backends share, and what they take of it together (GiB).
 
-    ``parts``: (backend, GiB) per sharer: ``expected_gib`` for a fixed KV cache, else its
-    share ``gpu_memory_utilization x GPU`` (vLLM sizes itself to that fraction of the whole
-    device, ``vllm serve --help``). ``gpu_gib``: the smallest GPU size the sharers assume.
+    ``parts``: (backend, GiB) per estimated sharer: ``expected_gib`` for a fixed KV cache,
+    else its share ``gpu_memory_utilization x GPU`` (vLLM sizes itself to that fraction of
+    the whole device, ``vllm serve --help``). ``unknown``: sharers not estimated (unknown
+    architecture). ``sizes``: the GPU sizes (GiB) the sharers assume; ``shares_ok``: every
+    sharer sets a share and they sum to <= 1 (else the pre-launch checks already refuse it).
     """
 
     node: str
     gpu: int
     parts: tuple[tuple[str, float], ...]
-    gpu_gib: float
+    unknown: tuple[str, ...]
+    sizes: tuple[float, ...]
+    shares_ok: bool
 
     @property
     def total_gib(self) -> float:
         return sum(gib for _, gib in self.parts)
+
+    @property
+    def gpu_gib(self) -> float:
+        """The smallest size a sharer assumes."""
+        return min(self.sizes)
+
+    @property
+    def verdict(self) -> str:
+        """``fits``, ``DOES NOT FIT``, or why no verdict is given."""
+        if len(set(self.sizes)) > 1:
+            return "no verdict: the sharers assume different GPU sizes"
+        if self.unknown:
+            return f"no verdict: {', '.join(self.unknown)} not estimated"
+        if not self.shares_ok:
+            return "no verdict: the gpu_memory_utilization shares are refused (see problems)"
+        return "fits" if self.total_gib <= self.gpu_gib else "DOES NOT FIT"
 
 
 @dataclass
@@ -112,19 +132,21 @@ def plan_profiles(
 
 def shared_gpus(plans: list[BackendPlan]) -> list[SharedGpu]:
     """The GPUs (by node and index, from explicit ``gpus``) that two or more backends use,
-    with each sharer's part; backends whose memory is not estimated are left out of the sum."""
+    with each sharer's part (see :class:`SharedGpu`)."""
     users: dict[tuple[str, int], list[BackendPlan]] = {}
     for b in plans:
         for gpu in b.profile.gpus or []:
             users.setdefault((b.profile.node or "default", gpu), []).append(b)
     out = []
     for (node, gpu), group in users.items():
-        known = [b for b in group if b.memory is not None]
-        if len(group) < 2 or not known:
+        if len(group) < 2:
             continue
-        parts = tuple((b.name, _part_gib(b.memory)) for b in known if b.memory is not None)
-        size = min(b.memory.gpu_memory_gib for b in known if b.memory is not None)
-        out.append(SharedGpu(node, gpu, parts, size))
+        parts = tuple((b.name, _part_gib(b.memory)) for b in group if b.memory is not None)
+        unknown = tuple(b.name for b in group if b.memory is None)
+        sizes = tuple(sorted({b.memory.gpu_memory_gib for b in group if b.memory is not None}))
+        shares = [b.profile.gpu_memory_utilization for b in group]
+        shares_ok = all(x is not None for x in shares) and sum(x or 0 for x in shares) <= 1.0
+        out.append(SharedGpu(node, gpu, parts, unknown, sizes or (0.0,), shares_ok))
     return out
 
 
@@ -133,13 +155,18 @@ def _part_gib(m: MemoryEstimate) -> float:
 
 
 def _shared_problems(g: SharedGpu) -> list[Problem]:
-    if g.total_gib <= g.gpu_gib:
-        return []
+    where = f"GPU {g.gpu} on node '{g.node}'"
+    if len(set(g.sizes)) > 1:
+        sizes = " and ".join(f"{x:g}" for x in g.sizes)
+        msg = f"{where} is shared by backends that assume different sizes ({sizes} GiB)"
+        return [Problem(g.parts[-1][0], "gpu_memory_gb", msg)]
+    if g.unknown or not g.shares_ok or g.total_gib <= g.gpu_gib:
+        return []  # not estimated, or refused by the pre-launch checks already
     parts = " + ".join(f"{name} {gib:.2f}" for name, gib in g.parts)
     msg = (
-        f"GPU {g.gpu} on node '{g.node}' is shared: {parts} = {g.total_gib:.2f} GiB, over the "
-        f"GPU's {g.gpu_gib:g} GiB (fixed KV caches count with the engine overhead, the others "
-        "with their gpu_memory_utilization share): the last servers to start will not fit"
+        f"{where} is shared: {parts} = {g.total_gib:.2f} GiB, over the GPU's {g.gpu_gib:g} GiB"
+        " (fixed KV caches count with the engine overhead, the others with their"
+        " gpu_memory_utilization share): the last servers to start will not fit"
     )
     return [Problem(g.parts[-1][0], "gpus", msg)]
 
@@ -178,11 +205,13 @@ def render_plan(plan: Plan) -> str:
         out += _render_memory(b.memory) if b.memory else ["  memory:  not estimated"]
         out.append("")
     for g in plan.shared:
-        parts = " + ".join(f"{name} {gib:.2f}" for name, gib in g.parts)
-        verdict = "fits" if g.total_gib <= g.gpu_gib else "DOES NOT FIT"
+        parts = " + ".join(
+            [f"{name} {gib:.2f}" for name, gib in g.parts]
+            + [f"{name} (not estimated)" for name in g.unknown]
+        )
         out.append(
             f"GPU {g.gpu} on node '{g.node}', shared (GiB): {parts} = {g.total_gib:.2f}"
-            f" of {g.gpu_gib:g}: {verdict}"
+            f" of {g.gpu_gib:g}: {g.verdict}"
         )
     if plan.shared:
         out.append("")

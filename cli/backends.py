@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import shlex
 import sys
 from pathlib import Path
@@ -40,11 +41,14 @@ def add_backends_commands(sub: Any) -> None:
         "--profile", type=Path, nargs="+", help="backend profile YAML files (one per backend)"
     )
     plan.add_argument(
-        "--gpu-memory-gb", type=float, default=80.0, help="GiB per GPU where a profile says none"
+        "--gpu-memory-gb",
+        type=positive_float,
+        default=80.0,
+        help="GiB per GPU where a profile says none",
     )
     plan.add_argument(
         "--concurrency",
-        type=int,
+        type=positive_int,
         default=4,
         help="full-length sequences the KV cache should hold, where a profile says none",
     )
@@ -129,15 +133,41 @@ def run_backends_command(args: argparse.Namespace) -> int:
     raise SystemExit(f"unknown backends command {args.backends_command!r}")
 
 
+def positive_float(text: str) -> float:
+    """An argparse type: a finite number > 0 (``nan``, ``inf``, 0 and below refused)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, not {text!r}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {text!r}")
+    return value
+
+
 def load_profile(path: Path) -> BackendProfile:
     """Read one profile YAML; raises ValueError naming the file and the problem."""
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
         return BackendProfile.model_validate(data)
-    except (OSError, yaml.YAMLError) as exc:
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
         raise ValueError(f"{path}: {exc}") from None
+    except RecursionError:  # PyYAML's composer recurses per nesting level
+        raise ValueError(f"{path}: invalid YAML: nested too deeply") from None
     except ValidationError as exc:
-        issues = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        issues = "; ".join(
+            f"{'.'.join(map(str, e['loc'])) or '<root>'}: {e['msg']}" for e in exc.errors()
+        )
         raise ValueError(f"{path}: {issues}") from None
 
 
@@ -158,6 +188,18 @@ def _plan(args: argparse.Namespace) -> int:
             return 1
         profiles = {n: b.profile for n, b in config.backends.items() if b.profile is not None}
     else:
+        stems: dict[str, list[Path]] = {}
+        for p in args.profile:
+            stems.setdefault(p.stem, []).append(p)
+        twice = {stem: paths for stem, paths in stems.items() if len(paths) > 1}
+        if twice:
+            for stem, paths in twice.items():
+                print(
+                    f"specgate backends plan: {len(paths)} profiles named '{stem}' (a backend is"
+                    f" named by its file's stem): {', '.join(map(str, paths))}",
+                    file=sys.stderr,
+                )
+            return 2
         try:
             profiles = {p.stem: load_profile(p) for p in args.profile}
         except ValueError as exc:

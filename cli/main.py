@@ -58,7 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
     check = config_sub.add_parser("check", help="validate a config and print what it defines")
     given = check.add_mutually_exclusive_group(required=True)
     given.add_argument("file", type=Path, nargs="?", help="the config YAML")
-    given.add_argument("--config", dest="config_file", type=Path, help="the same, as a flag")
+    given.add_argument(
+        "--config", dest="config_file", metavar="FILE", type=Path, help="the same, as a flag"
+    )
     return parser
 
 
@@ -99,7 +101,9 @@ def cmd_config_check(path: Path) -> int:
     try:
         config = load_config(path)
     except ConfigError as exc:
-        print(f"{exc.source}: invalid config ({len(exc.issues)} problems)", file=sys.stderr)
+        count = len(exc.issues)
+        problems = f"{count} problem{'s' if count != 1 else ''}"
+        print(f"{exc.source}: invalid config ({problems})", file=sys.stderr)
         for issue in exc.issues:
             print(f"{exc.source}: {issue.path or '<root>'}: {issue.message}", file=sys.stderr)
         return 1

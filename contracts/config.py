@@ -368,4 +368,6 @@ def load_config(path: Path | str) -> GatewayConfig:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise ConfigError(source, [ConfigIssue("", f"invalid YAML: {exc}")]) from None
+    except RecursionError:  # PyYAML's composer recurses per nesting level
+        raise ConfigError(source, [ConfigIssue("", "invalid YAML: nested too deeply")]) from None
     return parse_config(data, source)

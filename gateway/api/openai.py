@@ -5,7 +5,7 @@ Handlers only parse, route and relay: the body bytes the client sent are what th
 receives; the response carries ``x-specgate-backend``, ``x-specgate-rule``,
 ``x-specgate-task`` and ``x-request-id``.
 
-The two routed endpoints are the hot path and are served as raw ASGI apps
+The routed endpoints are the hot path and are served as raw ASGI apps
 (:class:`ProxyEndpoint`): ``gateway.app.SpecgateApp`` hands them their ``POST`` requests
 before Starlette's middleware stack, and :func:`proxy_routes` also mounts them as routes (so
 other methods get a 405 envelope). No FastAPI dependency solving, no ``Request``/``Response``

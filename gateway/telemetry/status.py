@@ -1,6 +1,6 @@
 """The status page's view: backends, load, acceptance over time, decisions, tuning advice.
 
-:class:`StatusPage` renders ``templates/status.html`` (Jinja2, autoescaped, no JavaScript)
+:class:`StatusPage` renders ``gateway/templates/status.html`` (Jinja2, autoescaped, no JavaScript)
 from the live :class:`~gateway.service.Gateway` and an
 :class:`~gateway.telemetry.history.AcceptanceHistory`. The acceptance chart is an inline SVG
 polyline built here (:func:`sparkline`).

@@ -1,9 +1,10 @@
 """One read model of a backend: what ``/routes``, ``/status``, ``/metrics`` and ``/ready``
 show of its config and live state, taken at one instant.
 
-Every reader formats a :class:`BackendView` instead of reading :class:`BackendState`
-fields itself, so health (see :data:`~gateway.upstream.state.Health`) and the circuit
-breaker's verdict are computed in one place and read the same everywhere.
+Every reader formats a :class:`BackendView` instead of reading
+:class:`~gateway.upstream.state.BackendState` fields itself, so health (see
+:data:`~gateway.upstream.state.Health`) and the circuit breaker's verdict are computed in
+one place and read the same everywhere.
 """
 
 from __future__ import annotations

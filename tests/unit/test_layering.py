@@ -23,7 +23,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 LAYER = {"contracts": 0, "gateway": 1, "backends": 1, "cli": 2, "bench": 3}
-WEB = ("fastapi", "starlette", "uvicorn", "httpx")
+WEB = ("fastapi", "starlette", "uvicorn", "httpx", "httpx_sse", "aiohttp")
 
 
 def module_name(path: Path) -> str:

@@ -349,3 +349,62 @@ def test_backends_sharing_a_gpu_are_summed(lookup: ModelLookup) -> None:
     assert dict(gpu.parts)["c"] == pytest.approx(4.8)
     assert not [p for p in plan.errors if p.field == "gpus"]
     assert f"= {gpu.total_gib:.2f} of 24: fits" in render_plan(plan)
+
+
+def test_shared_gpu_without_a_verdict(lookup: ModelLookup) -> None:
+    """A sharer not estimated, or sharers assuming different GPU sizes, get no "fits"."""
+    known = profile(gpus=[0], gpu_memory_utilization=0.3, gpu_memory_gb=80, max_model_len=8192)
+    unknown = known.model_copy(update={"model": "someone/unknown-model", "port": 8001})
+    plan = plan_profiles({"a": known, "unk": unknown}, lookup=lookup)
+    text = render_plan(plan)
+    assert "unk (not estimated)" in text and "no verdict: unk not estimated" in text
+    big = known.model_copy(update={"gpu_memory_gb": 139.8, "port": 8002})
+    plan = plan_profiles({"a": known, "big": big}, lookup=lookup)
+    assert "no verdict: the sharers assume different GPU sizes" in render_plan(plan)
+    assert [p.field for p in plan.errors] == ["gpu_memory_gb"]
+    assert "different sizes (80 and 139.8 GiB)" in plan.errors[0].message
+
+
+def test_cli_plan_bad_input_is_a_message_not_a_traceback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = {"model": L8B, "served_model_name": "l", "port": 8000}
+    (tmp_path / "x").mkdir()
+    (tmp_path / "x" / "p.yaml").write_text(json.dumps(data))
+    (tmp_path / "p.yaml").write_text(json.dumps(data | {"port": 8001}))
+    # two files with one stem would be one backend: refused
+    same_stem = [str(tmp_path / "p.yaml"), str(tmp_path / "x" / "p.yaml")]
+    assert main(["backends", "plan", "--profile", *same_stem]) == 2
+    assert "2 profiles named 'p'" in capsys.readouterr().err
+    one = ["backends", "plan", "--profile", str(tmp_path / "p.yaml")]
+    for flag, value in [("--gpu-memory-gb", v) for v in ("0", "-1", "nan", "inf", "abc")] + [
+        ("--concurrency", v) for v in ("0", "-1", "x")
+    ]:
+        with pytest.raises(SystemExit) as exit_info:
+            main([*one, flag, value])
+        assert exit_info.value.code == 2, (flag, value)
+        assert flag in capsys.readouterr().err
+    files = {
+        "nested.yaml": "[" * 5000 + "]" * 5000,
+        "binary.yaml": b"\xd0\xcf\x11\xe0\xff",
+        "empty.yaml": "",
+        "huge.yaml": json.dumps(data | {"extra_args": ["--kv-cache-memory-bytes", "1e400g"]}),
+        "inf.yaml": json.dumps(data | {"extra_args": ["--kv-cache-memory-bytes", "infk"]}),
+        "neg.yaml": json.dumps(data | {"extra_args": ["--kv-cache-memory-bytes", "-5G"]}),
+    }
+    expected = {
+        "nested.yaml": "nested too deeply",
+        "binary.yaml": "binary.yaml: 'utf-8' codec can't decode",
+        "empty.yaml": "<root>: Input should be",
+        "huge.yaml": "not a finite number",
+        "inf.yaml": "not a finite number",
+        "neg.yaml": "cannot be negative",
+    }
+    for name, content in files.items():
+        path = tmp_path / name
+        path.write_bytes(content if isinstance(content, bytes) else content.encode())
+        assert main(["backends", "plan", "--profile", str(path)]) == 1, name
+        captured = capsys.readouterr()
+        assert expected[name] in captured.out + captured.err, name
+    assert main(["config", "check", str(tmp_path / "nested.yaml")]) == 1
+    assert "nested too deeply" in capsys.readouterr().err
