@@ -9,6 +9,7 @@ with raw ASGI ``send`` (no Starlette response objects on the hot path).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
@@ -66,13 +67,9 @@ async def relay(
             request=request[1],
         )
 
-    first = await open_on(decision.backends, tap)
-    try:
-        upstream = await settle.settle(first, open_on)
-    except BaseException:
-        await first.aclose()  # idempotent: a refusal retried was closed already
-        raise
-    try:  # from here the settled answer is closed (its lease ended) on every way out
+    async with contextlib.AsyncExitStack() as answers:  # each answer closed on every way out
+        first = await answers.enter_async_context(await open_on(decision.backends, tap))
+        upstream = await answers.enter_async_context(await settle.settle(first, open_on))
         gateway.stats.by_backend[upstream.backend] += 1
         out = [(k, v) for k, v in upstream.headers if k not in OWN_HEADERS]
         out += [
@@ -85,8 +82,6 @@ async def relay(
             await relay_stream(upstream, out, send)
             return
         content = await read_all(upstream)
-    finally:
-        await upstream.aclose()
     out.append((b"content-length", str(len(content)).encode()))
     await send({"type": "http.response.start", "status": upstream.status, "headers": out})
     await send({"type": "http.response.body", "body": content})

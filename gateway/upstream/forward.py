@@ -95,6 +95,13 @@ class Upstream:
         or closed does nothing)."""
         await self.body.aclose()
 
+    async def __aenter__(self) -> Upstream:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        """Leaving ``async with`` closes the answer (:meth:`aclose`) however it is left."""
+        await self.aclose()
+
 
 async def _relay(
     response: UpstreamResponse,
