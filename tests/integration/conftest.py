@@ -8,8 +8,10 @@ launcher ``specgate up`` uses, and stops them all at the end of the session.
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Iterator
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import pytest
@@ -32,6 +34,22 @@ def local_config_data() -> dict[str, Any]:
     for backend in data["backends"].values():
         backend["profile"]["port"] = free_port()
     return data
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _teardown_on_sigterm() -> Iterator[None]:
+    """SIGTERM (a CI timeout, ``timeout``, ``kill``) ends the run as Ctrl-C does: pytest
+    then runs every fixture's teardown, so the vLLM servers (each in its own session,
+    out of reach of a signal to pytest alone) are stopped instead of left running."""
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 @pytest.fixture(scope="session")
