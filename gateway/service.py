@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from contracts.config import GatewayConfig
+from gateway.embedding_stage import ClassifierStages
 from gateway.errors import guarded, model_not_found, too_busy
 from gateway.learning import FeedbackCollector
 from gateway.protocol import (
@@ -96,8 +97,11 @@ class Gateway:
         config: GatewayConfig,
         rng: random.Random | None = None,
         registry: BackendRegistry | None = None,
+        classifier: ClassifierStages | None = None,
     ) -> None:
         self.config = config
+        #: The task classifier's stages (fast only unless the runtime loaded the second).
+        self.classifier = classifier or ClassifierStages(None, "off: not loaded")
         self.policy = RoutingPolicy(config)
         self._models = _served_models(config)
         self.registry = registry or BackendRegistry(config.backends)
@@ -241,14 +245,16 @@ class Gateway:
             )
         if isinstance(text, _Unread):
             text = read_request(body)
-        guess = classify_text(text, default_task=self.config.defaults.task)
+        guess = classify_text(
+            text, default_task=self.config.defaults.task, second=self.classifier.second
+        )
         return RequestFeatures(
             model,
             temperature,
             given,
             guess.task,
             guess.confidence,
-            "classifier",
+            "classifier" if guess.stage == "fast" else "classifier+embedding",
             stream,
             spec_refused=refused,
         )
