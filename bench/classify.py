@@ -51,6 +51,8 @@ from bench.shapes import SHAPES, shaped
 from contracts.tasks import TASKS
 from gateway.embedding_stage import load_stages
 from gateway.routing.classifier import (
+    FIXED_ALWAYS,
+    FIXED_BY,
     SHIPPED,
     TaskGuess,
     TaskModel,
@@ -155,7 +157,9 @@ def held_out(
                 out.fast[i] = out.two[i] = max(probs, key=probs.__getitem__)
                 if emb is not None and max(probs.values()) < THRESHOLD and vectors[i].any():
                     other = dict(zip(TASKS, (float(v) for v in emb[row]), strict=True))
-                    both = combine(probs, other)
+                    feats = samples[i][0]
+                    fixed = FIXED_ALWAYS.union(t for f, t in FIXED_BY.items() if feats.get(f))
+                    both = combine(probs, other, fixed)
                     out.two[i], out.asked[i] = max(both, key=both.__getitem__), True
     return out
 

@@ -73,6 +73,14 @@ PRIOR: dict[str, Weights] = {
 }
 
 
+# The second stage re-ranks the tasks these do not fix (see gateway.routing.embedding.combine):
+# RAG always (the instruction window it reads leaves the documents out); code when a PRIOR
+# code feature fired, so that the second stage, fitted on the development labels, cannot undo
+# the routing policy above ("how do I undo a commit in git?" is code).
+FIXED_ALWAYS = frozenset({"rag"})
+FIXED_BY: dict[str, str] = {"code_langs": "code", "code_ask": "code"}
+
+
 class TaskModel(NamedTuple):
     """Weights of the linear model: ``bias`` per task, ``features`` named feature -> weight per
     task, ``words`` instruction-window word -> weight per task (columns in TASKS order)."""
@@ -169,6 +177,7 @@ def classify_text(
         if other is not None:
             for t, p in other.items():
                 shown[f"e_{t}"] = round(p, 3)
-            probs, stage = combine(probs, other), "embedding"
+            fixed = FIXED_ALWAYS.union(t for f, t in FIXED_BY.items() if feats.get(f))
+            probs, stage = combine(probs, other, fixed), "embedding"
     task = max(probs, key=probs.__getitem__)
     return TaskGuess(task, round(probs[task], 4), shown, stage)

@@ -6,8 +6,8 @@ probability under the head's ``threshold``), the instruction window
 WordPiece tokens (HF ``tokenizers``, Rust; at most MAX_TOKENS), their 384-dimensional input
 embeddings are summed and scaled to unit length, and a small fitted logistic-regression head
 (``gateway.routing.embedding_head``, 384 x 4 weights) gives four task probabilities. They are
-multiplied with the fast stage's (a product of experts, renormalised): the embedding moves a
-close call, it rarely overrules a clear one.
+multiplied with the fast stage's (a product of experts, renormalised) for the tasks no policy
+fixes (:func:`combine`): the embedding moves a close call, it rarely overrules a clear one.
 
 Why the input embeddings only, not the six transformer layers: measured on the development
 shapes (``python -m bench.classify``), the full sentence embedding (mean-pooled last layer)
@@ -25,7 +25,7 @@ them). No I/O, no mutable state; numpy releases nothing worth a thread at this s
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Set
 from dataclasses import dataclass
 
 import numpy as np
@@ -95,6 +95,23 @@ def softmax(logits: list[float]) -> dict[str, float]:
     return {t: v / total for t, v in zip(TASKS, e, strict=True)}
 
 
-def combine(fast: Mapping[str, float], second: Mapping[str, float]) -> dict[str, float]:
-    """Renormalised product of two probability tables over TASKS (floored at 1e-9)."""
-    return softmax([math.log(max(fast[t], 1e-9)) + math.log(max(second[t], 1e-9)) for t in TASKS])
+def combine(
+    fast: Mapping[str, float], second: Mapping[str, float], fixed: Set[str] = frozenset()
+) -> dict[str, float]:
+    """The fast stage's probabilities re-ranked by the second stage's (TASKS keys).
+
+    Tasks in ``fixed`` keep their fast-stage probability; the others share what is left in
+    proportion to the product of both stages' (floored at 1e-9). ``fixed`` is where the second
+    stage must not move mass: RAG (the instruction window it reads leaves the documents out)
+    and code when a routing policy of the fast stage fired (``classifier.FIXED_BY``).
+    """
+    free = [t for t in TASKS if t not in fixed]
+    if not free:
+        return dict(fast)
+    logits = [math.log(max(fast[t], 1e-9)) + math.log(max(second[t], 1e-9)) for t in free]
+    top = max(logits)
+    e = [math.exp(v - top) for v in logits]
+    left = max(1.0 - sum(fast[t] for t in fixed), 0.0) / sum(e)
+    out = {t: fast[t] for t in fixed}
+    out.update({t: v * left for t, v in zip(free, e, strict=True)})
+    return {t: out[t] for t in TASKS}
