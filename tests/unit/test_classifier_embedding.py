@@ -118,6 +118,14 @@ def test_unsure_requests_ask_the_second_stage(second: SecondStage) -> None:
     assert {"e_code", "e_rag", "e_chat", "e_creative"} <= guess.features.keys()
 
 
+@pytest.mark.parametrize(
+    "text", ["", "   ", "\ud800\udfff?", "🙂🙂🙂", "\x00\x01 how?", "ǅ" * 5000, "a" * 100_000]
+)
+def test_odd_text_never_raises(text: str, second: SecondStage) -> None:
+    guess = classify(tc.chat(text), second=second)
+    assert guess.stage in ("fast", "embedding") and 0.0 <= guess.confidence <= 1.0
+
+
 TABLES: list[tuple[str, dict[str, dict[str, Any]]]] = [
     ("rag", tc.RAG | tc.XML_RAG),
     ("code", tc.CODE | tc.PROGRAMMING_QUESTIONS | tc.TOOL_CODE),
