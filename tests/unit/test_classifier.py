@@ -339,6 +339,7 @@ KNOWN_MISSES = {
     "code: typescript generics": chat(
         "Can you explain how conditional types work in TypeScript with a small example?"
     ),
+    "code: reverse a list": chat("How do I reverse a list in Python?"),
     "code: react state": chat("When should I lift state up in React instead of using context?"),
 }
 
@@ -644,3 +645,26 @@ def test_dataset_macro_f1_floor() -> None:
 )
 def test_lone_surrogates_from_json_escapes_never_raise(body: dict[str, Any]) -> None:
     assert classify(body).task in TASKS
+
+
+@pytest.mark.parametrize(
+    ("prompt", "text", "task"),
+    [
+        ("<|im_start|>user\nWhat's the tallest mountain in Africa?<|im_end|>\n<|im_start|>"
+         "assistant\n", "What's the tallest mountain in Africa?", "chat"),
+        ("Below is an instruction that describes a task. Write a response that appropriately "
+         "completes the request.\n\n### Instruction:\nWhat causes the seasons?\n\n### Response:",
+         "What causes the seasons?", "chat"),
+        ("<s>[INST] Write a short poem about autumn leaves. [/INST]",
+         "Write a short poem about autumn leaves.", "creative"),
+        ("User: Write a Python function that reverses a linked list.\nAssistant:",
+         "Write a Python function that reverses a linked list.", "code"),
+    ],
+)  # fmt: skip
+def test_completion_prompts_lose_their_chat_template(prompt: str, text: str, task: str) -> None:
+    """A completions prompt rendered with a chat template by hand is read without its roles
+    and special tokens (``<|im_start|>`` is not code syntax, Alpaca's preamble not a writing
+    request)."""
+    rt = read_request({"model": "m", "prompt": prompt})
+    assert rt is not None and rt.text == text
+    assert classify({"model": "m", "prompt": prompt}).task == task
