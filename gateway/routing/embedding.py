@@ -18,8 +18,9 @@ The vectors carry what the fast stage lacks: words it never saw in training get 
 their neighbours in MiniLM's vocabulary space.
 
 Pure computation: the tokenizer and the matrix are given (``gateway.embedding_stage`` loads
-them). No I/O, no mutable state; numpy releases nothing worth a thread at this size (see
-``SecondStage.probabilities`` for the cost).
+them). No I/O, no mutable state. It runs inline on the event loop, not in a thread: about
+0.4 ms p50 and 1 ms p99 on this 2-core machine (``bench.classify``), for the 7-9% of requests
+that ask it.
 """
 
 from __future__ import annotations
@@ -77,8 +78,8 @@ class SecondStage:
     def probabilities(self, instr: str) -> dict[str, float] | None:
         """Task probabilities of an instruction window, or None when it has no word piece.
 
-        Cost: one tokenizer call on at most MAX_CHARS characters (~50-300 us), a gather of
-        at most MAX_TOKENS rows and a 384 x 4 product (~10 us); run inline.
+        Cost: one tokenizer call on at most MAX_CHARS characters, a gather of at most
+        MAX_TOKENS rows and a 384 x 4 product: with the fast stage before it, ~0.4 ms p50.
         """
         emb = self.vectors.embed(instr)
         if emb is None:
