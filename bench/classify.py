@@ -1,6 +1,6 @@
 """Task classifier benchmark: held-out scores by shape and by item, latency.
 
-    python -m bench.classify [--data DIR] [--folds 5] [--no-latency]
+    python -m bench.classify [--data DIR] [--folds 5] [--embedding DIR] [--no-latency]
 
 Every dataset item is rebuilt in the request shapes of ``bench.shapes`` (the dataset's own,
 context in the system message, XML document blocks, completion templates, context in an
@@ -14,8 +14,15 @@ precision/recall/F1, macro-F1 and the confusion matrix for:
   held-out items as the dataset gives them, and in every shape;
 - the shipped weights (a training score: they saw every item).
 
-Then latency percentiles in microseconds. Timings are reported, never asserted. The fit needs
-the ``bench`` extra (numpy, scipy); the gateway does not.
+Each held-out score is given for the fast stage alone and for the two stages: the second
+stage's head (``bench.embed_fit``) is refit on the same training items as the fast stage in
+every fold, and asked for the held-out requests whose fast-stage top probability is under
+its threshold (the share asked is printed). The second stage needs the files of
+``specgate models prepare`` (``--embedding DIR``, default the cache's); without them only the
+fast stage is scored.
+
+Then latency percentiles in microseconds, for the fast path and for the two stages. Timings are
+reported, never asserted. The fits need the ``bench`` extra (numpy, scipy).
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ import time
 import zlib
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from bench.classify_data import (
     DEFAULT_DATA,
@@ -43,12 +50,17 @@ from bench.classify_data import (
 from bench.shapes import SHAPES, shaped
 from contracts.tasks import TASKS
 from gateway.classify.classifier import (
+    FIXED_ALWAYS,
+    FIXED_BY,
     SHIPPED,
+    TaskGuess,
     TaskModel,
     classify,
     probabilities,
     with_prior,
 )
+from gateway.classify.embedding import SecondStage, combine
+from gateway.classify.embedding_stage import load_stages
 
 TARGET_F1, TARGET_CLASS_F1 = 0.92, 0.88
 
@@ -105,26 +117,51 @@ def folds_by_item(items: Sequence[Shaped], k: int) -> list[int]:
     return [fold_of[(t, i)] for i, t, _, _ in items]
 
 
+class HeldOut(NamedTuple):
+    """Held-out predictions per shaped item: ``fast`` by the fast stage alone, ``two`` by the
+    two stages (equal to ``fast`` without vectors), ``asked`` whether the second stage was."""
+
+    fast: list[str]
+    two: list[str]
+    asked: list[bool]
+
+
 def held_out(
-    items: Sequence[Shaped], samples: Sequence[Sample], k: int, *, by_shape: bool
-) -> list[str]:
+    items: Sequence[Shaped],
+    samples: Sequence[Sample],
+    k: int,
+    *,
+    by_shape: bool,
+    vectors: Any = None,
+) -> HeldOut:
     """Held-out prediction of every shaped item: refit on the items of the other folds (and,
-    ``by_shape``, in the other shapes only) and predict the held-out ones."""
+    ``by_shape``, in the other shapes only) and predict the held-out ones; ``vectors``: the
+    items' pooled embeddings (``bench.embed_fit.embed_items``), whose head is refit on the
+    same training items, or None."""
     from bench.classify_fit import fit  # needs numpy and scipy (the bench extra)
+    from bench.embed_fit import THRESHOLD, fit_head, head_probabilities
 
     fold = folds_by_item(items, k)
-    pred = [""] * len(items)
+    out = HeldOut([""] * len(items), [""] * len(items), [False] * len(items))
     for held_shape in SHAPES if by_shape else [None]:
         for f in range(k):
             train = [i for i, it in enumerate(items) if fold[i] != f and it[2] != held_shape]
-            model = with_prior(fit(
-                [samples[i] for i in train], [items[i][1] for i in train],
-                [items[i][0] for i in train],
-            ))  # fmt: skip
-            for i, it in enumerate(items):
-                if fold[i] == f and (held_shape is None or it[2] == held_shape):
-                    pred[i] = predict(samples[i], model)
-    return pred
+            labels, groups = [items[i][1] for i in train], [items[i][0] for i in train]
+            model = with_prior(fit([samples[i] for i in train], labels, groups))
+            head = None if vectors is None else fit_head(vectors[train], labels, groups)
+            test = [i for i, it in enumerate(items)
+                    if fold[i] == f and (held_shape is None or it[2] == held_shape)]  # fmt: skip
+            emb = None if head is None else head_probabilities(vectors[test], head)
+            for row, i in enumerate(test):
+                probs = probabilities(samples[i][0], samples[i][1], model)
+                out.fast[i] = out.two[i] = max(probs, key=probs.__getitem__)
+                if emb is not None and max(probs.values()) < THRESHOLD and vectors[i].any():
+                    other = dict(zip(TASKS, (float(v) for v in emb[row]), strict=True))
+                    feats = samples[i][0]
+                    fixed = FIXED_ALWAYS.union(t for f, t in FIXED_BY.items() if feats.get(f))
+                    both = combine(probs, other, fixed)
+                    out.two[i], out.asked[i] = max(both, key=both.__getitem__), True
+    return out
 
 
 def print_by_shape(items: Sequence[Shaped], pred: Sequence[str]) -> None:
@@ -141,7 +178,7 @@ def verdict(title: str, s: Mapping[str, Any]) -> str:
     worst = min(f for _, _, f in s["per"].values())
     ok = s["macro_f1"] >= TARGET_F1 and worst >= TARGET_CLASS_F1
     return (
-        f"{title:<34} macro-F1 {s['macro_f1']:.3f} (>= {TARGET_F1}), lowest class F1 "
+        f"{title:<44} macro-F1 {s['macro_f1']:.3f} (>= {TARGET_F1}), lowest class F1 "
         f"{worst:.3f} (>= {TARGET_CLASS_F1}): {'met' if ok else 'NOT met'}"
     )
 
@@ -152,30 +189,46 @@ def percentiles(samples_ns: Sequence[int]) -> tuple[float, float]:
     return q[49] / 1000, q[98] / 1000
 
 
-def time_passes(bodies: Sequence[Mapping[str, Any]], passes: int) -> list[list[int]]:
-    """Nanoseconds per ``classify`` call, per pass over ``bodies``, after a warm-up pass."""
+Timed = tuple[list[list[int]], list[bool]]  # ns per call per pass; second stage asked, per body
+
+
+def time_passes(
+    bodies: Sequence[Mapping[str, Any]], passes: int, second: SecondStage | None = None
+) -> Timed:
+    """Nanoseconds per ``classify`` call, per pass over ``bodies``, after a warm-up pass, and
+    whether each body went to the second stage."""
     clock: Callable[[], int] = time.perf_counter_ns
-    for body in bodies:
-        classify(body)
+    guesses: list[TaskGuess] = [classify(body, second=second) for body in bodies]
     out: list[list[int]] = []
     for _ in range(passes):
         samples: list[int] = []
         for body in bodies:
             t0 = clock()
-            classify(body)
+            classify(body, second=second)
             samples.append(clock() - t0)
         out.append(samples)
-    return out
+    return out, [g.stage == "embedding" for g in guesses]
 
 
-def print_latency(name: str, passes: Sequence[Sequence[int]]) -> None:
+def print_latency(name: str, timed: Timed) -> None:
     """p50/p99 over every call, and of the quietest pass (lowest p99: least disturbed by other
-    processes on a shared machine)."""
+    processes on a shared machine); with a second stage, also of the fast path (the calls it
+    answered alone) and of the calls that asked the second stage, and their share."""
+    passes, asked = timed
     p50, p99 = percentiles([t for samples in passes for t in samples])
     q50, q99 = min((percentiles(samples) for samples in passes), key=lambda q: q[1])
     print(
         f"{name:<34} p50 {p50:6.1f}  p99 {p99:7.1f}   quietest pass: p50 {q50:6.1f}  p99 {q99:6.1f}"
     )
+    if any(asked) and len(asked) > 1:
+        for label, want in (("fast path", False), ("second stage", True)):
+            got = [t for samples in passes
+                   for t, a in zip(samples, asked, strict=True) if a == want]  # fmt: skip
+            if len(got) > 1:
+                f50, f99 = percentiles(got)
+                n = len(got) // len(passes)
+                print(f"  {label:<32} p50 {f50:6.1f}  p99 {f99:7.1f}   ({n} calls per pass)")
+        print(f"  share sent to the second stage: {sum(asked) / len(asked):.1%}")
 
 
 def stretch(text: str, n: int) -> str:
@@ -183,21 +236,31 @@ def stretch(text: str, n: int) -> str:
     return (text * (n // max(len(text), 1) + 1))[:n]
 
 
-def report_latency(items: Sequence[Item], rows: Sequence[Mapping[str, Any]]) -> None:
-    """Print latency percentiles (microseconds per decision) for the dataset requests, every
-    prompt stretched to 8,000 characters, and huge bodies."""
+def report_latency(
+    items: Sequence[Item], rows: Sequence[Mapping[str, Any]], second: SecondStage | None
+) -> None:
+    """Print latency percentiles (microseconds per decision) for the dataset requests and
+    every shape (fast stage alone, then both stages when ``second``), every prompt stretched to
+    8,000 characters, and huge bodies."""
     print("== latency, microseconds per classify() call")
-    print_latency(f"dataset requests (n={len(items)})", time_passes([b for _, _, b in items], 10))
     every = [b for _, _, _, b in shaped(rows)]
-    print_latency(f"every shape (n={len(every)})", time_passes(every, 3))
+    for stage, label in ((None, "fast stage only"), (second, "fast + embedding stage")):
+        if stage is None and label != "fast stage only":
+            print("(second stage: files absent, not timed)")
+            continue
+        print(f"-- {label}")
+        data = [b for _, _, b in items]
+        print_latency(f"dataset requests (n={len(items)})", time_passes(data, 10, stage))
+        print_latency(f"every shape (n={len(every)})", time_passes(every, 3, stage))
     long8k = [to_body({**r, "prompt": stretch(r["prompt"], 8000)}) for r in rows]
-    print_latency("prompts stretched to 8,000 chars", time_passes(long8k, 10))
+    print("-- both stages when loaded")
+    print_latency("prompts stretched to 8,000 chars", time_passes(long8k, 10, second))
     big = stretch(rows[0]["prompt"], 1_000_000)
     many = [{"role": "user", "content": "hello " * 50}] * 10_000
     for name, body in (("1 MB chat prompt", {"messages": [{"role": "user", "content": big}]}),
                        ("1 MB completions prompt", {"prompt": big}),
                        ("10,000 messages", {"messages": many})):  # fmt: skip
-        print_latency(name, time_passes([body] * 50, 4))
+        print_latency(name, time_passes([body] * 50, 4, second))
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -206,8 +269,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.formatter_class = argparse.RawDescriptionHelpFormatter
     ap.add_argument("--data", type=Path, default=DEFAULT_DATA, help="folder of *.jsonl prompts")
     ap.add_argument("--folds", type=int, default=5, help="cross-validation folds")
+    ap.add_argument("--embedding", type=Path, default=None, help="second-stage files folder")
     ap.add_argument("--no-latency", action="store_true", help="skip the timing section")
     args = ap.parse_args(argv)
+    from bench.embed_fit import default_folder, embed_items
+
     rows = load_rows(args.data)
     if not rows:
         raise SystemExit(f"no *.jsonl prompts under {args.data}")
@@ -216,31 +282,45 @@ def main(argv: Sequence[str] | None = None) -> None:
     samples = samples_of(items)
     plain = [i for i, it in enumerate(items) if it[2] == "plain"]
     print(f"{len(rows)} prompts from {args.data}, {len(SHAPES)} shapes: {', '.join(SHAPES)}")
+    second = load_stages(args.embedding or default_folder()).second
+    vectors = None if second is None else embed_items(items, second.vectors)
+    if vectors is None:
+        print("second stage: files absent (run `specgate models prepare`): fast stage only")
 
-    loso = held_out(items, samples, args.folds, by_shape=True)
-    s_loso = scores(truth, loso)
-    print_scores(f"leave-one-shape-out x {args.folds} folds of items (held out)", s_loso)
-    print_by_shape(items, loso)
-
-    cv = held_out(items, samples, args.folds, by_shape=False)
-    s_cv = scores([truth[i] for i in plain], [cv[i] for i in plain])
-    print_scores(f"{args.folds}-fold cross-validation by item, the dataset's shape", s_cv)
-    s_cv_all = scores(truth, cv)
-    print_scores(f"{args.folds}-fold cross-validation by item, every shape", s_cv_all)
+    loso = held_out(items, samples, args.folds, by_shape=True, vectors=vectors)
+    cv = held_out(items, samples, args.folds, by_shape=False, vectors=vectors)
+    results: list[tuple[str, Mapping[str, Any]]] = []
+    for stage, pick in (("fast stage", 0), ("two stages", 1)):
+        if pick and vectors is None:
+            continue
+        lo, c = loso[pick], cv[pick]
+        print(f"\n######## {stage}")
+        s_loso = scores(truth, lo)
+        print_scores(f"{stage}: leave-one-shape-out x {args.folds} folds of items", s_loso)
+        print_by_shape(items, lo)
+        s_cv = scores([truth[i] for i in plain], [c[i] for i in plain])
+        print_scores(f"{stage}: {args.folds}-fold CV by item, the dataset's shape", s_cv)
+        s_cv_all = scores(truth, c)
+        print_scores(f"{stage}: {args.folds}-fold CV by item, every shape", s_cv_all)
+        results += [(f"{stage}, leave-one-shape-out", s_loso),
+                    (f"{stage}, {args.folds}-fold CV (dataset shape)", s_cv),
+                    (f"{stage}, {args.folds}-fold CV (every shape)", s_cv_all)]  # fmt: skip
+        if pick:
+            for name, ho in (("leave-one-shape-out", loso), ("cross-validation", cv)):
+                print(f"second stage asked ({name}): {sum(ho.asked) / len(ho.asked):.1%}")
 
     shipped = [predict(x, SHIPPED) for x in samples]
     s_shipped = scores([truth[i] for i in plain], [shipped[i] for i in plain])
-    print_scores("shipped weights, the dataset's shape (training score)", s_shipped)
+    print_scores("shipped fast-stage weights, the dataset's shape (training score)", s_shipped)
     print_by_shape(items, shipped)
 
     print("\n== targets")
-    print(verdict("leave-one-shape-out", s_loso))
-    print(verdict(f"{args.folds}-fold CV (dataset shape)", s_cv))
-    print(verdict(f"{args.folds}-fold CV (every shape)", s_cv_all))
+    for title, s in results:
+        print(verdict(title, s))
     if not args.no_latency:
         load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
         print(f"\n(Python {platform.python_version()}, {os.cpu_count()} CPUs, load average {load})")
-        report_latency(to_items(rows), rows)
+        report_latency(to_items(rows), rows, second)
 
 
 if __name__ == "__main__":

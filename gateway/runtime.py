@@ -24,6 +24,7 @@ import httpx
 from contracts.config import ConfigError, GatewayConfig, load_config
 from gateway.auth import Auth
 from gateway.background import BackgroundTasks
+from gateway.classify.embedding_stage import load_stages
 from gateway.observability import Observability, observability
 from gateway.persistence import persisted_learning
 from gateway.service import Gateway
@@ -187,7 +188,9 @@ async def open_runtime(parts: Parts) -> AsyncIterator[Runtime]:
             circuit_failures=settings.circuit_failures,
             circuit_cooldown_s=settings.circuit_cooldown_s,
         )
-        gateway = Gateway(parts.config, parts.rng, registry)
+        # ~50 ms of file reads, once: off the event loop all the same
+        stages = await asyncio.to_thread(load_stages, settings.classifier_embedding_dir())
+        gateway = Gateway(parts.config, parts.rng, registry, stages)
         client = await stack.enter_async_context(build_client(settings, parts.transport))
         upstream = build_upstream(settings, client, parts.transport)
         stack.push_async_callback(upstream.aclose)

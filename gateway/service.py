@@ -14,6 +14,7 @@ from typing import Any
 
 from contracts.config import GatewayConfig
 from gateway.classify.classifier import classify_text
+from gateway.classify.embedding_stage import ClassifierStages
 from gateway.classify.features import RequestFeatures, header_task, read_temperature
 from gateway.classify.protocol import (
     RoutedFields,
@@ -96,8 +97,11 @@ class Gateway:
         config: GatewayConfig,
         rng: random.Random | None = None,
         registry: BackendRegistry | None = None,
+        classifier: ClassifierStages | None = None,
     ) -> None:
         self.config = config
+        #: The task classifier's stages (fast only unless the runtime loaded the second).
+        self.classifier = classifier or ClassifierStages(None, "off: not loaded")
         self.policy = RoutingPolicy(config)
         self._models = _served_models(config)
         self.registry = registry or BackendRegistry(config.backends)
@@ -241,14 +245,16 @@ class Gateway:
             )
         if isinstance(text, _Unread):
             text = read_request(body)
-        guess = classify_text(text, default_task=self.config.defaults.task)
+        guess = classify_text(
+            text, default_task=self.config.defaults.task, second=self.classifier.second
+        )
         return RequestFeatures(
             model,
             temperature,
             given,
             guess.task,
             guess.confidence,
-            "classifier",
+            "classifier" if guess.stage == "fast" else "classifier+embedding",
             stream,
             spec_refused=refused,
         )

@@ -8,7 +8,7 @@ from typing import Literal
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from contracts.paths import default_cache_dir
+from contracts.paths import CachePaths, default_cache_dir
 
 
 class Settings(BaseSettings):
@@ -95,6 +95,15 @@ class Settings(BaseSettings):
     state_file: Path | None = None
     state_persist: bool = True
     state_save_interval_s: float = Field(default=30.0, gt=0)
+    #: The task classifier's second stage (embedding of unsure requests), read at startup
+    #: from <cache_dir>/models/minilm-token-vectors when ``specgate models prepare`` built it.
+    classifier_embedding: bool = True
+
+    def classifier_embedding_dir(self) -> Path | None:
+        """Where the classifier's second-stage files are read from (None: disabled)."""
+        if not self.classifier_embedding:
+            return None
+        return CachePaths(self.cache_dir or default_cache_dir()).classifier_embedding
 
     def state_path(self) -> Path | None:
         """Where the adaptive routing state lives (None: not persisted)."""

@@ -26,7 +26,7 @@ async def routes(request: Request, gateway: GatewayDep) -> dict[str, Any]:
     ordered rules, the pools, decision counts per rule, task and serving backend since start,
     the correctness canary's last results (None when it is off), and what adaptive routing
     learnt (estimates per task, bucket and backend; the newest per-request records), and
-    the quarantine's counts."""
+    the quarantine's counts and the task classifier's stages (is its embedding stage on?)."""
     config = gateway.config
     watch = runtime_of(request.app).deaths
     death_view = watch.to_json()
@@ -91,6 +91,7 @@ async def routes(request: Request, gateway: GatewayDep) -> dict[str, Any]:
         "rules": rules,
         "defaults": config.defaults.model_dump(),
         "routing": config.routing.model_dump(),
+        "classifier": gateway.classifier.view(),
         "decisions": {
             "by_rule": dict(stats.by_rule),
             "by_task": dict(stats.by_task),

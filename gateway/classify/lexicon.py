@@ -147,6 +147,19 @@ DOC_TAGS = re.compile(
     r"|user_query|information|background)\b[^<>\n]{0,80}>",
     re.IGNORECASE,
 )
+# Chat-template markup of a completions prompt rendered by hand (ChatML, Llama 2/3, Alpaca,
+# "User: ... Assistant:"): the roles and special tokens of a conversation, not its text. Left
+# in, ``<|im_start|>`` reads as code syntax and "Below is an instruction ... Write a response"
+# as a writing request.
+TEMPLATE_MARKUP = re.compile(
+    r"<\|im_start\|>(?:system|user|assistant)?|<\|start_header_id\|>\w*<\|end_header_id\|>"
+    r"|<\|(?:im_end|begin_of_text|eot_id|endoftext|end|user|assistant|system)\|>"
+    r"|\[/?INST\]|<</?SYS>>|</?s>"
+    r"|Below is an instruction that describes a task(?:, paired with an input that provides "
+    r"further context)?\. Write a response that appropriately completes the request\."
+    r"|^(?:### ?)?(?:Instruction|Response|Input|User|Assistant|Human|System)\s*:",
+    re.MULTILINE,
+)
 QA_LABELS = (
     ("question", "question:"),
     ("answer", "answer:"),

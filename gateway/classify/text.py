@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
-from gateway.classify.lexicon import DOC_TAGS
+from gateway.classify.lexicon import DOC_TAGS, TEMPLATE_MARKUP
 
 # Messages looked at: the first few (system prompts) and the last few (the live exchange).
 HEAD_MESSAGES = 2
@@ -99,11 +99,13 @@ def is_structured(body: Mapping[str, Any]) -> bool:
 
 
 def _from_prompt(prompt: Any) -> tuple[str, int] | None:
-    """Text of a ``/v1/completions`` prompt; None for token ids or anything unreadable."""
+    """Text of a ``/v1/completions`` prompt, without chat-template markup (roles, special
+    tokens: see ``lexicon.TEMPLATE_MARKUP``); None for token ids or anything unreadable."""
     if isinstance(prompt, list) and prompt:
         prompt = prompt[0]  # a batch: the first prompt stands for the rest
     if isinstance(prompt, str):
-        return clip(prompt, *LAST_SLICE), len(prompt)
+        text = clip(prompt, *LAST_SLICE)  # chat-template markup dropped from the slice only
+        return TEMPLATE_MARKUP.sub(" ", text).strip(), len(prompt)
     return None
 
 

@@ -180,6 +180,10 @@ POLICY = (
     "packaging. Items bought on sale can be exchanged but not refunded. Refunds are issued to "
     "the original payment method within 5-7 business days after the return is received."
 )
+CHANGELOG = (
+    "Release 3.0.0 removes support for Python 3.7 and adds the `timeout` argument to "
+    "`Client.get()`. The deprecated `fetch_all()` helper is gone; use `iter_pages()` instead. "
+)
 RELEASE = (
     "Version 4.2 adds offline mode for the mobile app, so field teams can log inspections "
     "without a connection; entries sync when the device is back online. The release also "
@@ -240,6 +244,14 @@ XML_RAG = {
         "I've read both documents.",
         "Which Android version is no longer supported?",
     ),
+    "changelog with code spans in the documents": chat(
+        xml_docs(("CHANGELOG.md", CHANGELOG * 3), ("migration.md", CHANGELOG * 2))
+        + "\n\nWhich Python version is no longer supported in 3.0?"
+    ),
+    "system instruction, blocks in the user turn": chat(
+        xml_docs(("hr-policy.pdf", HANDBOOK * 3)) + "\n\nHow many sick days do new hires get?",
+        system="Answer only from the documents the user provides.",
+    ),
 }
 PROGRAMMING_QUESTIONS = {
     "memory in python": chat(
@@ -262,6 +274,13 @@ PROGRAMMING_QUESTIONS = {
     "async rust": chat("When should I use tokio::spawn versus just awaiting a future in Rust?"),
     "regex": chat("What regex matches a UK postcode?"),
     "pandas": chat("In pandas, how can I group by two columns and get the mean of a third?"),
+    "django queries": chat(
+        "How do I make my Django queries faster when a page lists thousands of rows?"
+    ),
+    "database choice": chat(
+        "Should I use Postgres or MongoDB for an app with lots of relational data?"
+    ),
+    "docker image size": chat("Why is my Docker image 2 GB and how can I shrink it?"),
 }
 CHAT_NOT_CREATIVE = {
     "story-themed question": chat("Who wrote the story 'The Lottery' and what is it about?"),
@@ -274,6 +293,11 @@ CHAT_NOT_CREATIVE = {
     "movie history": chat("Why was the movie Casablanca so successful when it came out?"),
     "email tips": chat("What are some tips for writing a professional email to a recruiter?"),
     "word meaning": chat("What does the word 'petrichor' mean?"),
+    "recipe": chat("Give me a simple recipe for banana bread."),
+    "rhymes": chat("What words rhyme with orange?"),
+    "book recommendation": chat(
+        "Can you recommend three fantasy novels similar to The Name of the Wind?"
+    ),
 }
 CREATIVE_NOT_CHAT = {
     "script without a verb": chat(
@@ -296,6 +320,11 @@ CREATIVE_NOT_CHAT = {
         "a limerick about a cat who hates mondays", system="You are a helpful assistant."
     ),
     "italian poem": chat("Scrivi una poesia sul mare d'inverno."),
+    "bedtime story": chat("Compose a bedtime story about a sleepy owl for my four-year-old."),
+    "pirate captain in character": chat(
+        "Imagine you are a pirate captain and describe your ship to a new recruit, in character."
+    ),
+    "haiku without a verb": chat("Three haiku about a city waking up in winter, please."),
 }
 
 # Known misses of the shipped model, kept as strict xfails so that a fix shows: creative
@@ -310,6 +339,8 @@ KNOWN_MISSES = {
     "code: typescript generics": chat(
         "Can you explain how conditional types work in TypeScript with a small example?"
     ),
+    "code: reverse a list": chat("How do I reverse a list in Python?"),
+    "code: react state": chat("When should I lift state up in React instead of using context?"),
 }
 
 
@@ -614,3 +645,26 @@ def test_dataset_macro_f1_floor() -> None:
 )
 def test_lone_surrogates_from_json_escapes_never_raise(body: dict[str, Any]) -> None:
     assert classify(body).task in TASKS
+
+
+@pytest.mark.parametrize(
+    ("prompt", "text", "task"),
+    [
+        ("<|im_start|>user\nWhat's the tallest mountain in Africa?<|im_end|>\n<|im_start|>"
+         "assistant\n", "What's the tallest mountain in Africa?", "chat"),
+        ("Below is an instruction that describes a task. Write a response that appropriately "
+         "completes the request.\n\n### Instruction:\nWhat causes the seasons?\n\n### Response:",
+         "What causes the seasons?", "chat"),
+        ("<s>[INST] Write a short poem about autumn leaves. [/INST]",
+         "Write a short poem about autumn leaves.", "creative"),
+        ("User: Write a Python function that reverses a linked list.\nAssistant:",
+         "Write a Python function that reverses a linked list.", "code"),
+    ],
+)  # fmt: skip
+def test_completion_prompts_lose_their_chat_template(prompt: str, text: str, task: str) -> None:
+    """A completions prompt rendered with a chat template by hand is read without its roles
+    and special tokens (``<|im_start|>`` is not code syntax, Alpaca's preamble not a writing
+    request)."""
+    rt = read_request({"model": "m", "prompt": prompt})
+    assert rt is not None and rt.text == text
+    assert classify({"model": "m", "prompt": prompt}).task == task
