@@ -98,11 +98,15 @@ class Settings(BaseSettings):
     #: The task classifier's second stage (embedding of unsure requests), read at startup
     #: from <cache_dir>/models/minilm-token-vectors when ``specgate models prepare`` built it.
     classifier_embedding: bool = True
+    #: Another folder for those files (the gateway image ships them outside the cache dir).
+    classifier_embedding_files: Path | None = None
 
     def classifier_embedding_dir(self) -> Path | None:
         """Where the classifier's second-stage files are read from (None: disabled)."""
         if not self.classifier_embedding:
             return None
+        if self.classifier_embedding_files is not None:
+            return self.classifier_embedding_files
         return CachePaths(self.cache_dir or default_cache_dir()).classifier_embedding
 
     def state_path(self) -> Path | None:

@@ -21,6 +21,7 @@ from contracts.paths import CachePaths, default_cache_dir
 from gateway.classify.classifier import classify
 from gateway.classify.embedding import SecondStage, combine
 from gateway.classify.embedding_stage import ClassifierStages, load_stages
+from gateway.settings import Settings
 from tests.unit import test_classifier as tc
 from tests.unit.conftest import gateway_settings, in_process
 
@@ -151,3 +152,14 @@ async def test_routes_show_the_classifier_stages() -> None:
         view = (await gw.client.get("/routes")).json()["classifier"]
     assert view["stages"] == ["fast"] and view["embedding"].startswith("disabled")
     assert isinstance(ClassifierStages(None, "x").view()["stages"], list)
+
+
+def test_the_files_folder_can_be_set_apart_from_the_cache(tmp_path: Path) -> None:
+    """The gateway image ships the files outside the cache dir
+    (``SPECGATE_CLASSIFIER_EMBEDDING_FILES``); turning the stage off still wins."""
+    folder = tmp_path / "classifier-embedding"
+    assert Settings(classifier_embedding_files=folder).classifier_embedding_dir() == folder
+    off = Settings(classifier_embedding_files=folder, classifier_embedding=False)
+    assert off.classifier_embedding_dir() is None
+    cache = Settings(cache_dir=tmp_path).classifier_embedding_dir()
+    assert cache == tmp_path / "models" / "minilm-token-vectors"
