@@ -256,6 +256,7 @@ class Gateway:
             guess.confidence,
             "classifier" if guess.stage == "fast" else "classifier+embedding",
             stream,
+            task_features=guess.features,  # shown by /routes/explain (the dict exists anyway)
             spec_refused=refused,
         )
 

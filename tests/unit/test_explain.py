@@ -26,6 +26,9 @@ async def test_explain_over_http(gw: InProcess) -> None:
     assert out["task"] == "code"
     assert 0 < out["task_confidence"] <= 1
     assert out["task_source"] == "classifier"
+    # what decided it: the features that fired and the four probabilities
+    assert out["task_features"]["code_langs"] > 0
+    assert out["task_features"]["p_code"] == pytest.approx(out["task_confidence"])
     assert out["temperature"] == 0.2
     assert out["rule"] == "code-rag-speculative"
     assert out["backend"] in {"eagle3", "ngram", "draft"}
