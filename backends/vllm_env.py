@@ -87,6 +87,33 @@ def run_command(
     return list(tail)
 
 
+def download_wheel(
+    paths: CachePaths,
+    requirement: str,
+    wheel_glob: str,
+    what: str,
+    python: Path | str | None = None,
+    *,
+    log: LogFn = print,
+) -> Path:
+    """The newest wheel matching ``wheel_glob`` under ``paths.downloads``; when there is none,
+    ``requirement`` is downloaded there with ``python -m pip download --no-deps`` (default:
+    this interpreter; its index configuration applies). A wheel already there (e.g. from an
+    offline bundle) is used as it is. ``what`` describes it in the log line. Raises
+    SetupError when pip fails or leaves no matching wheel."""
+    wheels = sorted(paths.downloads.glob(wheel_glob))
+    if wheels:
+        return wheels[-1]
+    paths.downloads.mkdir(parents=True, exist_ok=True)
+    log(f"downloading {requirement} ({what})")
+    cmd = [str(python or sys.executable), "-m", "pip", "download", "--no-deps", requirement]
+    run_command([*cmd, "--progress-bar", "off", "-d", str(paths.downloads)], log=log)
+    wheels = sorted(paths.downloads.glob(wheel_glob))
+    if not wheels:
+        raise SetupError(cmd, 0, [f"no {wheel_glob} in {paths.downloads}"])
+    return wheels[-1]
+
+
 def _expected_marker() -> dict[str, list[str]]:
     return {"requirements": list(VLLM_REQUIREMENTS), "removed": list(UNWANTED_PACKAGES)}
 
