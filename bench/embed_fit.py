@@ -26,6 +26,7 @@ from bench.classify_data import Shaped
 from bench.classify_fit import sample_weights
 from contracts.paths import CachePaths
 from contracts.tasks import TASKS
+from gateway.classify import embedding_head
 from gateway.classify.embedding import TokenVectors
 from gateway.classify.embedding_stage import load_stages
 from gateway.classify.text import read_request
@@ -35,7 +36,8 @@ L2 = 1.0  # per unit of mean sample weight
 #: shaped development requests to it and gave the best held-out macro-F1 of 0.6/0.8/0.9/0.95
 #: in the trial that chose this design (leave-one-shape-out, heads fitted on training folds).
 THRESHOLD = 0.8
-HEAD_PATH = Path(__file__).resolve().parents[1] / "gateway" / "routing" / "embedding_head.py"
+#: The module ``--write`` replaces: found from the module itself, so a move cannot strand it.
+HEAD_PATH = Path(embedding_head.__file__)
 Head = tuple[NDArray[np.float64], NDArray[np.float64]]  # weights (384, 4), bias (4,)
 
 
