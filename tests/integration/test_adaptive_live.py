@@ -140,6 +140,12 @@ def test_the_truncated_draft_loses_its_code_traffic(fresh_adaptive_url: str) -> 
     assert after["ngram"] + after["eagle3"] >= 9, served  # and lost within the warm-up
     routes = httpx.get(f"{adaptive_url}/routes").json()["adaptive"]
     code = next(g for g in routes["groups"] if g["task"] == "code" and g["bucket"] == "*")
-    draft, ngram = code["backends"]["draft"], code["backends"]["ngram"]
-    assert draft["acceptance_rate"] < 0.1 < ngram["acceptance_rate"]
-    assert draft["speed_tps"] < ngram["speed_tps"]
+    # Compared with the backend that took the traffic over (eagle3 or ngram), not with ngram
+    # alone: ngram's acceptance on these prompts was 0.05 in one CI run and 0.38 in another
+    # (it is measured on the few requests the explorer gave it).
+    winner = after.most_common(1)[0][0]
+    draft, best = code["backends"]["draft"], code["backends"][winner]
+    assert winner != "draft", served
+    assert draft["acceptance_rate"] < 0.1, draft
+    assert draft["acceptance_rate"] < best["acceptance_rate"], (draft, best)
+    assert draft["speed_tps"] < best["speed_tps"], (draft, best)
