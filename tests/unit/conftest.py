@@ -50,8 +50,12 @@ def static_config() -> GatewayConfig:
 
 
 def gateway_settings(**overrides: Any) -> Settings:
-    """The in-process gateway's settings: a small body limit, no background health polls."""
-    return Settings(max_body_bytes=64 * 1024, health_interval_s=60, **overrides)
+    """The in-process gateway's settings: a small body limit, no background health polls,
+    adaptive state in memory only (a script that borrows these outside pytest, without the
+    fixtures below, must not overwrite the user's real state file)."""
+    base: dict[str, Any] = {"max_body_bytes": 64 * 1024, "health_interval_s": 60,
+                            "state_persist": False}  # fmt: skip
+    return Settings(**(base | overrides))
 
 
 @asynccontextmanager
