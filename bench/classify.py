@@ -50,12 +50,12 @@ from bench.classify_data import (
 from bench.shapes import SHAPES, shaped
 from contracts.tasks import TASKS
 from gateway.classify.classifier import (
-    FIXED_ALWAYS,
-    FIXED_BY,
     SHIPPED,
     TaskGuess,
     TaskModel,
+    asks_second,
     classify,
+    fixed_tasks,
     probabilities,
     with_prior,
 )
@@ -155,10 +155,9 @@ def held_out(
             for row, i in enumerate(test):
                 probs = probabilities(samples[i][0], samples[i][1], model)
                 out.fast[i] = out.two[i] = max(probs, key=probs.__getitem__)
-                if emb is not None and max(probs.values()) < THRESHOLD and vectors[i].any():
+                fixed = fixed_tasks(samples[i][0])
+                if emb is not None and asks_second(probs, fixed, THRESHOLD) and vectors[i].any():
                     other = dict(zip(TASKS, (float(v) for v in emb[row]), strict=True))
-                    feats = samples[i][0]
-                    fixed = FIXED_ALWAYS.union(t for f, t in FIXED_BY.items() if feats.get(f))
                     both = combine(probs, other, fixed)
                     out.two[i], out.asked[i] = max(both, key=both.__getitem__), True
     return out

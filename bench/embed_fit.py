@@ -65,7 +65,10 @@ def embed_items(items: Sequence[Shaped], vectors: TokenVectors) -> NDArray[np.fl
 
 
 def fit_head(x: NDArray[np.float32], labels: Sequence[str], groups: Sequence[str]) -> Head:
-    """Fit the head on vectors ``x`` (n, d), their tasks and item ids."""
+    """Fit the head on vectors ``x`` (n, d), their tasks and item ids; rows of zeros (items
+    the second stage never reads: another language, no known word piece) are left out."""
+    keep = np.flatnonzero(x.any(axis=1))
+    x, labels, groups = x[keep], [labels[i] for i in keep], [groups[i] for i in keep]
     n, d = x.shape
     k = len(TASKS)
     y = np.zeros((n, k))
@@ -142,9 +145,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         raise SystemExit("second-stage files missing: run `specgate models prepare` first")
     rows = load_rows(args.data)
     items = shaped(rows)
-    head = fit_head(embed_items(items, vectors), [t for _, t, _, _ in items],
-                    [i for i, _, _, _ in items])  # fmt: skip
-    text = render(head, f"{len(rows)} development prompts in {len(items) // len(rows)} shapes")
+    x = embed_items(items, vectors)
+    head = fit_head(x, [t for _, t, _, _ in items], [i for i, _, _, _ in items])
+    read = int(x.any(axis=1).sum())
+    text = render(head, f"{len(rows)} development prompts in {len(items) // len(rows)} shapes:\n"
+                  f"{read} of {len(items)} requests read (the others: in another language\n"
+                  "than English, or without a known word piece)")  # fmt: skip
     if args.write:
         HEAD_PATH.write_text(text, encoding="utf-8")
         print(f"wrote {HEAD_PATH}")

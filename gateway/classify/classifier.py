@@ -20,11 +20,11 @@ each with its reason, where the development labels cannot teach the right weight
 ``tools`` in a request say nothing about the task: a weather or calendar tool call is chat.
 
 Second stage (optional, ``gateway.classify.embedding``): when the fast stage's top probability
-is under a threshold (0.8: 7-9% of the development requests in every shape with the shipped
-weights, 15-20% in held-out folds), the pooled
-all-MiniLM-L6-v2 word-piece vectors of the instruction window give a second opinion, multiplied
-in. The gateway loads it at startup when ``specgate models prepare`` has built its files
-(``gateway.classify.embedding_stage``) and runs without it otherwise.
+is under a threshold (0.8) and its top task is not one a policy fixes (:func:`asks_second`:
+5.6% of the development requests with the shipped weights, 12-13% in held-out folds), the
+pooled all-MiniLM-L6-v2 word-piece vectors of an English instruction window give a second
+opinion, multiplied in. The gateway loads it at startup when ``specgate models prepare`` has
+built its files (``gateway.classify.embedding_stage``) and runs without it otherwise.
 
 Cost: at most ~4,000 characters read whatever the body's size (see ``gateway.classify.text``),
 a few dozen C-level scans and set lookups, two small weighted sums: tens of microseconds per
@@ -80,6 +80,20 @@ PRIOR: dict[str, Weights] = {
 # the routing policy above ("how do I undo a commit in git?" is code).
 FIXED_ALWAYS = frozenset({"rag"})
 FIXED_BY: dict[str, str] = {"code_langs": "code", "code_ask": "code"}
+
+
+def fixed_tasks(feats: Mapping[str, float]) -> frozenset[str]:
+    """The tasks the second stage may not move for a request with features ``feats``:
+    FIXED_ALWAYS, plus code when a FIXED_BY feature fired."""
+    return FIXED_ALWAYS.union(t for f, t in FIXED_BY.items() if feats.get(f))
+
+
+def asks_second(probs: Mapping[str, float], fixed: frozenset[str], threshold: float) -> bool:
+    """Whether the second stage is asked: the fast stage's top probability is under
+    ``threshold`` and its top task is not in ``fixed`` (a fixed task could lose to the second
+    stage there but never gain, so an unsure RAG or code-policy decision stays as it is)."""
+    top = max(probs, key=probs.__getitem__)
+    return probs[top] < threshold and top not in fixed
 
 
 class TaskModel(NamedTuple):
@@ -173,12 +187,12 @@ def classify_text(
     for t, p in probs.items():
         shown[f"p_{t}"] = round(p, 3)
     stage = "fast"
-    if second is not None and max(probs.values()) < second.threshold:
+    fixed = fixed_tasks(feats)
+    if second is not None and asks_second(probs, fixed, second.threshold):
         other = second.probabilities(rt.instr)
         if other is not None:
             for t, p in other.items():
                 shown[f"e_{t}"] = round(p, 3)
-            fixed = FIXED_ALWAYS.union(t for f, t in FIXED_BY.items() if feats.get(f))
             probs, stage = combine(probs, other, fixed), "embedding"
     task = max(probs, key=probs.__getitem__)
     return TaskGuess(task, round(probs[task], 4), shown, stage)

