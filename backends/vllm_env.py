@@ -39,17 +39,18 @@ LogFn = Callable[[str], None]
 
 
 class SetupError(RuntimeError):
-    """A setup command failed; carries the command, its exit code and its last output lines."""
+    """A setup step failed; carries the command (or the step's description), its exit code
+    (None for a step that ran no command) and its last output lines."""
 
-    def __init__(self, command: Sequence[str], returncode: int, tail: Sequence[str]) -> None:
+    def __init__(self, command: Sequence[str], returncode: int | None, tail: Sequence[str]) -> None:
         self.command = list(command)
         self.returncode = returncode
         self.tail = list(tail)
         shown = "\n".join(f"  | {line}" for line in self.tail)
-        super().__init__(
-            f"command failed with exit code {returncode}: {' '.join(self.command)}\n"
-            f"last output lines:\n{shown}"
-        )
+        what = " ".join(self.command)
+        head = (f"{what}: failed" if returncode is None
+                else f"command failed with exit code {returncode}: {what}")  # fmt: skip
+        super().__init__(f"{head}\nlast output lines:\n{shown}")
 
 
 def run_command(
@@ -101,14 +102,15 @@ def download_wheel(
     """The newest wheel matching ``wheel_glob`` under ``paths.downloads``; when there is none,
     ``requirement`` is downloaded there with ``python -m pip download --no-deps`` (default:
     this interpreter; its index configuration applies). A wheel already there (e.g. from an
-    offline bundle) is used as it is. ``what`` describes it in the log line.
+    offline bundle) is used without a download when it matches ``sha256``. ``what``
+    describes it in the log line.
 
     ``sha256``: the wheel's pinned digest (PyPI's). A wheel that does not match (truncated,
-    corrupt, another build) is moved aside to ``<name>.bad`` and downloaded again, so a bad
-    file is never reused. Raises SetupError when pip fails, leaves no matching wheel, or the
-    download does not match either."""
+    corrupt, another build), found or downloaded, is moved aside to ``<name>.bad``, so a bad
+    file is never reused; a found one is then downloaded again. Raises SetupError when pip
+    fails, leaves no matching wheel, or the download does not match either."""
     wheels = sorted(paths.downloads.glob(wheel_glob))
-    if wheels and _wheel_ok(wheels[-1], sha256, log):
+    if wheels and _wheel_ok(wheels[-1], sha256, log, again=True):
         return wheels[-1]
     paths.downloads.mkdir(parents=True, exist_ok=True)
     log(f"downloading {requirement} ({what})")
@@ -116,9 +118,11 @@ def download_wheel(
     run_command([*cmd, "--progress-bar", "off", "-d", str(paths.downloads)], log=log)
     wheels = sorted(paths.downloads.glob(wheel_glob))
     if not wheels:
-        raise SetupError(cmd, 0, [f"no {wheel_glob} in {paths.downloads}"])
-    if not _wheel_ok(wheels[-1], sha256, log):
-        raise SetupError(cmd, 0, [f"{wheels[-1].name} does not match its pinned sha256 {sha256}"])
+        raise SetupError(cmd, None, [f"pip left no {wheel_glob} in {paths.downloads}"])
+    if not _wheel_ok(wheels[-1], sha256, log, again=False):
+        name = wheels[-1].name
+        why = f"{name} does not match its pinned sha256 {sha256}: moved aside to {name}.bad"
+        raise SetupError(cmd, None, [why])
     return wheels[-1]
 
 
@@ -131,14 +135,16 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _wheel_ok(wheel: Path, sha256: str | None, log: LogFn) -> bool:
-    """True when ``wheel`` matches ``sha256`` (or none is pinned); else it is moved aside."""
+def _wheel_ok(wheel: Path, sha256: str | None, log: LogFn, *, again: bool) -> bool:
+    """True when ``wheel`` matches ``sha256`` (or none is pinned); else it is moved aside
+    (``again``: the log line says it is downloaded again)."""
     if sha256 is None or sha256_file(wheel) == sha256:
         return True
     bad = wheel.with_name(wheel.name + ".bad")
     wheel.replace(bad)
+    then = ", downloading it again" if again else ""
     log(f"{wheel.name} does not match its pinned sha256 (corrupt or another build): "
-        f"moved to {bad.name}, downloading it again")  # fmt: skip
+        f"moved to {bad.name}{then}")  # fmt: skip
     return False
 
 
