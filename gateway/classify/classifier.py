@@ -21,9 +21,9 @@ each with its reason, where the development labels cannot teach the right weight
 
 Second stage (optional, ``gateway.classify.embedding``): when the fast stage's top probability
 is under a threshold (0.8) and its top task is not one a policy fixes (:func:`asks_second`:
-5.6% of the development requests with the shipped weights, 12-13% in held-out folds) and
-the final message is English, the pooled all-MiniLM-L6-v2 word-piece vectors of the
-instruction window give a second opinion, multiplied in. The gateway loads it at startup
+about 6% of the development requests with the shipped weights, 12-13% in held-out folds) and
+the instruction window is English, line by line, the pooled all-MiniLM-L6-v2 word-piece
+vectors of that window give a second opinion, multiplied in. The gateway loads it at startup
 when ``specgate models prepare`` has built its files (``gateway.classify.embedding_stage``)
 and runs without it otherwise.
 

