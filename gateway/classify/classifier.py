@@ -188,9 +188,9 @@ def classify_text(
     for t, p in probs.items():
         shown[f"p_{t}"] = round(p, 3)
     stage = "fast"
-    fixed = fixed_tasks(feats)
-    if second is not None and asks_second(probs, fixed, second.threshold):
-        other = second.probabilities(rt)
+    if second is not None and max(probs.values()) < second.threshold:  # else: the fast path
+        fixed = fixed_tasks(feats)
+        other = second.probabilities(rt) if asks_second(probs, fixed, second.threshold) else None
         if other is not None:
             for t, p in other.items():
                 shown[f"e_{t}"] = round(p, 3)

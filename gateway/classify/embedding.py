@@ -30,8 +30,8 @@ their neighbours in MiniLM's vocabulary space.
 Pure computation: the tokenizer, the matrix (memory-mapped: its pages are read on first use)
 and the language identifier are given (``gateway.classify.embedding_stage`` loads them); no
 mutable state. It runs inline on the event loop, not in a thread: about
-0.25-0.3 ms p50 and 0.65 ms p99 on this 2-core machine (``bench.classify``), for the 6-7% of the
-development requests that ask it.
+0.25-0.3 ms p50 and 0.65-0.8 ms p99 on this 2-core machine (``bench.classify``), for the 6-7% of
+the development requests that ask it.
 """
 
 from __future__ import annotations
