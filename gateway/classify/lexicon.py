@@ -122,6 +122,13 @@ RAG_PHRASES = (
     "don't know", "do not know", "not contain the answer", "make up an answer",
     "only the information", "using only", "from the context", "in the context",
     "cite ", "source:", "sources:",
+    # the same grounding in other Latin-script languages (none occurs in the development set,
+    # so the fit does not see them; the PRIOR weight on rag_phrases carries them)
+    "siguiente contexto", "contexto proporcionado", "según el contexto", "siguientes documentos",
+    "documentos proporcionados", "contexte suivant", "contexte fourni", "selon le contexte",
+    "documents suivants", "folgenden kontext", "bereitgestellten kontext", "laut dem kontext",
+    "folgenden dokumente", "seguinte contexto", "contexto fornecido", "de acordo com o contexto",
+    "seguente contesto", "contesto fornito", "in base al contesto", "documenti forniti",
 )  # fmt: skip
 RAG_PHRASE_GROUPS = group_phrases(RAG_PHRASES)
 # Passage structure at the start of a line: [1], Document 2:, <document>, ### Source, ...

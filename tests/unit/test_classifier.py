@@ -327,10 +327,56 @@ CREATIVE_NOT_CHAT = {
     "haiku without a verb": chat("Three haiku about a city waking up in winter, please."),
 }
 
+
+def grounded(instruction: str, question: str) -> dict[str, Any]:
+    """A RAG request in another language: the grounding instruction and its context in the
+    system message, the question from the user."""
+    return {
+        "messages": [
+            {"role": "system", "content": instruction},
+            {"role": "user", "content": question},
+        ]
+    }
+
+
+# Grounding phrased in other Latin-script languages ("use only the following context"): the
+# development RAG is English only, so these rest on the lexicon's grounding phrases.
+NON_ENGLISH_RAG = {
+    "spanish grounding": grounded(
+        "Responde usando solo el siguiente contexto: El Parque Nacional Torres del Paine está "
+        "en la Patagonia chilena. Fue creado en 1959 y tiene una superficie de 181.414 "
+        "hectáreas. Cada año lo visitan más de 250.000 personas, sobre todo entre noviembre y "
+        "marzo. Sus torres de granito alcanzan los 2.850 metros.",
+        "¿Cuándo fue creado el parque?",
+    ),
+    "french grounding": grounded(
+        "Réponds en utilisant uniquement le contexte suivant : Le Mont-Blanc culmine à 4 806 "
+        "mètres. Il est situé entre la France et l'Italie. Son premier sommet fut atteint en "
+        "1786 par Jacques Balmat et Michel Paccard. Le massif compte de nombreux glaciers, dont "
+        "la Mer de Glace, le plus grand glacier de France.",
+        "Quelle est l'altitude du Mont-Blanc ?",
+    ),
+    "german grounding": grounded(
+        "Beantworte die Frage nur mit dem folgenden Kontext: Der Rhein ist 1.233 Kilometer "
+        "lang und fließt durch sechs Länder. Er entspringt in den Schweizer Alpen und mündet in "
+        "den Niederlanden in die Nordsee. Zu den wichtigsten Häfen gehört Duisburg, der größte "
+        "Binnenhafen Europas.",
+        "Wie lang ist der Rhein?",
+    ),
+    "portuguese grounding": grounded(
+        "Responda apenas com base no seguinte contexto: O Cristo Redentor foi inaugurado em "
+        "1931 no topo do morro do Corcovado, no Rio de Janeiro. A estátua mede 30 metros de "
+        "altura, sem contar o pedestal de 8 metros. Em 2007 foi eleita uma das sete novas "
+        "maravilhas do mundo.",
+        "Quando o Cristo Redentor foi inaugurado?",
+    ),
+}
+
 # Known misses of the shipped model, kept as strict xfails so that a fix shows: creative
 # requests phrased as a transformation ("turn X into a sonnet") read as chat, as the
 # development set labels its AlpacaEval items of that form; short programming questions whose
-# only code cue is one tool name read as chat (the dev set labels many such items chat).
+# only code cue is one tool name read as chat (the dev set labels many such items chat); RAG
+# with a three-sentence context and a short question reads as chat.
 KNOWN_MISSES = {
     "creative: sonnet from a list": chat(
         "Turn my grocery list into a dramatic Shakespearean sonnet: eggs, milk, stale bread, "
@@ -341,6 +387,13 @@ KNOWN_MISSES = {
     ),
     "code: reverse a list": chat("How do I reverse a list in Python?"),
     "code: react state": chat("When should I lift state up in React instead of using context?"),
+    # a short context: English grounding over three sentences reads as chat too
+    "rag: italian grounding": grounded(
+        "Rispondi usando solo il seguente contesto: Il Colosseo fu inaugurato nell'anno 80 "
+        "dopo Cristo sotto l'imperatore Tito. Poteva ospitare tra 50.000 e 80.000 spettatori. "
+        "Era usato per combattimenti tra gladiatori e spettacoli pubblici.",
+        "Quanti spettatori poteva ospitare il Colosseo?",
+    ),
 }
 
 
@@ -349,7 +402,7 @@ KNOWN_MISSES = {
     [
         pytest.param(task, body, id=f"{task}: {name}")
         for task, table in (
-            ("rag", RAG | XML_RAG),
+            ("rag", RAG | XML_RAG | NON_ENGLISH_RAG),
             ("code", CODE | PROGRAMMING_QUESTIONS),
             ("creative", CREATIVE | CREATIVE_NOT_CHAT),
             ("chat", CHAT | CHAT_NOT_CREATIVE),

@@ -424,7 +424,7 @@ def test_odd_text_never_raises(text: str, second: SecondStage) -> None:
 
 
 TABLES: list[tuple[str, dict[str, dict[str, Any]]]] = [
-    ("rag", tc.RAG | tc.XML_RAG),
+    ("rag", tc.RAG | tc.XML_RAG | tc.NON_ENGLISH_RAG),
     ("code", tc.CODE | tc.PROGRAMMING_QUESTIONS | tc.TOOL_CODE),
     ("creative", tc.CREATIVE | tc.CREATIVE_NOT_CHAT),
     ("chat", tc.CHAT | tc.CHAT_NOT_CREATIVE | tc.TOOL_CHAT),
