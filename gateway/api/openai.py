@@ -3,7 +3,8 @@
 
 Handlers only parse, route and relay: the body bytes the client sent are what the backend
 receives; the response carries ``x-specgate-backend``, ``x-specgate-rule``,
-``x-specgate-task`` and ``x-request-id``.
+``x-specgate-task``, ``x-request-id`` and, when a known-engine-bug guard took backends out,
+``x-specgate-guarded`` (``backend=guard, ...``).
 
 The routed endpoints are the hot path and are served as raw ASGI apps
 (:class:`ProxyEndpoint`): ``gateway.app.SpecgateApp`` hands them their ``POST`` requests
@@ -40,7 +41,7 @@ from gateway.classify.protocol import (
     openapi_body,
     read_fields,
 )
-from gateway.errors import GatewayError, bad_request, no_backend, quarantined, too_busy
+from gateway.errors import GatewayError, bad_request, guarded, no_backend, quarantined, too_busy
 from gateway.routing.guards import needs_token_count
 from gateway.routing.policy import RouteDecision
 from gateway.runtime import Runtime, runtime_of
@@ -219,6 +220,9 @@ class ProxyEndpoint:
         affinity = state.affinity
         if self.kind is ResponsesFields and isinstance(body.get("previous_response_id"), str):
             held = affinity.backend_of(body["previous_response_id"])
+            bug = dict(decision.guarded).get(held or "")
+            if bug is not None:  # the conversation lives where this request hits a known bug
+                raise guarded(bug, gateway.config.guards[bug].why)
             decision = pin(decision, held, "holds previous_response_id")
         trace.task, trace.rule = features.task, decision.rule
         trace.features, trace.prompt = features, prompt

@@ -25,7 +25,13 @@ Send = Callable[[Message], Awaitable[None]]
 
 #: Response headers the gateway sets itself (a backend's own are dropped).
 OWN_HEADERS = frozenset(
-    {b"x-specgate-backend", b"x-specgate-rule", b"x-specgate-task", b"x-request-id"}
+    {
+        b"x-specgate-backend",
+        b"x-specgate-rule",
+        b"x-specgate-task",
+        b"x-specgate-guarded",
+        b"x-request-id",
+    }
 )
 
 
@@ -78,6 +84,9 @@ async def relay(
             (b"x-specgate-task", decision.features.task.encode()),
             (b"x-request-id", trace.request_id.encode()),
         ]
+        if decision.guarded:  # which backends a known engine bug kept this request from
+            guarded = ", ".join(f"{b}={g}" for b, g in decision.guarded)
+            out.append((b"x-specgate-guarded", guarded.encode()))
         if trace.stream:
             await relay_stream(upstream, out, send)
             return

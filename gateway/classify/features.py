@@ -42,6 +42,36 @@ def read_temperature(body: Mapping[str, Any], default: float) -> tuple[float, bo
     return float(value), True
 
 
+#: vLLM's greedy threshold (``vllm/sampling_params.py``, ``_SAMPLING_EPS``): a temperature
+#: below it decodes greedily, at or above it samples.
+SAMPLING_EPS = 1e-5
+
+
+def _lax_number(value: Any) -> float | None:
+    """``value`` read as a number the way pydantic's lax mode reads it (``"0.2"`` is 0.2);
+    None when absent or unreadable."""
+    if isinstance(value, bool) or value is None:
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def samples(body: Mapping[str, Any], default_temperature: float) -> bool:
+    """Whether vLLM samples for ``body`` (any generating endpoint's shape: chat, completions,
+    Responses, Anthropic messages, the relayed ones), as ``SamplingParams`` decides: the
+    temperature (absent, null or unreadable: ``default_temperature``, the config's
+    ``defaults.temperature``, OpenAI's 1.0) at or above :data:`SAMPLING_EPS`, or more than
+    one sequence asked for (``n`` or ``best_of`` > 1; vLLM refuses ``n`` > 1 when greedy).
+    ``top_p``, ``top_k``, ``min_p`` do not make a greedy request sample (vLLM resets them
+    at temperature 0)."""
+    temperature = _lax_number(body.get("temperature"))
+    if (default_temperature if temperature is None else temperature) >= SAMPLING_EPS:
+        return True
+    return any((_lax_number(body.get(name)) or 1) > 1 for name in ("n", "best_of"))
+
+
 def header_task(value: str | None) -> str | None:
     """The task named by an ``X-Task-Type`` header, or None when absent or not a known task."""
     if value is None:

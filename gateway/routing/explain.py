@@ -10,9 +10,11 @@ from gateway.routing.policy import RouteDecision
 def decision_json(decision: RouteDecision) -> dict[str, Any]:
     """``{"task", "task_confidence", "task_source", "task_features", "temperature",
     "temperature_given", "rule", "pool", "backend", "backends", "candidates": [{"backend",
-    "pool", "kept", "why"}], "reasons": [...], "adaptive"}``; ``backend`` is None when nothing
-    can serve; ``adaptive`` is None under the static policy, else the learnt estimates behind
-    the choice (see :meth:`~gateway.routing.adaptive_choice.AdaptiveChoice.to_json`)."""
+    "pool", "kept", "why"}], "reasons": [...], "guarded": [{"backend", "guard"}],
+    "adaptive"}`` (``guarded``: backends a known-engine-bug guard took out); ``backend`` is
+    None when nothing can serve; ``adaptive`` is None under the static policy, else the
+    learnt estimates behind the choice (see
+    :meth:`~gateway.routing.adaptive_choice.AdaptiveChoice.to_json`)."""
     f = decision.features
     return {
         "task": f.task,
@@ -31,5 +33,6 @@ def decision_json(decision: RouteDecision) -> dict[str, Any]:
             for c in decision.candidates
         ],
         "reasons": list(decision.reasons),
+        "guarded": [{"backend": b, "guard": g} for b, g in decision.guarded],
         "adaptive": None if decision.adaptive is None else decision.adaptive.to_json(),
     }

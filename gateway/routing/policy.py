@@ -77,7 +77,9 @@ class RouteDecision:
     (with an empty try list the caller answers 429 rather than 503); ``adaptive`` holds
     the estimates behind an adaptive choice (None under the static policy);
     ``concurrency``: requests on the chosen backend's compute when it was chosen, this one
-    included (its ``compute_group``'s batch + 1; what the learner files the answer under).
+    included (its ``compute_group``'s batch + 1; what the learner files the answer under);
+    ``guarded``: (backend, guard) pairs the known-engine-bug guards took out of the try
+    list (:func:`gateway.routing.guards.apply_guards`).
     """
 
     rule: str
@@ -89,6 +91,7 @@ class RouteDecision:
     saturated: bool = False
     adaptive: AdaptiveChoice | None = None
     concurrency: float = 1.0
+    guarded: tuple[tuple[str, str], ...] = ()
 
     @property
     def backend(self) -> str | None:

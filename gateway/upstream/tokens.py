@@ -10,6 +10,18 @@ import httpx
 
 logger = logging.getLogger(__name__)
 
+#: Chat request fields the chat template renders (vLLM's ``TokenizeChatRequest`` takes them).
+TEMPLATE_FIELDS = (
+    "messages",
+    "tools",
+    "documents",
+    "chat_template",
+    "chat_template_kwargs",
+    "add_generation_prompt",
+    "continue_final_message",
+    "add_special_tokens",
+)
+
 
 async def count_prompt_tokens(
     client: httpx.AsyncClient,
@@ -18,11 +30,14 @@ async def count_prompt_tokens(
     body: Mapping[str, Any],
     timeout_s: float = 2.0,
 ) -> int | None:
-    """Prompt tokens of a completions (``prompt``) or chat (``messages``, chat template
-    applied) request, as the backend at ``base_url`` counts them; None when it cannot say
-    (no ``/tokenize``, an error, a timeout after ``timeout_s`` seconds, a batch prompt)."""
+    """Prompt tokens of a completions (``prompt``) or chat (``messages`` with the fields the
+    chat template renders, :data:`TEMPLATE_FIELDS`) request, as the backend at ``base_url``
+    counts them; None when it cannot say (no ``/tokenize``, an error, a timeout after
+    ``timeout_s`` seconds, a batch prompt, another endpoint's shape: the caller's bound
+    stands then)."""
     if path.endswith("/chat/completions"):
-        payload = {"model": body.get("model"), "messages": body.get("messages")}
+        payload = {"model": body.get("model")}
+        payload |= {k: body[k] for k in TEMPLATE_FIELDS if body.get(k) is not None}
     elif isinstance(body.get("prompt"), str):
         payload = {"model": body.get("model"), "prompt": body["prompt"]}
     else:
