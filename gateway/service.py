@@ -29,9 +29,11 @@ from gateway.routing.explain import decision_json
 from gateway.routing.guards import apply_guards
 from gateway.routing.load import break_even
 from gateway.routing.policy import RouteDecision, RoutingPolicy
+from gateway.routing.seeds import pin_seeded
 from gateway.speculation.prompt_stats import PromptStats, prompt_stats, stats_of
 from gateway.speculation.spec_params import SpecParams
 from gateway.trace import RequestTrace
+from gateway.upstream.quarantine import fingerprint
 from gateway.upstream.state import BackendRegistry, DecisionStats
 from gateway.upstream.view import BackendView, backend_views
 
@@ -297,7 +299,8 @@ class Gateway:
             prepared.prompt,
         )
         verdict = apply_guards(self.config, decision, body)
-        out = decision_json(verdict.decision)
+        path = endpoint or prepared.kind.path
+        out = decision_json(self.pin_seed(verdict.decision, body, path))
         if verdict.refused_by is not None:
             out["backend"], out["backends"] = None, []
             out["reasons"].append(f"refused: 400 engine_bug_guard '{verdict.refused_by}'")
@@ -321,6 +324,14 @@ class Gateway:
         if verdict.refused_by is not None:
             raise guarded(verdict.refused_by, self.config.guards[verdict.refused_by].why)
         return verdict.decision
+
+    def pin_seed(
+        self, decision: RouteDecision, body: Mapping[str, Any], path: str
+    ) -> RouteDecision:
+        """A seeded request that samples goes to a backend chosen from the request (for
+        ``path``) and the config alone, so the same request gets the same tokens again
+        (:func:`gateway.routing.seeds.pin_seeded`); other requests are unchanged."""
+        return pin_seeded(self.config, decision, body, fingerprint(path, body))
 
     def decide(self, features: RequestFeatures, prompt: PromptStats | None = None) -> RouteDecision:
         """Route one request against the current backend state and what was learnt (for

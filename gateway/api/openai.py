@@ -217,6 +217,7 @@ class ProxyEndpoint:
         decision = gateway.decide(features, prompt)
         if gateway.config.guards:
             decision = await _guard(gateway, state.client, decision, self.path, body)
+        decision = gateway.pin_seed(decision, body, self.path)
         affinity = state.affinity
         if self.kind is ResponsesFields and isinstance(body.get("previous_response_id"), str):
             held = affinity.backend_of(body["previous_response_id"])

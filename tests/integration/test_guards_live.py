@@ -82,6 +82,37 @@ def test_sampled_code_and_rag_go_to_plain_greedy_still_speculates(guarded_url: s
     assert routes["decisions"]["guarded"][SAMPLED_SPECULATION] >= 10
 
 
+def test_a_seeded_sampled_request_sent_8_times_returns_one_text(guarded_url: str) -> None:
+    sdk = client(guarded_url)
+    request = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": CODE}],
+        "temperature": 0.8,
+        "seed": 1234,
+        "max_tokens": 24,
+    }
+    texts, backends = [], []
+    for i in range(8):
+        raw = sdk.chat.completions.with_raw_response.create(
+            **request, extra_headers={"x-task-type": "code"}
+        )
+        texts.append(raw.parse().choices[0].message.content)
+        backends.append(raw.headers["x-specgate-backend"])
+        # other traffic in between: greedy code (speculative), unseeded sampled chat
+        sdk.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": f"{CODE} Call it is_pal_{i}."}],
+            temperature=0,
+            max_tokens=8,
+            extra_headers={"x-task-type": "code"},
+        )
+        sdk.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": f"Say hi {i}"}], max_tokens=8
+        )
+    assert len(set(texts)) == 1, texts
+    assert set(backends) == {"plain"}
+
+
 def test_seeded_sampled_request_behind_a_long_prefill_does_not_kill_plain(
     stack_config: GatewayConfig, guarded_url: str
 ) -> None:

@@ -1,0 +1,65 @@
+"""Seeds that reproduce: a seeded sampling request always goes to the same backend.
+
+One vLLM server answers the same seeded request with the same tokens; two servers do not
+(a speculative server spends its random numbers differently from a plain one, and replicas
+batch differently). So the backend of a request that samples (vLLM's rule,
+:func:`~gateway.classify.features.samples`) and carries a ``seed`` is a function of the
+request and the config only: the first pool of its rule (then each fallback pool, in
+order) that has a backend in the try list, and within it the backend with the highest
+rendezvous hash of (request key, backend name) (Thaler and Ravishankar, "Using name-based
+mappings to increase hit rates", 1998). Learnt speeds, load, probes and random tie breaks
+do not enter; health does (a backend that is down cannot answer), and so do the guards and
+``max_inflight`` caps that shaped the try list. Greedy requests are not pinned: every
+backend returns the same tokens for them. Pure code.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+from contracts.config import GatewayConfig
+from gateway.classify.features import samples
+from gateway.routing.policy import DEFAULT_RULE, RouteDecision
+
+
+def seeded(body: Mapping[str, Any], default_temperature: float) -> bool:
+    """Whether ``body`` is a seeded request that samples (``seed`` present, not null and not
+    vLLM's "no seed" -1)."""
+    seed = body.get("seed")
+    return seed is not None and seed != -1 and samples(body, default_temperature)
+
+
+def _score(key: str, backend: str) -> bytes:
+    return hashlib.blake2b(f"{key}\0{backend}".encode(), digest_size=8).digest()
+
+
+def pin_seeded(
+    config: GatewayConfig, decision: RouteDecision, body: Mapping[str, Any], key: str
+) -> RouteDecision:
+    """``decision`` with a deterministic first backend when ``body`` is seeded and samples
+    (else unchanged). ``key``: the request's fingerprint (the same for the same request
+    sent again, e.g. :func:`gateway.upstream.quarantine.fingerprint`). The rest of the try
+    list keeps its order (failover targets)."""
+    if not decision.backends or not seeded(body, config.defaults.temperature):
+        return decision
+    rule = next((r for r in config.rules if r.name == decision.rule), None)
+    if rule is None or decision.rule == DEFAULT_RULE:
+        pools = [config.defaults.pool]
+    else:
+        pools = [rule.pool, *rule.fallbacks]
+    for pool in pools:
+        allowed = [b for b in config.pools.get(pool, []) if b in decision.backends]
+        if allowed:
+            break
+    else:
+        return decision
+    chosen = max(allowed, key=lambda b: _score(key, b))
+    order = (chosen, *(b for b in decision.backends if b != chosen))
+    why = (
+        f"seeded sampling request: pinned to {chosen} (rendezvous hash of the request over "
+        f"pool '{pool}': {', '.join(allowed)}), so the seed reproduces"
+    )
+    return replace(decision, backends=order, reasons=(*decision.reasons, why))

@@ -1,0 +1,128 @@
+"""Seeds that reproduce: a seeded sampling request goes to one backend, whatever was learnt."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import AsyncIterator
+from dataclasses import replace
+
+import pytest
+
+from contracts.config import GatewayConfig
+from gateway.classify.features import RequestFeatures
+from gateway.routing.seeds import pin_seeded, seeded
+from gateway.service import Gateway
+from tests.unit.conftest import MODEL, InProcess, gateway_settings, in_process, local_config
+
+CODE = "Write a Python function that checks whether a string is a palindrome."
+SPECULATIVE = ("eagle3", "ngram", "draft")
+
+
+def remote_config() -> GatewayConfig:
+    """The shipped stack as backends specgate does not launch, with no guards: an engine
+    whose sampled speculation is lossless (a GPU build), where seeded code requests may go to
+    any of the three speculative backends."""
+    config = local_config()
+    backends = {n: b.model_copy(update={"local": False}) for n, b in config.backends.items()}
+    return config.model_copy(update={"backends": backends})
+
+
+def decision_for(config: GatewayConfig, order: tuple[str, ...]):  # type: ignore[no-untyped-def]
+    features = RequestFeatures(MODEL, 0.5, True, "code", 1.0, "header", False)
+    gateway = Gateway(config)
+    decided = gateway.policy.decide(features, gateway.registry.snapshot(), random.Random(0))
+    return replace(decided, backends=order)
+
+
+@pytest.mark.parametrize(
+    ("body", "pinned"),
+    [
+        ({"seed": 1, "temperature": 0.5}, True),
+        ({"seed": 0}, True),  # temperature absent: 1.0, samples
+        ({"seed": 1, "temperature": 0}, False),  # greedy: every backend agrees
+        ({"seed": -1, "temperature": 0.5}, False),  # vLLM: no seed
+        ({"seed": None, "temperature": 0.5}, False),
+        ({"temperature": 0.5}, False),
+    ],
+)
+def test_only_seeded_sampling_requests_are_pinned(body: dict[str, object], pinned: bool) -> None:
+    assert seeded(body, 1.0) is pinned
+
+
+def test_the_choice_ignores_the_try_lists_order() -> None:
+    config = remote_config()
+    body = {"seed": 3, "temperature": 0.5}
+    firsts = set()
+    for order in ((*SPECULATIVE, "plain"), ("draft", "ngram", "eagle3", "plain")):
+        pinned = pin_seeded(config, decision_for(config, order), body, "key-1")
+        firsts.add(pinned.backends[0])
+        assert set(pinned.backends) == set(order)  # nothing lost for failover
+        assert "pinned to" in pinned.reasons[-1]
+    assert len(firsts) == 1 and firsts <= set(SPECULATIVE)  # the rule's own pool first
+    # different requests spread over the pool (rendezvous hashing)
+    spread = {
+        pin_seeded(config, decision_for(config, SPECULATIVE), body, f"key-{i}").backends[0]
+        for i in range(40)
+    }
+    assert spread == set(SPECULATIVE)
+    # the pool's backends are all out: the next pool of the rule (plain) takes it
+    only_plain = pin_seeded(config, decision_for(config, ("plain",)), body, "key-1")
+    assert only_plain.backends == ("plain",)
+    greedy = decision_for(config, SPECULATIVE)
+    assert pin_seeded(config, greedy, {"seed": 3, "temperature": 0}, "key-1") is greedy
+
+
+@pytest.fixture
+async def remote() -> AsyncIterator[InProcess]:
+    async with in_process(gateway_settings(), remote_config()) as gateway:
+        yield gateway
+
+
+async def test_seeded_request_keeps_its_backend_while_the_policy_learns(
+    remote: InProcess,
+) -> None:
+    gw = remote
+    seeded_body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": CODE}],
+        "temperature": 0.5,
+        "seed": 42,
+        "max_tokens": 16,
+    }
+    code = {"x-task-type": "code"}
+    served = []
+    unseeded = []
+    for round_ in range(8):
+        # other traffic in between: the learner sees each backend's speed change
+        for i, name in enumerate(SPECULATIVE):
+            gw.fakes[name].delay_s = 0.002 * ((i + round_) % 3)
+        for i in range(6):
+            body = seeded_body | {
+                "seed": None,
+                "messages": [{"role": "user", "content": CODE + str(i)}],
+            }
+            resp = await gw.client.post("/v1/chat/completions", json=body, headers=code)
+            unseeded.append(resp.headers["x-specgate-backend"])
+        resp = await gw.client.post(
+            "/v1/chat/completions", json=seeded_body | {"stream": round_ % 2 == 0}, headers=code
+        )
+        assert resp.status_code == 200
+        served.append(resp.headers["x-specgate-backend"])
+    assert len(set(served)) == 1 and served[0] in SPECULATIVE
+    explained = (await gw.client.post("/routes/explain", json=seeded_body, headers=code)).json()
+    assert explained["backend"] == served[0]
+    assert any("pinned to" in r for r in explained["reasons"])
+    # its backend down: another, the same every time; back up: the first again
+    gw.fakes[served[0]].healthy = False
+    await gw.poll()
+    moved = {
+        (await gw.client.post("/v1/chat/completions", json=seeded_body, headers=code)).headers[
+            "x-specgate-backend"
+        ]
+        for _ in range(3)
+    }
+    assert len(moved) == 1 and served[0] not in moved
+    gw.fakes[served[0]].healthy = True
+    await gw.poll()
+    resp = await gw.client.post("/v1/chat/completions", json=seeded_body, headers=code)
+    assert resp.headers["x-specgate-backend"] == served[0]
