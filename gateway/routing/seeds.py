@@ -8,8 +8,9 @@ request and the config only: the first pool of its rule (then each fallback pool
 order) that has a backend in the try list, and within it the backend with the highest
 rendezvous hash of (request key, backend name) (Thaler and Ravishankar, "Using name-based
 mappings to increase hit rates", 1998). Learnt speeds, load, probes and random tie breaks
-do not enter; health does (a backend that is down cannot answer), and so do the guards and
-``max_inflight`` caps that shaped the try list. Greedy requests are not pinned: every
+do not enter; health does (a backend that is down cannot answer), and so do the guards,
+``max_inflight`` caps and parameters a speculation method refuses (``min_p``, ...) that
+shaped the try list. Greedy requests are not pinned: every
 backend returns the same tokens for them. Pure code.
 """
 
@@ -50,8 +51,14 @@ def pin_seeded(
         pools = [config.defaults.pool]
     else:
         pools = [rule.pool, *rule.fallbacks]
+    refused = decision.features.spec_refused
+    usable = [
+        b
+        for b in decision.backends
+        if not refused.get(config.backends[b].spec.method or "")  # would refuse a parameter
+    ]
     for pool in pools:
-        allowed = [b for b in config.pools.get(pool, []) if b in decision.backends]
+        allowed = [b for b in config.pools.get(pool, []) if b in usable]
         if allowed:
             break
     else:

@@ -126,3 +126,16 @@ async def test_seeded_request_keeps_its_backend_while_the_policy_learns(
     await gw.poll()
     resp = await gw.client.post("/v1/chat/completions", json=seeded_body, headers=code)
     assert resp.headers["x-specgate-backend"] == served[0]
+
+
+def test_a_backend_that_refuses_a_parameter_of_the_request_is_not_pinned() -> None:
+    config = remote_config()
+    body = {"seed": 3, "temperature": 0.5, "min_p": 0.1}
+    firsts = set()
+    for i in range(30):
+        decision = decision_for(config, (*SPECULATIVE, "plain"))
+        refusing = replace(
+            decision, features=replace(decision.features, spec_refused={"ngram": ("min_p",)})
+        )
+        firsts.add(pin_seeded(config, refusing, body, f"key-{i}").backends[0])
+    assert firsts == {"eagle3", "draft"}
