@@ -71,7 +71,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
 
 
 def describe(config: GatewayConfig) -> str:
-    """A human summary of a config: backends, pools, rules."""
+    """A human summary of a config: backends (with their known engine bugs), pools, rules."""
     lines = ["backends:"]
     for name, b in config.backends.items():
         spec = b.spec
@@ -85,6 +85,8 @@ def describe(config: GatewayConfig) -> str:
         )
         where = "local" if b.local else "remote"
         lines.append(f"  {name:<12} {b.base_url:<28} model={b.served_model} {detail} ({where})")
+        if b.guards:
+            lines.append(f"  {'':<12} known engine bugs avoided: {', '.join(b.guards)}")
     lines.append("pools:")
     lines += [f"  {name:<12} {', '.join(members)}" for name, members in config.pools.items()]
     lines.append("rules (first match wins):")
@@ -98,8 +100,8 @@ def describe(config: GatewayConfig) -> str:
 
 def cmd_config_check(path: Path) -> int:
     """Validate ``path``; print the summary (exit 0) or every error (exit 1)."""
-    try:
-        config = load_config(path)
+    try:  # with the known faults of the local engine, as the gateway will run it
+        config = attach_engine_guards(load_config(path), Settings().local_engine())
     except ConfigError as exc:
         count = len(exc.issues)
         problems = f"{count} problem{'s' if count != 1 else ''}"
