@@ -43,11 +43,26 @@ def guarded_url(stack_config: GatewayConfig) -> Iterator[str]:
         yield url
 
 
+@pytest.fixture(scope="module")
+def guarded_static_url(stack_config: GatewayConfig) -> Iterator[str]:
+    """The same under ``policy: static``: the rules' own choice, so a greedy code request goes
+    to the speculative pool (the adaptive policy may put plain, the rule's fallback, first)."""
+    settings = Settings(health_interval_s=0.5, state_persist=False)
+    routing = stack_config.routing.model_copy(update={"policy": "static"})
+    config = attach_engine_guards(
+        stack_config.model_copy(update={"routing": routing}), settings.local_engine()
+    )
+    with running_server(create_app(settings, config=config)) as url:
+        yield url
+
+
 def client(url: str) -> OpenAI:
     return OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=300)
 
 
-def test_sampled_code_and_rag_go_to_plain_greedy_still_speculates(guarded_url: str) -> None:
+def test_sampled_code_and_rag_go_to_plain_greedy_still_speculates(
+    guarded_url: str, guarded_static_url: str
+) -> None:
     sdk = client(guarded_url)
     served: Counter[str] = Counter()
     for task, prompt in (("code", CODE), ("rag", RAG)):
@@ -68,15 +83,17 @@ def test_sampled_code_and_rag_go_to_plain_greedy_still_speculates(guarded_url: s
             extra_headers={"x-task-type": task},
         )  # fmt: skip
         assert text.headers["x-specgate-backend"] == "plain"
-        greedy = sdk.chat.completions.with_raw_response.create(
-            model=MODEL,
-            messages=[{"role": "user", "content": prompt}],
-            temperature=0,
-            max_tokens=12,
-            extra_headers={"x-task-type": task},
-        )
-        assert greedy.headers["x-specgate-backend"] in SPECULATIVE
-        assert "x-specgate-guarded" not in greedy.headers
+        for sdk_, url in ((sdk, guarded_url), (client(guarded_static_url), guarded_static_url)):
+            greedy = sdk_.chat.completions.with_raw_response.create(
+                model=MODEL,
+                messages=[{"role": "user", "content": prompt}],
+                temperature=0,
+                max_tokens=12,
+                extra_headers={"x-task-type": task},
+            )
+            assert "x-specgate-guarded" not in greedy.headers
+            if url == guarded_static_url:  # the rule's own pool, nothing taken out
+                assert greedy.headers["x-specgate-backend"] in SPECULATIVE
     assert served == {"plain": 8}
     routes = httpx.get(f"{guarded_url}/routes").json()
     assert routes["decisions"]["guarded"][SAMPLED_SPECULATION] >= 10
