@@ -43,6 +43,10 @@ class BackendState:
     last ended, and when ``/metrics`` was last read: a scrape older than the last end still
     counts that request as running, so routing then trusts the in-flight count alone (else a
     client sending one request at a time would look like two, for up to a scrape interval).
+    ``probe_failures``: ``/health`` probes failed in a row (timeouts and broken answers;
+    see :class:`~gateway.upstream.health.HealthPoller`); ``alive_at`` (``time.monotonic()``):
+    when the backend last settled an answer or sent a body chunk to this gateway (passive
+    liveness: a backend answering requests is alive, however slow its probe).
     """
 
     healthy: bool | None = None
@@ -61,6 +65,8 @@ class BackendState:
     suspect: str | None = None
     done_at: float = 0.0
     scraped_at: float = 0.0
+    probe_failures: int = 0
+    alive_at: float = 0.0
 
     @property
     def health(self) -> Health:
