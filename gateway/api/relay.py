@@ -25,7 +25,13 @@ Send = Callable[[Message], Awaitable[None]]
 
 #: Response headers the gateway sets itself (a backend's own are dropped).
 OWN_HEADERS = frozenset(
-    {b"x-specgate-backend", b"x-specgate-rule", b"x-specgate-task", b"x-request-id"}
+    {
+        b"x-specgate-backend",
+        b"x-specgate-rule",
+        b"x-specgate-task",
+        b"x-specgate-last-resort",
+        b"x-request-id",
+    }
 )
 
 
@@ -45,7 +51,8 @@ async def relay(
     ``settle`` judge the first answer (a refusal it retries elsewhere), then relay the
     answer to the client with ``send``: SSE chunk by chunk as each arrives, JSON whole with
     its ``content-length``. The backend's headers pass except the gateway's own
-    ``x-specgate-*`` and ``x-request-id``, which are set here. ``request`` is the body as
+    ``x-specgate-*`` and ``x-request-id``, which are set here (``x-specgate-last-resort``
+    only on a last-resort decision: why the rule's pools did not serve). ``request`` is the body as
     the client sent it (bytes) and as parsed. Raises :class:`~gateway.errors.GatewayError`
     when no backend answers (from the forwarder); the upstream answer is closed on every
     exit."""
@@ -78,6 +85,8 @@ async def relay(
             (b"x-specgate-task", decision.features.task.encode()),
             (b"x-request-id", trace.request_id.encode()),
         ]
+        if decision.last_resort is not None:  # why the rule's pools did not serve it
+            out.append((b"x-specgate-last-resort", header_value(decision.last_resort)))
         if trace.stream:
             await relay_stream(upstream, out, send)
             return
@@ -85,6 +94,13 @@ async def relay(
     out.append((b"content-length", str(len(content)).encode()))
     await send({"type": "http.response.start", "status": upstream.status, "headers": out})
     await send({"type": "http.response.body", "body": content})
+
+
+def header_value(text: str) -> bytes:
+    """``text`` as a safe header value: ASCII (others backslash-escaped), no control
+    characters (a config's names cannot split or corrupt the response head)."""
+    raw = text.encode("ascii", "backslashreplace")
+    return bytes(c for c in raw if 32 <= c < 127)
 
 
 async def relay_stream(upstream: Upstream, headers: list[tuple[bytes, bytes]], send: Send) -> None:

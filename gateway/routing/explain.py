@@ -10,9 +10,11 @@ from gateway.routing.policy import RouteDecision
 def decision_json(decision: RouteDecision) -> dict[str, Any]:
     """``{"task", "task_confidence", "task_source", "task_features", "temperature",
     "temperature_given", "rule", "pool", "backend", "backends", "candidates": [{"backend",
-    "pool", "kept", "why"}], "reasons": [...], "adaptive"}``; ``backend`` is None when nothing
-    can serve; ``adaptive`` is None under the static policy, else the learnt estimates behind
-    the choice (see :meth:`~gateway.routing.adaptive_choice.AdaptiveChoice.to_json`)."""
+    "pool", "kept", "why"}], "reasons": [...], "adaptive", "last_resort"}``; ``backend`` is
+    None when nothing can serve; ``last_resort`` says why backends outside the rule's pools
+    serve (else None); ``adaptive`` is None under the static policy, else the learnt
+    estimates behind the choice (see
+    :meth:`~gateway.routing.adaptive_choice.AdaptiveChoice.to_json`)."""
     f = decision.features
     return {
         "task": f.task,
@@ -32,4 +34,5 @@ def decision_json(decision: RouteDecision) -> dict[str, Any]:
         ],
         "reasons": list(decision.reasons),
         "adaptive": None if decision.adaptive is None else decision.adaptive.to_json(),
+        "last_resort": decision.last_resort,
     }

@@ -202,6 +202,11 @@ def _decision_families(gateway: Gateway) -> Iterator[Metric]:
     yield CounterMetricFamily(
         "specgate_rejected", "Requests refused with no backend to serve.", value=stats.rejected
     )
+    yield CounterMetricFamily(
+        "specgate_last_resort",
+        "Decisions served outside their rule's pools, every backend of those being out.",
+        value=stats.last_resort,
+    )
     guarded = CounterMetricFamily(
         "specgate_guarded",
         "Requests that matched a known engine bug guard (avoided or refused).",

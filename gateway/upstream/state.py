@@ -101,7 +101,9 @@ class BackendState:
 
 @dataclass(slots=True)
 class DecisionStats:
-    """Counts of routing outcomes since start: per rule, per task, per serving backend."""
+    """Counts of routing outcomes since start: per rule, per task, per serving backend;
+    ``last_resort``: decisions served outside their rule's pools, every backend of those
+    being out (:class:`~gateway.routing.policy.RoutingPolicy` step 7)."""
 
     by_rule: Counter[str] = field(default_factory=Counter)
     by_task: Counter[str] = field(default_factory=Counter)
@@ -109,6 +111,7 @@ class DecisionStats:
     guarded: Counter[str] = field(default_factory=Counter)  # requests per guard that hit
     failovers: int = 0
     rejected: int = 0
+    last_resort: int = 0
 
 
 class BackendRegistry:
