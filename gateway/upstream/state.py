@@ -47,6 +47,8 @@ class BackendState:
     see :class:`~gateway.upstream.health.HealthPoller`); ``alive_at`` (``time.monotonic()``):
     when the backend last settled an answer or sent a body chunk to this gateway (passive
     liveness: a backend answering requests is alive, however slow its probe).
+    ``fingerprint``: the ``system_fingerprint`` its answers carry, as JSON text (``b""``:
+    none; None: not seen yet), learnt by :class:`~gateway.upstream.feedback.ResponseTap`.
     """
 
     healthy: bool | None = None
@@ -67,6 +69,7 @@ class BackendState:
     scraped_at: float = 0.0
     probe_failures: int = 0
     alive_at: float = 0.0
+    fingerprint: bytes | None = None
 
     @property
     def health(self) -> Health:
