@@ -337,8 +337,6 @@ class Gateway:
         )
         self.stats.by_rule[decision.rule] += 1
         self.stats.by_task[features.task] += 1
-        if decision.last_resort is not None:
-            self.stats.last_resort += 1
         if features.spec_refused:
             self.spec_params.passed_over.update(set().union(*features.spec_refused.values()))
         return decision

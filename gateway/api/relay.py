@@ -52,10 +52,10 @@ async def relay(
     answer to the client with ``send``: SSE chunk by chunk as each arrives, JSON whole with
     its ``content-length``. The backend's headers pass except the gateway's own
     ``x-specgate-*`` and ``x-request-id``, which are set here (``x-specgate-last-resort``
-    only on a last-resort decision: why the rule's pools did not serve). ``request`` is the body as
-    the client sent it (bytes) and as parsed. Raises :class:`~gateway.errors.GatewayError`
-    when no backend answers (from the forwarder); the upstream answer is closed on every
-    exit."""
+    only when a backend outside the rule's pools answers: why the rule's pools did not).
+    ``request`` is the body as the client sent it (bytes) and as parsed. Raises
+    :class:`~gateway.errors.GatewayError` when no backend answers (from the forwarder); the
+    upstream answer is closed on every exit."""
 
     def count_failover(_backend: str, _why: str) -> None:
         gateway.stats.failovers += 1
@@ -85,8 +85,10 @@ async def relay(
             (b"x-specgate-task", decision.features.task.encode()),
             (b"x-request-id", trace.request_id.encode()),
         ]
-        if decision.last_resort is not None:  # why the rule's pools did not serve it
-            out.append((b"x-specgate-last-resort", header_value(decision.last_resort)))
+        if upstream.backend in decision.outside:  # why the rule's pools did not serve it
+            gateway.stats.last_resort += 1
+            why = decision.last_resort or "failover: the rule's backends did not answer"
+            out.append((b"x-specgate-last-resort", header_value(why)))
         if trace.stream:
             await relay_stream(upstream, out, send)
             return

@@ -80,8 +80,9 @@ class RouteDecision:
     the estimates behind an adaptive choice (None under the static policy);
     ``concurrency``: requests on the chosen backend's compute when it was chosen, this one
     included (its ``compute_group``'s batch + 1; what the learner files the answer under);
-    ``last_resort``: why the try list holds backends outside the rule's pools (every
-    backend of those was out), None when it does not.
+    ``outside``: the try list's backends from outside the rule's pools (step 7);
+    ``last_resort``: why they lead it (every backend of the rule's pools was out), None when
+    they are only failover targets after the rule's own.
     """
 
     rule: str
@@ -94,6 +95,7 @@ class RouteDecision:
     adaptive: AdaptiveChoice | None = None
     concurrency: float = 1.0
     last_resort: str | None = None
+    outside: tuple[str, ...] = ()
 
     @property
     def backend(self) -> str | None:
@@ -136,12 +138,13 @@ class RoutingPolicy:
        ``compute_group`` has a busy backend would spread load over competing servers; its
        expected speed is discounted by ``routing.shared_compute_penalty`` (adaptive), or a
        candidate that keeps the load together goes first (static).
-    7. Last resort: when steps 1-3 leave nothing (every backend of the rule's pools and
-       fallbacks is down, its circuit open, suspect or at its cap), any other backend
-       serving the model that could take the request serves it (healthy, circuit closed,
-       trusted, under its cap, and no speculation method refusing the request's
-       parameters): plain ones first, then least outstanding. The decision says why in
-       ``last_resort``; known-engine-bug guards still apply to it (the caller's step).
+    7. Last resort: every other backend serving the model that could take the request
+       (healthy, circuit closed, trusted, under its cap, and no speculation method refusing
+       the request's parameters), plain ones first, then least outstanding, ends the try
+       list: failover targets when the rule's own backends fail before answering, and the
+       whole list when steps 1-3 leave nothing (every backend of the rule's pools and
+       fallbacks down, its circuit open, suspect or at its cap; the decision then says why
+       in ``last_resort``). Known-engine-bug guards still apply to them (the caller's step).
     """
 
     def __init__(self, config: GatewayConfig) -> None:
@@ -208,13 +211,13 @@ class RoutingPolicy:
             order.extend(self._plain_backends(features, state, rng, plan, order))
             order.extend(plan.deferred)
         last_resort = None
-        if not order:
-            order = self._last_resort(features, state, rng, plan)
-            if order:
-                last_resort = _out_reason(pools, plan.candidates)
-                plan.reasons.append(f"last resort: {last_resort}")
+        outside = self._last_resort(features, state, rng, plan, bool(order))
+        if outside and not order:
+            last_resort = _out_reason(pools, plan.candidates)
+            plan.reasons.append(f"last resort: {last_resort}")
         adaptive = None
-        eligible = [] if last_resort else self._eligible(pools[0], plan, order)
+        eligible = self._eligible(pools[0], plan, order)
+        order.extend(outside)
         if learnt is not None and eligible:
             adaptive = self._adapt(features, buckets, load, learnt, rng, plan, order, eligible)
         elif eligible:
@@ -231,6 +234,7 @@ class RoutingPolicy:
             adaptive=adaptive,
             concurrency=load.concurrency.get(chosen, 0.0) + 1 if chosen else 1.0,
             last_resort=last_resort,
+            outside=tuple(outside),
         )
 
     def _eligible(self, pool: str, plan: _Plan, order: list[str]) -> list[str]:
@@ -397,9 +401,11 @@ class RoutingPolicy:
         state: Mapping[str, BackendSnapshot],
         rng: random.Random,
         plan: _Plan,
+        failover: bool,
     ) -> list[str]:
         """Every backend outside the rule's pools that serves the model and can take the
-        request (step 7): plain first, then least outstanding."""
+        request (step 7): plain first, then least outstanding; ``failover``: the rule's own
+        backends come first (the candidates say so)."""
         found: list[tuple[bool, float, float, str]] = []
         for name, backend in self.config.backends.items():
             if name in plan.seen or any(c.backend == name for c in plan.candidates):
@@ -415,6 +421,8 @@ class RoutingPolicy:
             speculative = backend.spec.speculative
             found.append((speculative, snap.outstanding, rng.random(), name))
             why = f"healthy, {snap.outstanding:g} outstanding"
+            if failover:
+                why += "; failover target after the rule's backends"
             plan.candidates.append(Candidate(name, LAST_RESORT, True, why))
         return [name for *_, name in sorted(found)]
 

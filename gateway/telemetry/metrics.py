@@ -204,7 +204,7 @@ def _decision_families(gateway: Gateway) -> Iterator[Metric]:
     )
     yield CounterMetricFamily(
         "specgate_last_resort",
-        "Decisions served outside their rule's pools, every backend of those being out.",
+        "Answers from a backend outside their rule's pools (those out or failing).",
         value=stats.last_resort,
     )
     guarded = CounterMetricFamily(

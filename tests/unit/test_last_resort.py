@@ -44,16 +44,19 @@ def test_the_issue_case_is_served_by_a_healthy_backend(policy: RoutingPolicy) ->
     )
     decision = policy.decide(chat(), snaps, random.Random(0))
     assert decision.rule == "default" and decision.pool == "plain"
-    assert decision.backends == ("draft", "ngram")  # least outstanding first
+    assert decision.backends == decision.outside == ("draft", "ngram")  # least outstanding
     assert decision.last_resort == "pool 'plain' out (plain: unhealthy)"
     assert "last resort: pool 'plain' out (plain: unhealthy)" in decision.reasons
     kept = {c.backend: c.why for c in decision.candidates if c.pool == LAST_RESORT and c.kept}
     assert kept == {"draft": "healthy, 0 outstanding", "ngram": "healthy, 2 outstanding"}
 
 
-def test_not_used_while_the_rules_pools_can_serve(policy: RoutingPolicy) -> None:
+def test_only_failover_targets_while_the_rules_pools_can_serve(policy: RoutingPolicy) -> None:
     decision = policy.decide(chat(), state(ngram=BackendSnapshot(False)), random.Random(0))
-    assert decision.backends == ("plain",) and decision.last_resort is None
+    assert decision.backends[0] == "plain" and decision.last_resort is None
+    assert set(decision.outside) == {"draft", "eagle3"} == set(decision.backends[1:])
+    why = {c.backend: c.why for c in decision.candidates if c.pool == LAST_RESORT}
+    assert why["draft"] == "healthy, 0 outstanding; failover target after the rule's backends"
 
 
 @pytest.mark.parametrize(
@@ -132,7 +135,7 @@ def test_guards_remove_a_last_resort_and_leave_a_503_not_a_400() -> None:
     gateway = Gateway(cfg, random.Random(0))
     gateway.registry.states["a"].healthy = False
     decision = gateway.decide(chat())
-    assert set(decision.backends) == {"b", "c"} and gateway.stats.last_resort == 1
+    assert set(decision.backends) == {"b", "c"}
     assert gateway.guard(decision, {"seed": 1}).backends == ("c",)
     gateway.registry.states["c"].healthy = False
     decision = gateway.decide(chat())
@@ -179,3 +182,17 @@ async def test_served_with_the_reason_in_headers_explain_and_counts(gw: InProces
     resp = await gw.client.post("/v1/chat/completions", json=CHAT, headers=headers)
     assert resp.headers["x-specgate-backend"] == "plain"
     assert "x-specgate-last-resort" not in resp.headers
+
+
+async def test_a_rule_backend_failing_before_its_answer_fails_over_outside(gw: InProcess) -> None:
+    """Up by its probes but answering 503 (or refusing, timing out at connect): the request
+    goes on to a backend outside the rule's pools rather than getting a 503."""
+    gw.fakes["plain"].status = 503
+    headers = {"x-task-type": "chat"}
+    resp = await gw.client.post("/v1/chat/completions", json=CHAT, headers=headers)
+    assert resp.status_code == 200, resp.text
+    assert resp.headers["x-specgate-rule"] == "default"
+    assert resp.headers["x-specgate-backend"] in {"ngram", "draft", "eagle3"}
+    assert resp.headers["x-specgate-last-resort"] == "failover: the rule's backends did not answer"
+    decisions = (await gw.client.get("/routes")).json()["decisions"]
+    assert decisions["last_resort"] == 1 and decisions["failovers"] == 1
