@@ -30,8 +30,11 @@ CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_to
         ("POST", "/routes/explain/", "/routes/explain"),
         ("POST", "/tokenize/", "/tokenize"),  # relayed: listed in the backends' openapi
         ("GET", "/version/", "/version"),
-        ("POST", "/routes/backends/plain/reset_prefix_cache/",
-         "/routes/backends/plain/reset_prefix_cache"),  # fmt: skip
+        (
+            "POST",
+            "/routes/backends/plain/reset_prefix_cache/",
+            "/routes/backends/plain/reset_prefix_cache",
+        ),  # fmt: skip
     ],
 )
 async def test_a_trailing_slash_redirects_to_the_served_path(
