@@ -25,6 +25,12 @@ import httpx
 from backends.process import ChildProcess
 from contracts.launch_profile import BackendProfile, build_argv
 
+#: Niceness added to every local vLLM server: when the gateway (at the default priority)
+#: wants a CPU that busy servers share with it, it gets it first, so its own /health and
+#: relaying are not starved (issue 26: the gateway's /health took 5.5 s with four CPU
+#: servers decoding on two cores). A server alone on its CPUs runs as fast as before.
+BACKEND_NICENESS = 10
+
 LogFn = Callable[[str], None]
 
 
@@ -65,7 +71,10 @@ class LocalBackend:
         self.name, self.profile, self.log_path = name, profile, log_path
         self.argv = list(argv) if argv is not None else build_argv(profile, str(python))
         self._process = ChildProcess(
-            self.argv, log_path, header=f"# specgate: {shlex.join(self.argv)}\n"
+            self.argv,
+            log_path,
+            header=f"# specgate: {shlex.join(self.argv)}\n",
+            niceness=BACKEND_NICENESS,
         )
         self._stopping = threading.Event()
         self._lock = threading.RLock()

@@ -74,8 +74,9 @@ class ChildProcess:
     """``argv`` run in a new session, stdin closed, stdout and stderr to ``log_path``.
 
     ``env`` is the whole environment (None: this process's); ``header`` is written to the log
-    first; ``cpus`` pins the process (and so its children) to those CPUs. Not reusable after
-    :meth:`stop`.
+    first; ``cpus`` pins the process (and so its children) to those CPUs; ``niceness`` is
+    added to its scheduling niceness (``nice(2)``: a positive value yields the CPU to
+    processes at the default priority when they want it). Not reusable after :meth:`stop`.
     """
 
     def __init__(
@@ -86,9 +87,10 @@ class ChildProcess:
         env: Mapping[str, str] | None = None,
         header: str = "",
         cpus: set[int] | None = None,
+        niceness: int = 0,
     ) -> None:
         self.argv, self.log_path, self.env = list(argv), log_path, env
-        self.header, self.cpus = header, cpus
+        self.header, self.cpus, self.niceness = header, cpus, niceness
         self._proc: subprocess.Popen[bytes] | None = None
         self._keys: set[ProcKey] = set()  # processes signalled by terminate()
         self._terminated = False
@@ -112,7 +114,14 @@ class ChildProcess:
     def start(self) -> None:
         """Spawn the process; OSError if the program cannot be run."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        cpus = self.cpus
+        cpus, niceness = self.cpus, self.niceness
+
+        def child_setup() -> None:  # in the child, before exec
+            if cpus:
+                os.sched_setaffinity(0, cpus)
+            if niceness:
+                os.nice(niceness)
+
         with self.log_path.open("wb") as log:
             if self.header:
                 log.write(self.header.encode())
@@ -124,7 +133,7 @@ class ChildProcess:
                 stderr=subprocess.STDOUT,
                 env=dict(self.env) if self.env is not None else None,
                 start_new_session=True,
-                preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None,  # noqa: PLW1509
+                preexec_fn=child_setup if cpus or niceness else None,  # noqa: PLW1509
             )
 
     def log_tail(self, lines: int = 30, max_bytes: int = 16384) -> str:

@@ -94,7 +94,12 @@ class ProcessState:
 class Supervisor:
     """Restarts the crashed servers of ``stack`` (module docstring). Use as a context
     manager inside ``with stack:``; ``startup_timeout_s`` bounds each restart's wait for
-    ``/health``; ``interval_s`` is the watch period; ``log`` gets one line per event."""
+    ``/health``; ``interval_s`` is the watch period; ``log`` gets one line per event.
+
+    A live process whose ``/health`` answers non-200 (or refuses) for ``engine_dead_after_s``
+    has a dead engine; one whose ``/health`` only times out is busy, not dead (vLLM answers
+    it on the event loop that streams every token): it counts as hung only after
+    ``hung_after_s`` (default six times ``engine_dead_after_s``) without an answer."""
 
     def __init__(
         self,
@@ -105,9 +110,11 @@ class Supervisor:
         engine_dead_after_s: float = 10.0,
         interval_s: float = 1.0,
         log: LogFn = print,
+        hung_after_s: float | None = None,
     ) -> None:
         self.stack, self.policy = stack, policy or RestartPolicy()
         self.startup_timeout_s, self.engine_dead_after_s = startup_timeout_s, engine_dead_after_s
+        self.hung_after_s = 6 * engine_dead_after_s if hung_after_s is None else hung_after_s
         self.interval_s, self.log = interval_s, log
         self._stopping = threading.Event()
         self._lock = threading.Lock()
@@ -172,15 +179,20 @@ class Supervisor:
                 code = backend.returncode
                 if code is not None:
                     return f"process exited with code {code}"
+                answered = True
                 try:
                     ok = client.get(f"{backend.url}/health").status_code == 200
+                except httpx.TimeoutException:
+                    ok = answered = False  # busy: load, not death
                 except httpx.HTTPError:
                     ok = False
                 now = time.monotonic()
                 if ok:
                     last_ok = now
-                elif now - last_ok >= self.engine_dead_after_s:
+                elif answered and now - last_ok >= self.engine_dead_after_s:
                     return f"/health failing for {now - last_ok:.0f} s (engine dead)"
+                elif now - last_ok >= self.hung_after_s:
+                    return f"/health not answering for {now - last_ok:.0f} s (hung)"
         return None
 
     def _crashed(self, backend: LocalBackend, reason: str, healthy_since: float | None) -> None:

@@ -117,7 +117,8 @@ class Server:
     ``ready_url`` answers 2xx, and stops the whole tree on exit (the process itself is a
     :class:`backends.process.ChildProcess`, as ``specgate up``'s servers are).
 
-    ``cpus`` pins the process (and so its children) to those CPUs.
+    ``cpus`` pins the process (and so its children) to those CPUs; ``niceness`` lowers its
+    priority (as ``specgate up`` lowers its backends').
     """
 
     def __init__(
@@ -130,10 +131,12 @@ class Server:
         env: Mapping[str, str] | None = None,
         cpus: set[int] | None = None,
         startup_timeout_s: float = 120.0,
+        niceness: int = 0,
     ) -> None:
         self.name, self.argv, self.ready_url = name, list(argv), ready_url
         self.log_path, self.env, self.cpus = log_path, env, cpus
         self.startup_timeout_s = startup_timeout_s
+        self.niceness = niceness
         self.process: process.ChildProcess | None = None
 
     @property
@@ -145,7 +148,9 @@ class Server:
     def start(self) -> None:
         """Spawn the server and wait until it is ready; raises RuntimeError with its log."""
         env = {**os.environ, **(self.env or {})}
-        self.process = process.ChildProcess(self.argv, self.log_path, env=env, cpus=self.cpus)
+        self.process = process.ChildProcess(
+            self.argv, self.log_path, env=env, cpus=self.cpus, niceness=self.niceness
+        )
         self.process.start()
         deadline = time.monotonic() + self.startup_timeout_s
         while time.monotonic() < deadline:

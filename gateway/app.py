@@ -20,9 +20,11 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import BaseRoute
 
 from contracts.config import GatewayConfig
 from gateway.api import admin, health, metrics, openai, passthrough, quarantine, status
+from gateway.api.slashes import redirect_slash
 from gateway.auth import build_auth, require_admin, require_client_key
 from gateway.errors import GatewayError, error_envelope
 from gateway.runtime import Parts, open_runtime
@@ -76,6 +78,7 @@ def create_app(
         app.include_router(passthrough.admin_router, dependencies=[admin_only])
     # last: every other path a backend serves (after the gateway's own routes)
     app.include_router(passthrough.router, dependencies=[client_key])
+    app.catch_all = app.router.routes[-1]
     install_error_handlers(app)
     document_proxy_routes(app)
     return app
@@ -99,11 +102,15 @@ class SpecgateApp(FastAPI):
     are dispatched before the middleware stack, straight to their raw ASGI apps
     (:class:`~gateway.api.openai.ProxyEndpoint`, which answer their own errors); every other
     request goes through FastAPI as usual. Measured in docs/benchmarks.md: Starlette's
-    middleware and router cost about a tenth of the CPU of a proxied request."""
+    middleware and router cost about a tenth of the CPU of a proxied request. A path with a
+    trailing slash that is served without it gets vLLM's 307 to it
+    (:mod:`gateway.api.slashes`)."""
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.proxy_endpoints = openai.proxy_endpoints()
+        #: The relay's catch-all route (``/{path:path}``, included last by ``create_app``).
+        self.catch_all: BaseRoute | None = None
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         """ASGI entry point."""
@@ -112,6 +119,10 @@ class SpecgateApp(FastAPI):
             if endpoint is not None:
                 scope["app"] = self
                 await endpoint(scope, receive, send)
+                return
+        if scope["type"] == "http" and scope["path"].endswith("/"):
+            scope["app"] = self
+            if await redirect_slash(self, scope, receive, send):
                 return
         await super().__call__(scope, receive, send)
 

@@ -208,6 +208,7 @@ async def open_runtime(parts: Parts) -> AsyncIterator[Runtime]:
             registry,
             interval_s=settings.health_interval_s,
             timeout_s=settings.health_timeout_s,
+            failures=settings.health_failures,
         )
         tasks = BackgroundTasks()
         stack.push_async_callback(tasks.aclose)  # should a later step fail

@@ -301,7 +301,9 @@ class Gateway:
         verdict = apply_guards(self.config, decision, body)
         path = endpoint or prepared.kind.path
         out = decision_json(self.pin_seed(verdict.decision, body, path))
-        if verdict.refused_by is not None:
+        if verdict.refused_by is not None and decision.last_resort is not None:
+            out["reasons"].append("no last-resort backend is free of known engine bugs: 503")
+        elif verdict.refused_by is not None:
             out["backend"], out["backends"] = None, []
             out["reasons"].append(f"refused: 400 engine_bug_guard '{verdict.refused_by}'")
         return out
@@ -315,12 +317,16 @@ class Gateway:
         """Apply the candidate backends' known-engine-bug guards (config ``guards``) to a
         decision (``prompt_tokens``: the exact prompt length when known, else its upper
         bound is used); counts each guard hit. Raises :class:`~gateway.errors.GatewayError` 400
-        ``engine_bug_guard`` when a guard refuses the request or leaves no backend."""
+        ``engine_bug_guard`` when a guard refuses the request or leaves no backend, except on
+        a last-resort decision: there a guard only removes its backends (the rule's own pools
+        are out, so an empty list is the caller's 503)."""
         if not self.config.guards:
             return decision
         verdict = apply_guards(self.config, decision, body, prompt_tokens)
         for name in dict.fromkeys(g for _, g in verdict.hits):
             self.stats.guarded[name] += 1
+        if decision.last_resort is not None:
+            return verdict.decision  # a guard only removes a last resort (none left: 503)
         if verdict.refused_by is not None:
             raise guarded(verdict.refused_by, self.config.guards[verdict.refused_by].why)
         return verdict.decision

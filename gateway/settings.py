@@ -60,8 +60,14 @@ class Settings(BaseSettings):
     api_keys_file: Path | None = None
     admin_token: SecretStr | None = None
     admin_enabled: bool = True
+    # backend /health probes (gateway/upstream/health.py): every interval, each with the
+    # timeout; a backend goes down after `health_failures` slow or broken probes in a row
+    # during which it sent this gateway nothing (a refused connection or a non-200 answer:
+    # at once). vLLM's API server answers /health on the event loop that also streams every
+    # token, so under load a probe can take seconds (a CPU server under a burst: > 1 s)
     health_interval_s: float = Field(default=2.0, gt=0)
-    health_timeout_s: float = Field(default=1.0, gt=0)
+    health_timeout_s: float = Field(default=5.0, gt=0)
+    health_failures: int = Field(default=3, ge=1)
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
     max_header_bytes: int = Field(default=64 * 1024, ge=1024)
     max_connections: int = Field(default=512, ge=1)

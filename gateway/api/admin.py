@@ -98,6 +98,7 @@ async def routes(request: Request, gateway: GatewayDep) -> dict[str, Any]:
             "by_backend": dict(stats.by_backend),
             "failovers": stats.failovers,
             "rejected": stats.rejected,
+            "last_resort": stats.last_resort,
             "guarded": dict(stats.guarded),
             "speculation_refuses": gateway.spec_params.snapshot(),
         },

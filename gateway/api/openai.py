@@ -48,7 +48,7 @@ from gateway.runtime import Runtime, runtime_of
 from gateway.service import Gateway
 from gateway.trace import RequestTrace
 from gateway.upstream.catalog import merge_cards
-from gateway.upstream.feedback import ResponseTap, with_usage
+from gateway.upstream.feedback import ResponseTap, fingerprints_known, with_usage
 from gateway.upstream.quarantine import QuarantineTable, fingerprint
 from gateway.upstream.tokens import count_prompt_tokens
 
@@ -236,22 +236,25 @@ class ProxyEndpoint:
         state.capture.offer(self.path, features.task, body, len(raw))  # opt-in, never blocks
         headers["x-request-id"] = trace.request_id
         tap, strip = None, False
+        registry = gateway.registry
         if gateway.config.routing.feedback and self.kind.feedback:
             # A stream ends with the usage chunk (and vLLM's per-request acceptance) only if
-            # asked for: ask, uncompressed, and the tap removes it again
-            # (gateway.upstream.feedback).
-            forced = with_usage(raw, body)
+            # asked for: ask, uncompressed, and the tap removes it again, once the backends'
+            # fingerprints are known (gateway.upstream.feedback).
+            forced = None
+            if fingerprints_known(registry, decision.backends):
+                forced = with_usage(raw, body)
             if forced is not None:
                 raw, headers["accept-encoding"] = forced, "identity"
             strip = forced is not None
-            tap = ResponseTap(trace, strip=strip)
+            tap = ResponseTap(trace, strip=strip, registry=registry)
         settle = Settle(
             gateway,
             self.kind,
             body,
             features,
             trace,
-            lambda: None if tap is None else ResponseTap(trace, strip=strip),
+            lambda: None if tap is None else ResponseTap(trace, strip=strip, registry=registry),
             affinity,
         )
         # Forward inline (the in-flight count moves in the same step as the decision), while

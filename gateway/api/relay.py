@@ -30,6 +30,7 @@ OWN_HEADERS = frozenset(
         b"x-specgate-rule",
         b"x-specgate-task",
         b"x-specgate-guarded",
+        b"x-specgate-last-resort",
         b"x-request-id",
     }
 )
@@ -51,10 +52,11 @@ async def relay(
     ``settle`` judge the first answer (a refusal it retries elsewhere), then relay the
     answer to the client with ``send``: SSE chunk by chunk as each arrives, JSON whole with
     its ``content-length``. The backend's headers pass except the gateway's own
-    ``x-specgate-*`` and ``x-request-id``, which are set here. ``request`` is the body as
-    the client sent it (bytes) and as parsed. Raises :class:`~gateway.errors.GatewayError`
-    when no backend answers (from the forwarder); the upstream answer is closed on every
-    exit."""
+    ``x-specgate-*`` and ``x-request-id``, which are set here (``x-specgate-last-resort``
+    only when a backend outside the rule's pools answers: why the rule's pools did not).
+    ``request`` is the body as the client sent it (bytes) and as parsed. Raises
+    :class:`~gateway.errors.GatewayError` when no backend answers (from the forwarder); the
+    upstream answer is closed on every exit."""
 
     def count_failover(_backend: str, _why: str) -> None:
         gateway.stats.failovers += 1
@@ -87,6 +89,10 @@ async def relay(
         if decision.guarded:  # which backends a known engine bug kept this request from
             guarded = ", ".join(f"{b}={g}" for b, g in decision.guarded)
             out.append((b"x-specgate-guarded", guarded.encode()))
+        if upstream.backend in decision.outside:  # why the rule's pools did not serve it
+            gateway.stats.last_resort += 1
+            why = decision.last_resort or "failover: the rule's backends did not answer"
+            out.append((b"x-specgate-last-resort", header_value(why)))
         if trace.stream:
             await relay_stream(upstream, out, send)
             return
@@ -94,6 +100,13 @@ async def relay(
     out.append((b"content-length", str(len(content)).encode()))
     await send({"type": "http.response.start", "status": upstream.status, "headers": out})
     await send({"type": "http.response.body", "body": content})
+
+
+def header_value(text: str) -> bytes:
+    """``text`` as a safe header value: ASCII (others backslash-escaped), no control
+    characters (a config's names cannot split or corrupt the response head)."""
+    raw = text.encode("ascii", "backslashreplace")
+    return bytes(c for c in raw if 32 <= c < 127)
 
 
 async def relay_stream(upstream: Upstream, headers: list[tuple[bytes, bytes]], send: Send) -> None:

@@ -27,11 +27,11 @@ helped the fast stage about as much as these pooled vectors (leave-one-shape-out
 The vectors carry what the fast stage lacks: words it never saw in training get a weight from
 their neighbours in MiniLM's vocabulary space.
 
-Pure computation: the tokenizer, the matrix (memory-mapped: its pages are read on first use)
-and the language identifier are given (``gateway.classify.embedding_stage`` loads them); no
-mutable state. It runs inline on the event loop, not in a thread: about
-0.25-0.3 ms p50 and 0.65-0.8 ms p99 on this 2-core machine (``bench.classify``), for the 6-7% of
-the development requests that ask it.
+Pure computation: the tokenizer, the matrix (held in memory: a memory-mapped page read back
+from disk would block the event loop) and the language identifier are given
+(``gateway.classify.embedding_stage`` loads them); no mutable state. It runs inline on the
+event loop, not in a thread: about 0.25-0.3 ms p50 and 0.65-0.8 ms p99 on this 2-core
+machine (``bench.classify``), for the 6-7% of the development requests that ask it.
 """
 
 from __future__ import annotations

@@ -42,7 +42,9 @@ class ClassifierStages:
 def load_stages(folder: Path | None) -> ClassifierStages:
     """The classifier stages with the second stage's files from ``folder`` (None: disabled by
     settings). Never raises: any failure leaves the fast stage alone, logged once here.
-    Reads ~23 MB (memory-mapped) and the 0.5 MB tokenizer: ~50 ms, once at startup."""
+    Reads ~23 MB into memory (not memory-mapped: a page the kernel dropped under memory
+    pressure would be read back from disk inside a request, blocking the event loop; seen as
+    a loop stall under load) and the 0.5 MB tokenizer: ~50 ms, once at startup."""
     if folder is None:
         return ClassifierStages(None, "disabled by settings (SPECGATE_CLASSIFIER_EMBEDDING)")
     try:
@@ -53,7 +55,7 @@ def load_stages(folder: Path | None) -> ClassifierStages:
         tokenizer = Tokenizer.from_file(str(folder / TOKENIZER_FILE))
         tokenizer.no_padding()
         tokenizer.no_truncation()
-        vectors = np.load(folder / VECTORS_FILE, mmap_mode="r", allow_pickle=False)
+        vectors = np.load(folder / VECTORS_FILE, allow_pickle=False)
         weights = np.asarray(embedding_head.WEIGHTS, dtype=np.float32)
         if vectors.ndim != 2 or vectors.dtype != np.float16 or vectors.shape[1] != weights.shape[0]:
             raise ValueError(f"token vectors {vectors.shape} {vectors.dtype} do not fit the head")

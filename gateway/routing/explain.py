@@ -11,9 +11,10 @@ def decision_json(decision: RouteDecision) -> dict[str, Any]:
     """``{"task", "task_confidence", "task_source", "task_features", "temperature",
     "temperature_given", "rule", "pool", "backend", "backends", "candidates": [{"backend",
     "pool", "kept", "why"}], "reasons": [...], "guarded": [{"backend", "guard"}],
-    "adaptive"}`` (``guarded``: backends a known-engine-bug guard took out); ``backend`` is
-    None when nothing can serve; ``adaptive`` is None under the static policy, else the
-    learnt estimates behind the choice (see
+    "adaptive", "last_resort"}`` (``guarded``: backends a known-engine-bug guard took out);
+    ``backend`` is None when nothing can serve; ``last_resort`` says why backends outside
+    the rule's pools serve (else None); ``adaptive`` is None under the static policy, else
+    the learnt estimates behind the choice (see
     :meth:`~gateway.routing.adaptive_choice.AdaptiveChoice.to_json`)."""
     f = decision.features
     return {
@@ -35,4 +36,5 @@ def decision_json(decision: RouteDecision) -> dict[str, Any]:
         "reasons": list(decision.reasons),
         "guarded": [{"backend": b, "guard": g} for b, g in decision.guarded],
         "adaptive": None if decision.adaptive is None else decision.adaptive.to_json(),
+        "last_resort": decision.last_resort,
     }

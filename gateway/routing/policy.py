@@ -7,7 +7,7 @@ caller's ``random.Random``, so a decision is deterministic for a given state and
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from contracts.config import BackendConfig, GatewayConfig
@@ -21,6 +21,8 @@ from gateway.speculation.prompt_stats import PromptStats
 DEFAULT_RULE = "default"
 #: Pool label of plain backends added because speculative ones were passed over.
 PLAIN_FALLBACK = "plain (speculation passed over)"
+#: Pool label of backends outside the rule's pools, used when every one of those is out.
+LAST_RESORT = "last resort"
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,7 +81,10 @@ class RouteDecision:
     ``concurrency``: requests on the chosen backend's compute when it was chosen, this one
     included (its ``compute_group``'s batch + 1; what the learner files the answer under);
     ``guarded``: (backend, guard) pairs the known-engine-bug guards took out of the try
-    list (:func:`gateway.routing.guards.apply_guards`).
+    list (:func:`gateway.routing.guards.apply_guards`);
+    ``outside``: the try list's backends from outside the rule's pools (step 7);
+    ``last_resort``: why they lead it (every backend of the rule's pools was out), None when
+    they are only failover targets after the rule's own.
     """
 
     rule: str
@@ -92,6 +97,8 @@ class RouteDecision:
     adaptive: AdaptiveChoice | None = None
     concurrency: float = 1.0
     guarded: tuple[tuple[str, str], ...] = ()
+    last_resort: str | None = None
+    outside: tuple[str, ...] = ()
 
     @property
     def backend(self) -> str | None:
@@ -134,6 +141,13 @@ class RoutingPolicy:
        ``compute_group`` has a busy backend would spread load over competing servers; its
        expected speed is discounted by ``routing.shared_compute_penalty`` (adaptive), or a
        candidate that keeps the load together goes first (static).
+    7. Last resort: every other backend serving the model that could take the request
+       (healthy, circuit closed, trusted, under its cap, and no speculation method refusing
+       the request's parameters), plain ones first, then least outstanding, ends the try
+       list: failover targets when the rule's own backends fail before answering, and the
+       whole list when steps 1-3 leave nothing (every backend of the rule's pools and
+       fallbacks down, its circuit open, suspect or at its cap; the decision then says why
+       in ``last_resort``). Known-engine-bug guards still apply to them (the caller's step).
     """
 
     def __init__(self, config: GatewayConfig) -> None:
@@ -199,8 +213,14 @@ class RoutingPolicy:
         if plan.deferred:
             order.extend(self._plain_backends(features, state, rng, plan, order))
             order.extend(plan.deferred)
+        last_resort = None
+        outside = self._last_resort(features, state, rng, plan, bool(order))
+        if outside and not order:
+            last_resort = _out_reason(pools, plan.candidates)
+            plan.reasons.append(f"last resort: {last_resort}")
         adaptive = None
         eligible = self._eligible(pools[0], plan, order)
+        order.extend(outside)
         if learnt is not None and eligible:
             adaptive = self._adapt(features, buckets, load, learnt, rng, plan, order, eligible)
         elif eligible:
@@ -216,6 +236,8 @@ class RoutingPolicy:
             saturated=plan.saturated,
             adaptive=adaptive,
             concurrency=load.concurrency.get(chosen, 0.0) + 1 if chosen else 1.0,
+            last_resort=last_resort,
+            outside=tuple(outside),
         )
 
     def _eligible(self, pool: str, plan: _Plan, order: list[str]) -> list[str]:
@@ -338,6 +360,23 @@ class RoutingPolicy:
             return f"demoted: acceptance rate {rate} < min_acceptance_rate {floor}"
         return None
 
+    def _usable(
+        self, name: str, features: RequestFeatures, state: Mapping[str, BackendSnapshot]
+    ) -> BackendSnapshot | None:
+        """``name``'s snapshot when it serves the model and can take a request now (healthy,
+        circuit closed, trusted, under its cap), else None."""
+        backend, snap = self.config.backends[name], state.get(name)
+        if (
+            backend.served_model != features.model
+            or snap is None
+            or not snap.healthy
+            or snap.circuit_open
+            or snap.suspect is not None
+            or (backend.max_inflight is not None and snap.inflight >= backend.max_inflight)
+        ):
+            return None
+        return snap
+
     def _plain_backends(
         self,
         features: RequestFeatures,
@@ -349,22 +388,54 @@ class RoutingPolicy:
         """Healthy plain backends serving the model, not yet in the try list."""
         found: list[tuple[float, float, str]] = []
         for name, backend in self.config.backends.items():
-            snap = state.get(name)
-            if (
-                name in order
-                or backend.spec.speculative
-                or backend.served_model != features.model
-                or snap is None
-                or not snap.healthy
-                or snap.circuit_open
-                or snap.suspect is not None
-                or (backend.max_inflight is not None and snap.inflight >= backend.max_inflight)
-            ):
+            if name in order or backend.spec.speculative:
+                continue
+            snap = self._usable(name, features, state)
+            if snap is None:
                 continue
             found.append((snap.outstanding, rng.random(), name))
             why = f"plain backend preferred, {snap.outstanding:g} outstanding"
             plan.candidates.append(Candidate(name, PLAIN_FALLBACK, True, why))
         return [name for _, _, name in sorted(found)]
+
+    def _last_resort(
+        self,
+        features: RequestFeatures,
+        state: Mapping[str, BackendSnapshot],
+        rng: random.Random,
+        plan: _Plan,
+        failover: bool,
+    ) -> list[str]:
+        """Every backend outside the rule's pools that serves the model and can take the
+        request (step 7): plain first, then least outstanding; ``failover``: the rule's own
+        backends come first (the candidates say so)."""
+        found: list[tuple[bool, float, float, str]] = []
+        for name, backend in self.config.backends.items():
+            if name in plan.seen or any(c.backend == name for c in plan.candidates):
+                continue
+            snap = self._usable(name, features, state)
+            if snap is None:
+                continue
+            refused = features.spec_refused.get(backend.spec.method or "")
+            if backend.spec.speculative and refused:
+                why = f"{backend.spec.method} speculation refuses {', '.join(refused)}"
+                plan.candidates.append(Candidate(name, LAST_RESORT, False, why))
+                continue
+            speculative = backend.spec.speculative
+            found.append((speculative, snap.outstanding, rng.random(), name))
+            why = f"healthy, {snap.outstanding:g} outstanding"
+            if failover:
+                why += "; failover target after the rule's backends"
+            plan.candidates.append(Candidate(name, LAST_RESORT, True, why))
+        return [name for *_, name in sorted(found)]
+
+
+def _out_reason(pools: list[str], candidates: Iterable[Candidate]) -> str:
+    """Why a rule's pools could not serve: ``pool 'plain' out (plain: unhealthy)``."""
+    why = ", ".join(f"{c.backend}: {c.why}" for c in candidates if c.pool in pools and not c.kept)
+    names = ", ".join(f"'{p}'" for p in pools)
+    label = "pool" if len(pools) == 1 else "pools"
+    return f"{label} {names} out ({why or 'no backend'})"
 
 
 def _keep_together(load: LoadView, plan: _Plan, order: list[str], eligible: list[str]) -> None:

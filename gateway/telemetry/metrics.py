@@ -202,6 +202,11 @@ def _decision_families(gateway: Gateway) -> Iterator[Metric]:
     yield CounterMetricFamily(
         "specgate_rejected", "Requests refused with no backend to serve.", value=stats.rejected
     )
+    yield CounterMetricFamily(
+        "specgate_last_resort",
+        "Answers from a backend outside their rule's pools (those out or failing).",
+        value=stats.last_resort,
+    )
     guarded = CounterMetricFamily(
         "specgate_guarded",
         "Requests that matched a known engine bug guard (avoided or refused).",

@@ -10,10 +10,16 @@ asked for ``stream_options.include_usage``.
 
 So for a stream whose client did not ask, :func:`with_usage` asks upstream, and
 :class:`ResponseTap` removes that chunk before the client sees it. vLLM also moves the
-``system_fingerprint`` from the terminal content chunk to the usage chunk when usage is on;
-the tap puts it back where a server asked without usage puts it, so the client's bytes are
-exactly those it would have had. (vLLM's own ``--enable-force-include-usage`` is no
-alternative: it forces *continuous* usage, a ``usage`` object on every chunk.)
+``system_fingerprint`` from each terminal content chunk to the usage chunk when usage is on;
+the fingerprint is a constant of the server (``--fingerprint-mode``), so the tap learns it
+per backend from the answers it relays (:attr:`BackendState.fingerprint`) and stamps it on
+each terminal chunk as that chunk passes: the client's bytes are exactly those it would have
+had, and no chunk waits for another (a completions stream of several prompts sends each
+choice's terminal chunk long before the usage chunk). Usage is only asked for once the
+fingerprints of the decision's backends are known (:func:`fingerprints_known`); until then a
+stream is relayed as the client asked, which teaches the fingerprint. (vLLM's own
+``--enable-force-include-usage`` is no alternative: it forces *continuous* usage, a ``usage``
+object on every chunk.)
 
 Hot path: the relay only scans each chunk for two short markers; JSON is parsed once, for
 the final usage chunk (or the tail of a JSON answer) only.
@@ -23,12 +29,13 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
 from gateway.trace import RequestTrace
+from gateway.upstream.state import BackendRegistry
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +44,8 @@ _FINISH = b'"finish_reason":"'
 _FINGERPRINT = b'"system_fingerprint":'
 _INJECTED = b'"stream_options":{"include_usage":true},'
 _BOOL = TypeAdapter(bool)
+#: The endpoints (as ``RequestTrace.endpoint``) whose answers carry vLLM's fingerprint.
+_FINGERPRINTED = frozenset({"completions", "chat/completions"})
 
 
 def with_usage(raw: bytes, body: Mapping[str, Any]) -> bytes | None:
@@ -85,31 +94,48 @@ def _final_usage(line: bytes) -> dict[str, Any] | None:
     return data if data is not None and not data.get("choices") else None
 
 
+def fingerprints_known(registry: BackendRegistry, backends: Iterable[str]) -> bool:
+    """Whether every one of ``backends`` has taught its ``system_fingerprint`` (or that it
+    sends none): only then may a stream's usage chunk be asked for and removed."""
+    states = registry.states
+    return all(
+        (state := states.get(b)) is not None and state.fingerprint is not None for b in backends
+    )
+
+
 class ResponseTap:
     """Sits in the relay of one successful answer: records its usage and
-    ``metrics.speculative_decoding`` on ``trace`` (``usage_bytes``, ``spec_decoding``).
+    ``metrics.speculative_decoding`` on ``trace`` (``usage_bytes``, ``spec_decoding``) and
+    the backend's ``system_fingerprint`` in ``registry`` (the backend is ``trace.backend``).
 
     Streams are relayed in whole lines (a partial line waits for its end, which costs an
-    SSE client nothing: it dispatches an event only at its blank line). With ``strip`` (the
-    gateway asked for the usage chunk) the final usage chunk is removed, and from the first
-    terminal chunk (``finish_reason`` set) until it the lines are held back so the
-    fingerprint can be put back on the terminal chunk.
+    SSE client nothing: it dispatches an event only at its blank line); every complete line
+    goes out at once. With ``strip`` (the gateway asked for the usage chunk) the final usage
+    chunk is removed and each terminal chunk (``finish_reason`` set) gets the backend's
+    learnt fingerprint as it passes.
     """
 
-    __slots__ = ("trace", "strip", "_pending", "_held", "_done", "_eat_blank", "_parts", "_last")
+    __slots__ = (
+        "trace", "strip", "registry", "_pending", "_done", "_eat_blank", "_parts", "_last",
+        "_terminal",
+    )  # fmt: skip
 
-    def __init__(self, trace: RequestTrace, *, strip: bool) -> None:
+    def __init__(
+        self, trace: RequestTrace, *, strip: bool, registry: BackendRegistry | None = None
+    ) -> None:
         self.trace = trace
         self.strip = strip
+        self.registry = registry
         self._pending = b""
-        self._held: bytes | None = None
         self._done = False
         self._eat_blank = False
         self._parts: list[bytes] = []
         self._last: bytes | None = None
+        self._terminal: bytes | None = None
 
     def feed(self, chunk: bytes) -> bytes:
-        """Take one upstream chunk; return the bytes to relay now (possibly empty)."""
+        """Take one upstream chunk; return the bytes to relay now (possibly empty: only a
+        partial line, or the removed usage chunk)."""
         if not self.trace.stream:
             self._parts.append(chunk)
             return chunk
@@ -118,52 +144,73 @@ class ResponseTap:
         if not chunk.endswith(b"\n"):
             end = chunk.rfind(b"\n") + 1
             chunk, self._pending = chunk[:end], chunk[end:]
-        if not self.strip:
+        if self._eat_blank and chunk:
+            chunk = self._skip_blank(chunk)
+        if not self.strip or self._done:
             if _USAGE in chunk:
                 self._last = chunk
+            if _FINISH in chunk:
+                self._terminal = chunk
             return chunk
-        if self._done:
-            return self._skip_blank(chunk) if self._eat_blank else chunk
-        if self._held is None and _FINISH not in chunk and _USAGE not in chunk:
+        if _FINISH not in chunk and _USAGE not in chunk:
             return chunk
-        return self._strip((self._held or b"") + chunk)
+        return self._strip(chunk)
 
     def close(self) -> bytes:
-        """The stream ended: return bytes still held back; record what was learnt."""
+        """The stream ended: return a partial last line still pending; record what was
+        learnt."""
         if not self.trace.stream:
-            self._read_json(b"".join(self._parts))
+            body = b"".join(self._parts)
+            self._read_json(body)
+            at = body.rfind(_FINGERPRINT)
+            if at >= 0:  # a string, or null: the server sends none
+                self._learn(_raw_fingerprint(body[at:]) or b"")
             return b""
-        rest, self._held, self._pending = (self._held or b"") + self._pending, None, b""
+        rest, self._pending = self._pending, b""
         if self._last is not None:
             for line in reversed(self._last.split(b"\n")):
                 usage = _final_usage(line)
                 if usage is not None:
                     self._record(usage, line)
-                    break
+                    self._learn(_raw_fingerprint(line) or b"")  # vLLM puts it here if any
+                    return rest
+        if self._terminal is not None:  # no usage chunk: a fingerprint is on the terminal one
+            for line in self._terminal.split(b"\n"):
+                if _FINISH in line and (fingerprint := _raw_fingerprint(line)) is not None:
+                    self._learn(fingerprint)
         return rest
+
+    def _learn(self, fingerprint: bytes) -> None:
+        """The answering backend's fingerprint as a server writes it (``b""``: none)."""
+        if self.trace.endpoint not in _FINGERPRINTED:
+            return
+        state = self.registry.states.get(self.trace.backend or "") if self.registry else None
+        if state is not None:
+            state.fingerprint = fingerprint
+
+    def _known_fingerprint(self) -> bytes:
+        state = self.registry.states.get(self.trace.backend or "") if self.registry else None
+        return (state.fingerprint or b"") if state is not None else b""
 
     def _strip(self, buf: bytes) -> bytes:
         lines = buf.split(b"\n")  # buf ends with "\n": the last item is b""
+        fingerprint = self._known_fingerprint()
+        for i, line in enumerate(lines):
+            if _FINISH in line and fingerprint and _FINGERPRINT not in line:
+                lines[i] = _stamp(line, fingerprint)
         at = next((i for i, ln in enumerate(lines) if _final_usage(ln) is not None), None)
         if at is None:
-            first = next((i for i, ln in enumerate(lines) if _FINISH in ln), len(lines) - 1)
-            self._held = b"\n".join(lines[first:]) if first < len(lines) - 1 else None
-            return b"\n".join(lines[:first]) + (b"\n" if first else b"")
+            return buf if not fingerprint else b"\n".join(lines)
         usage_line = lines[at]
-        usage = _parse_line(usage_line) or {}
-        self._record(usage, usage_line)
-        fingerprint = _raw_fingerprint(usage_line)
-        if fingerprint is not None:
-            for i in range(at):
-                if _FINISH in lines[i] and _FINGERPRINT not in lines[i]:
-                    lines[i] = _stamp(lines[i], fingerprint)
+        self._record(_parse_line(usage_line) or {}, usage_line)
+        self._learn(_raw_fingerprint(usage_line) or b"")
         drop = 1
         if at + 1 < len(lines) - 1 and lines[at + 1] in (b"", b"\r"):
             drop = 2  # the blank line ending the usage event
         elif at + 1 == len(lines) - 1:
             self._eat_blank = True  # it is in the next chunk
         del lines[at : at + drop]
-        self._held, self._done = None, True
+        self._done = True
         return b"\n".join(lines)
 
     def _skip_blank(self, chunk: bytes) -> bytes:

@@ -113,10 +113,12 @@ async def _relay(
 ) -> AsyncGenerator[bytes, None]:
     status, error = response.status, None
     prev = last = b""  # the stream's last two chunks: an error event there may mean a death
+    state = attempt.state
     try:
         yield b""  # primed by Forwarder.open: from here aclose() always runs the finally
         async for chunk in _chain(head, chunks) if head else chunks:
             prev, last = last, chunk
+            state.alive_at = time.monotonic()  # passive liveness (gateway.upstream.health)
             if tap is not None and not (chunk := tap.feed(chunk)):
                 continue
             trace.on_chunk(chunk)
@@ -285,6 +287,7 @@ class Forwarder:
             await response.aclose()
             return f"{attempt.name}: HTTP {response.status}"
         attempt.state.circuit.on_success()
+        attempt.state.alive_at = self.clock()  # it answers: alive (gateway.upstream.health)
         return _Settled(response, chunks, head)
 
     def _failed(self, attempt: Attempt) -> None:

@@ -6,6 +6,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from typing import Literal
 
 import httpx
 
@@ -21,9 +22,22 @@ class HealthPoller:
     """Every ``interval_s`` seconds, probes each backend's ``/health`` and scrapes its
     ``/metrics`` (each with timeout ``timeout_s``), concurrently and off the request path.
 
-    A backend is healthy when ``/health`` answers 200. A scrape updates the load figures and,
-    for speculative backends, the acceptance window and demotion; a failed scrape keeps the
-    previous figures. ``config`` is a callable so a reloaded config is followed.
+    A probe's verdict (:func:`probe_verdict`), in the manner of Kubernetes' probes
+    (``failureThreshold``) and Envoy's outlier detection (passive signals from real traffic):
+
+    * ``/health`` answers 200: up, and the failure count is reset;
+    * the connection is refused (the process is gone) or ``/health`` answers another status
+      (vLLM's server says its engine is dead): down at once (death detection and the
+      supervisor rely on this);
+    * a timeout or a broken answer is load until proven otherwise: it counts as a failure
+      only when the backend sent this gateway nothing (no answer settled, no stream chunk)
+      since the previous round (``interval_s + timeout_s``); the backend goes down after
+      ``failures`` such probes in a row (and comes back on one passing probe).
+
+    A scrape updates the load figures and, for speculative backends, the acceptance window
+    and demotion; a failed scrape keeps the previous figures. ``config`` is a callable so a
+    reloaded config is followed. ``clock`` is ``time.monotonic`` (the clock of
+    :attr:`~gateway.upstream.state.BackendState.alive_at`).
     """
 
     def __init__(
@@ -34,12 +48,16 @@ class HealthPoller:
         *,
         interval_s: float,
         timeout_s: float,
+        failures: int = 3,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.client = client
         self.config = config
         self.registry = registry
         self.interval_s = interval_s
         self.timeout_s = timeout_s
+        self.failures = failures
+        self.clock = clock
 
     async def check(self, name: str, backend: BackendConfig) -> None:
         """Probe and scrape one backend and record the results in its state."""
@@ -50,11 +68,26 @@ class HealthPoller:
             self._get(f"{backend.base_url}/health"),
             self._get(f"{backend.base_url}/metrics"),
         )
-        healthy = isinstance(health, httpx.Response) and health.status_code == 200
+        verdict = probe_verdict(health)
+        if verdict == "slow" and self.clock() - state.alive_at <= self.interval_s + self.timeout_s:
+            verdict = "up"  # busy answering this gateway's requests: alive
+        if verdict == "up":
+            state.probe_failures = 0
+        else:
+            state.probe_failures += 1
+        # a slow probe keeps an up backend up until the threshold; it never brings one up
+        healthy = verdict == "up" or (
+            verdict == "slow" and state.healthy is True and state.probe_failures < self.failures
+        )
         if healthy != state.healthy:
-            logger.info("backend %s is now %s", name, "healthy" if healthy else "unhealthy")
+            logger.info(
+                "backend %s is now %s (%s)",
+                name,
+                "healthy" if healthy else "unhealthy",
+                "probe passed" if verdict == "up" else _describe(health),
+            )
         state.healthy = healthy
-        state.last_error = None if healthy else _describe(health)
+        state.last_error = None if verdict == "up" else _describe(health)
         state.last_checked = time.time()
         if isinstance(metrics, httpx.Response) and metrics.status_code == 200:
             self._record(name, backend, state, metrics.text)
@@ -104,6 +137,17 @@ class HealthPoller:
         while True:
             await asyncio.sleep(self.interval_s)
             await self.check_all()
+
+
+def probe_verdict(result: httpx.Response | Exception) -> Literal["up", "down", "slow"]:
+    """One ``/health`` probe's outcome: ``up`` (200), ``down`` (refused connection or
+    another status: the server or its engine is gone), ``slow`` (a timeout, a reset or a
+    broken answer: may be load)."""
+    if isinstance(result, httpx.Response):
+        return "up" if result.status_code == 200 else "down"
+    if isinstance(result, httpx.ConnectError):
+        return "down"
+    return "slow"
 
 
 def _describe(result: httpx.Response | Exception) -> str:

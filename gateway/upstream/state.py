@@ -13,9 +13,10 @@ from gateway.routing.policy import BackendSnapshot
 from gateway.upstream.circuit import CircuitBreaker
 
 #: A backend's health, the one definition every reader uses (routing, ``/ready``,
-#: ``/routes``, ``/status``, ``/metrics``, pass-through, the canary): ``up`` when its last
-#: ``/health`` probe passed, ``down`` when it failed (or the backend died under a request),
-#: ``unknown`` before the first probe (a backend added by a reload).
+#: ``/routes``, ``/status``, ``/metrics``, pass-through, the canary): ``up`` once a
+#: ``/health`` probe passed, ``down`` after a refused or non-200 probe, several slow ones in a
+#: row while it sent nothing (:class:`~gateway.upstream.health.HealthPoller`), or a death under
+#: a request; ``unknown`` before the first probe (a backend added by a reload).
 Health = Literal["up", "down", "unknown"]
 HEALTH_STATES: tuple[Health, ...] = ("up", "down", "unknown")
 
@@ -31,7 +32,7 @@ def health_of(healthy: bool | None) -> Health:
 class BackendState:
     """Mutable live state of one backend (owned by the event loop; no locking needed).
 
-    ``healthy`` is the last health probe's verdict (``None`` before the first probe); read it
+    ``healthy`` is the health probes' verdict (``None`` before the first probe); read it
     through :attr:`health` and :attr:`available` (an ``unknown`` backend is routed, so a
     fresh or reloaded gateway does not refuse traffic, and reported as unknown);
     ``inflight`` counts this gateway's requests currently sent to the backend; ``running``,
@@ -43,6 +44,12 @@ class BackendState:
     last ended, and when ``/metrics`` was last read: a scrape older than the last end still
     counts that request as running, so routing then trusts the in-flight count alone (else a
     client sending one request at a time would look like two, for up to a scrape interval).
+    ``probe_failures``: ``/health`` probes failed in a row (timeouts and broken answers;
+    see :class:`~gateway.upstream.health.HealthPoller`); ``alive_at`` (``time.monotonic()``):
+    when the backend last settled an answer or sent a body chunk to this gateway (passive
+    liveness: a backend answering requests is alive, however slow its probe).
+    ``fingerprint``: the ``system_fingerprint`` its answers carry, as JSON text (``b""``:
+    none; None: not seen yet), learnt by :class:`~gateway.upstream.feedback.ResponseTap`.
     """
 
     healthy: bool | None = None
@@ -61,6 +68,9 @@ class BackendState:
     suspect: str | None = None
     done_at: float = 0.0
     scraped_at: float = 0.0
+    probe_failures: int = 0
+    alive_at: float = 0.0
+    fingerprint: bytes | None = None
 
     @property
     def health(self) -> Health:
@@ -95,7 +105,10 @@ class BackendState:
 
 @dataclass(slots=True)
 class DecisionStats:
-    """Counts of routing outcomes since start: per rule, per task, per serving backend."""
+    """Counts of routing outcomes since start: per rule, per task, per serving backend;
+    ``last_resort``: answers from a backend outside the request's rule's pools, every
+    backend of those being out or failing (:class:`~gateway.routing.policy.RoutingPolicy`
+    step 7)."""
 
     by_rule: Counter[str] = field(default_factory=Counter)
     by_task: Counter[str] = field(default_factory=Counter)
@@ -103,6 +116,7 @@ class DecisionStats:
     guarded: Counter[str] = field(default_factory=Counter)  # requests per guard that hit
     failovers: int = 0
     rejected: int = 0
+    last_resort: int = 0
 
 
 class BackendRegistry:

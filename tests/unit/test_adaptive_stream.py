@@ -20,7 +20,8 @@ from gateway.service import Gateway
 from gateway.settings import Settings
 from gateway.trace import RequestTrace
 from gateway.upstream.feedback import ResponseTap, with_usage
-from tests.fakes.fake_spec_vllm import SpecBehaviour, create_spec_vllm, spec_metrics
+from gateway.upstream.state import BackendRegistry
+from tests.fakes.fake_spec_vllm import FINGERPRINT, SpecBehaviour, create_spec_vllm, spec_metrics
 from tests.fakes.servers import running_server
 from tests.fakes.transport import BackendsTransport
 from tests.unit.conftest import MODEL, local_config
@@ -51,9 +52,12 @@ async def rig() -> AsyncIterator[Rig]:
         rng=random.Random(3),
     )
     async with app.router.lifespan_context(app):
+        gateway = app.state.runtime.gateway
+        for state in gateway.registry.states.values():  # as if learnt from earlier answers
+            state.fingerprint = json.dumps(FINGERPRINT).encode()
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://gw") as client:
-            yield Rig(client, fakes, app.state.runtime.gateway)
+            yield Rig(client, fakes, gateway)
 
 
 async def direct(behaviour: SpecBehaviour, path: str, body: dict[str, Any]) -> bytes:
@@ -110,8 +114,27 @@ async def test_a_server_forcing_usage_looks_like_one_that_does_not(rig: Rig) -> 
 async def test_without_fingerprint_the_terminal_chunk_is_untouched(rig: Rig) -> None:
     for fake in rig.fakes.values():
         fake.fingerprint = None
+    for state in rig.gateway.registry.states.values():
+        state.fingerprint = b""
     resp = await via_gateway(rig, "/v1/completions", CODE)
     assert resp.content == await direct(SpecBehaviour(fingerprint=None), "/v1/completions", CODE)
+
+
+async def test_the_fingerprint_is_learnt_before_usage_is_asked_for(rig: Rig) -> None:
+    """Until a backend's fingerprint is known, a stream goes as the client asked (nothing
+    to strip, nothing held); its answer teaches the fingerprint."""
+    for state in rig.gateway.registry.states.values():
+        state.fingerprint = None
+    resp = await via_gateway(rig, "/v1/completions", CODE)
+    backend = resp.headers["x-specgate-backend"]
+    assert resp.content == await direct(rig.fakes[backend], "/v1/completions", CODE)
+    assert "stream_options" not in json.loads(rig.fakes[backend].received[-1])
+    assert rig.gateway.registry.states[backend].fingerprint == json.dumps(FINGERPRINT).encode()
+    for fake in rig.fakes.values():
+        fake.fingerprint = None  # a server started with --fingerprint-mode none
+    body = CODE | {"stream": False}
+    resp = await via_gateway(rig, "/v1/completions", body)
+    assert rig.gateway.registry.states[resp.headers["x-specgate-backend"]].fingerprint == b""
 
 
 async def test_a_client_asking_for_usage_gets_it_unchanged(rig: Rig) -> None:
@@ -201,7 +224,10 @@ def test_with_usage_keeps_other_stream_options() -> None:
 
 def test_tap_handles_crlf_and_a_blank_line_in_the_next_read() -> None:
     trace = RequestTrace("r", "completions", stream=True)
-    tap = ResponseTap(trace, strip=True)
+    trace.backend = "b"
+    registry = BackendRegistry(["b"])
+    registry.states["b"].fingerprint = b'"fp"'  # learnt from an earlier answer
+    tap = ResponseTap(trace, strip=True, registry=registry)
     usage = b'{"choices":[],"usage":{"completion_tokens":2},"system_fingerprint":"fp"}'
     reads = [
         b'data: {"choices":[{"text":"a","finish_reason":null}]}\r\n\r\n',

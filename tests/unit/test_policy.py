@@ -179,11 +179,16 @@ def test_policy_properties(
     assert len(set(decision.backends)) == len(decision.backends)
     if model != MODEL:
         assert decision.backends == ()
-    else:  # a healthy backend in the decided pools always gets the request
+    else:  # a healthy backend in the decided pools gets the request, else any healthy one
         rule = next((r for r in policy.config.rules if r.name == decision.rule), None)
         pools = [rule.pool, *rule.fallbacks] if rule else [policy.config.defaults.pool]
         allowed = {b for p in pools for b in policy.config.pools[p]}
-        assert bool(decision.backends) == any(state[b].healthy for b in allowed)
+        in_pools = any(state[b].healthy for b in allowed)
+        assert bool(decision.backends) == any(s.healthy for s in state.values())
+        assert (decision.last_resort is not None) == (bool(decision.backends) and not in_pools)
+        if decision.last_resort is not None:  # plain backends first
+            spec = [policy.config.backends[b].spec.speculative for b in decision.backends]
+            assert spec == sorted(spec)
     # deterministic for a given state and seed
     assert decision == policy.decide(f, state, random.Random(seed))
 

@@ -19,9 +19,10 @@ from tests.fakes.servers import free_port
 
 # argv: PORT MODE COUNTFILE. Counts its starts in COUNTFILE; POST /die exits (code 7) after
 # printing a traceback-like line; mode "dead-engine" answers /health 503 after POST /die
-# instead of exiting; mode "crashloop" exits at once from the second start on.
+# instead of exiting; mode "slow-health" answers /health after 3 s from then on (busy);
+# mode "crashloop" exits at once from the second start on.
 FAKE = r"""
-import http.server, os, sys
+import http.server, os, sys, time
 port, mode, countfile = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 starts = int(open(countfile).read()) + 1 if os.path.exists(countfile) else 1
 open(countfile, "w").write(str(starts))
@@ -33,7 +34,9 @@ dead = False
 
 class Handler(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
-        self.send_response(503 if dead else 200)
+        if dead and mode == "slow-health":
+            time.sleep(3)
+        self.send_response(503 if dead and mode == "dead-engine" else 200)
         self.send_header("Content-Length", "0")
         self.end_headers()
 
@@ -44,7 +47,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.send_response(500)
         self.send_header("Content-Length", "0")
         self.end_headers()
-        if mode == "dead-engine":
+        if mode in ("dead-engine", "slow-health"):
             dead = True
         else:
             os._exit(7)
@@ -138,6 +141,38 @@ def test_a_crashed_server_is_restarted_and_its_log_tail_kept(
         assert "engine dead" in crash["reason"]
     assert stack.backends[0].log_path.with_name("plain.log.1").exists()
     assert any("restarted, healthy after" in line for line in lines)
+
+
+def test_a_slow_health_is_load_not_a_dead_engine(
+    make_stack: Callable[[str], LocalStack],
+) -> None:
+    """/health slower than the supervisor's 2 s timeout for longer than engine_dead_after_s:
+    the server is busy, not dead, and is not restarted (issue 26: a slow probe is load)."""
+    stack = make_stack("slow-health")
+    pid = stack.backends[0].pid
+    supervisor = Supervisor(
+        stack, FAST, engine_dead_after_s=0.5, interval_s=0.1, log=lambda _: None, hung_after_s=60
+    )
+    with supervisor:
+        kill(stack)  # from now on /health takes 3 s
+        time.sleep(5)
+        view = supervisor.view()["plain"]
+    assert view["restarts"] == 0 and view["state"] == "running"
+    assert stack.backends[0].pid == pid
+
+
+def test_a_server_that_never_answers_health_is_hung(
+    make_stack: Callable[[str], LocalStack],
+) -> None:
+    stack = make_stack("slow-health")
+    supervisor = Supervisor(
+        stack, FAST, engine_dead_after_s=0.5, interval_s=0.1, log=lambda _: None, hung_after_s=1
+    )
+    with supervisor:
+        kill(stack)
+        wait_for(lambda: supervisor.view()["plain"]["restarts"] == 1)
+        view = supervisor.view()["plain"]
+    assert "(hung)" in view["last_crash"]["reason"]
 
 
 def test_restarts_are_capped_per_window(make_stack: Callable[[str], LocalStack]) -> None:
