@@ -38,7 +38,7 @@ from gateway.api.relay import Receive, Send, send_answer, until_disconnect
 from gateway.auth import header_text
 from gateway.classify.features import RequestFeatures
 from gateway.classify.protocol import ROUTED
-from gateway.errors import GatewayError, model_not_found
+from gateway.errors import GatewayError, model_not_found, too_busy
 from gateway.routing.policy import RouteDecision
 from gateway.runtime import Runtime, runtime_of
 from gateway.service import Admission, Gateway
@@ -102,7 +102,7 @@ async def passthrough(
     if not await relayed.read():
         return Response(status_code=499)  # nobody is left to read it
     if relayed.parsed is not None and runtime.deaths.table.blocking:
-        refuse_quarantined(runtime.deaths.table, path, relayed.parsed)
+        refuse_quarantined(runtime.deaths.table, relayed.target, relayed.parsed)
     order = _targets(gateway, catalog, found, path, relayed.parsed, runtime.affinity)
     relayed.order = await _guarded(runtime, path, relayed.parsed, order)
     relayed.stateful = found.template in STATEFUL_TEMPLATES
@@ -140,15 +140,18 @@ class Relayed(Response):
     ) -> None:
         super().__init__()
         self.runtime, self.request, self.path, self.admission = runtime, request, path, admission
-        # the first of repeated headers counts, as on the routed endpoints
         raw = request.scope["headers"]
         if sum(len(k) + len(v) for k, v in raw) > runtime.settings.max_header_bytes:
             raise GatewayError(431, "The request headers are too large.", code="headers_too_large")
+        # the first of repeated headers counts, as on the routed endpoints
         self.headers_in = {header_text(k): header_text(v) for k, v in reversed(raw)}
         self.body_in = b""
         self.parsed: dict[str, Any] | None = None
         self.order: tuple[str, ...] = ()
         self.stateful = False
+        query = request.url.query
+        #: The path and query sent upstream (what a fingerprint is of).
+        self.target = path + (f"?{query}" if query else "")
 
     async def read(self) -> bool:
         """Read the body (413 past the limit, 408 past the body timeout) and parse a JSON
@@ -187,12 +190,11 @@ class Relayed(Response):
             await until_disconnect(receive, self._forward(gateway, trace, send))
 
     async def _forward(self, gateway: Gateway, trace: RequestTrace, send: Send) -> None:
-        query = self.request.url.query
         upstream = await self.runtime.forwarder.open(
             gateway.config.backends,
             gateway.registry.states,
             self.order,
-            path=self.path + (f"?{query}" if query else ""),
+            path=self.target,
             body=self.body_in,
             headers=self.headers_in,
             trace=trace,
@@ -224,7 +226,9 @@ def _targets(
     affinity: Any,
 ) -> tuple[str, ...]:
     """Backends to try in order: the holder of a stored Response, else healthy backends
-    listing the path and serving the body's ``model`` (plain first, least in flight)."""
+    listing the path and serving the body's ``model``, below their ``max_inflight`` cap
+    (plain first, least in flight). Raises 404 for a model nobody serves, 429 when every
+    such backend is at its cap."""
     if found.template in STATEFUL_TEMPLATES:
         held = affinity.backend_of(path.split("/")[3])
         if held is not None and held in gateway.config.backends:
@@ -234,14 +238,19 @@ def _targets(
     if model is not None and model not in gateway.served_models():
         raise model_not_found(model)
     snapshot = gateway.registry.snapshot()
-    ranked = []
+    ranked, capped = [], False
     for name, backend in gateway.config.backends.items():
         state = snapshot.get(name)
         if state is None or not state.healthy or state.circuit_open:
             continue
         if found not in catalog.paths(name) or (model and backend.served_model != model):
             continue
+        if backend.max_inflight is not None and state.inflight >= backend.max_inflight:
+            capped = True
+            continue
         ranked.append((backend.spec.speculative, state.inflight, name))
+    if not ranked and capped:
+        raise too_busy("Every backend serving this path is at its in-flight cap.")
     return tuple(name for *_, name in sorted(ranked))
 
 

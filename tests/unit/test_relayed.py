@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gateway.api.passthrough import generation_views
-from tests.unit.conftest import MODEL, InProcess, gateway_settings, in_process
+from tests.unit.conftest import MODEL, InProcess, gateway_settings, in_process, local_config
 from tests.unit.test_containment import DEADLY, POISON, dead, poison_all
 
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 4}
@@ -189,3 +189,21 @@ async def test_operator_calls_go_through_the_forwarder(gw: InProcess) -> None:
     resp = await gw.client.post("/routes/backends/ngram/reset_prefix_cache")
     assert resp.status_code == 200 and resp.headers["x-specgate-backend"] == "ngram"
     assert runtime(gw).gateway.registry.states["ngram"].inflight == 0
+
+
+async def test_a_relayed_request_respects_the_backends_in_flight_caps() -> None:
+    config = local_config()
+    capped = {n: b.model_copy(update={"max_inflight": 1}) for n, b in config.backends.items()}
+    config = config.model_copy(update={"backends": capped})
+    async with in_process(gateway_settings(), config) as gw:
+        for fake in gw.fakes.values():
+            fake.first_delay_s = 0.3
+        first = asyncio.ensure_future(gw.client.post("/invocations", json=CHAT))
+        await asyncio.sleep(0.1)
+        second = await gw.client.post("/invocations", json=CHAT)  # plain is at its cap
+        assert second.status_code == 200 and second.headers["x-specgate-backend"] != "plain"
+        assert (await first).headers["x-specgate-backend"] == "plain"
+        for name in ("plain", "ngram", "draft", "eagle3"):  # every backend at its cap
+            runtime(gw).gateway.registry.states[name].inflight += 1
+        full = await gw.client.post("/invocations", json=CHAT)
+        assert full.status_code == 429, full.text
