@@ -76,7 +76,9 @@ def upstream_headers(client_headers: Mapping[str, str], backend: BackendConfig) 
     out = {
         k: v
         for k, v in client_headers.items()
-        if k.lower() not in _NOT_FORWARDED and _TOKEN.fullmatch(k) and not _UNSAFE.search(v)
+        if k.lower() not in _NOT_FORWARDED
+        and _TOKEN.fullmatch(k)
+        and (v.isprintable() or not _UNSAFE.search(v))  # the cheap test first (hot path)
     }
     if backend.api_key:
         out["authorization"] = f"Bearer {backend.api_key}"
