@@ -88,19 +88,25 @@ def upstream_timeout() -> GatewayError:
 
 
 def backend_died(
-    backend: str, signal: str, *, quarantined: bool, in_flight: int, ttl_s: float
+    backend: str, signal: str, *, blame: str, in_flight: int, ttl_s: float
 ) -> GatewayError:
     """500 ``backend_died`` for a request in flight when its backend died (``signal``: how
-    the death showed). It is not sent to another backend: it may be what killed this one."""
-    if quarantined:
+    the death showed; ``blame``: ``quarantined``, ``suspect`` or ``none``, the quarantine's
+    verdict on it). It is not sent to another backend: it may be what killed this one."""
+    if blame == "quarantined":
         after = (
             f"The same request is now refused for {ttl_s:g} s (code request_quarantined) "
             "so that it cannot take down another backend."
         )
-    else:
+    elif blame == "suspect":
         after = (
             f"{in_flight} requests were in flight there, so this one is only a suspect; "
             "a request in flight at a second death is quarantined."
+        )
+    else:
+        after = (
+            f"The backend went away with {in_flight} requests in flight and no engine error "
+            "(killed from outside), so no request is blamed."
         )
     return GatewayError(
         500,

@@ -29,7 +29,7 @@ from fastapi import APIRouter, Request
 from starlette.routing import Route
 
 from gateway.api.deps import GatewayDep
-from gateway.api.relay import Send, relay
+from gateway.api.relay import Send, relay, until_disconnect
 from gateway.api.settle import Settle, pin
 from gateway.auth import check_client_key, header_text
 from gateway.classify.protocol import (
@@ -216,7 +216,7 @@ class ProxyEndpoint:
         features, prompt = prepared.features, prepared.prompt
         decision = gateway.decide(features, prompt)
         if gateway.config.guards:
-            decision = await _guard(gateway, state.client, decision, self.path, body)
+            decision = await guard_decision(gateway, state.client, decision, self.path, body)
         decision = gateway.pin_seed(decision, body, self.path)
         affinity = state.affinity
         if self.kind is ResponsesFields and isinstance(body.get("previous_response_id"), str):
@@ -257,35 +257,23 @@ class ProxyEndpoint:
             lambda: None if tap is None else ResponseTap(trace, strip=strip, registry=registry),
             affinity,
         )
-        # Forward inline (the in-flight count moves in the same step as the decision), while
-        # a watcher cancels this task if the client leaves: closing the upstream request
-        # then makes vLLM abort the generation.
-        task = asyncio.current_task()
-        assert task is not None
-        watcher = asyncio.ensure_future(_cancel_on_disconnect(receive, task))
-        try:
-            await relay(
-                gateway,
-                state.forwarder,
-                decision,
-                self.path,
-                (raw, body),
-                headers,
-                trace,
-                tap,
-                send,
-                settle,
-            )
-        except asyncio.CancelledError:
-            if not watcher.done() or watcher.cancelled():
-                raise  # cancelled from outside (shutdown), not by the client leaving
-            task.uncancel()
+        work = relay(
+            gateway,
+            state.forwarder,
+            decision,
+            self.path,
+            (raw, body),
+            headers,
+            trace,
+            tap,
+            send,
+            settle,
+        )
+        if not await until_disconnect(receive, work):
             trace.finish(499, "client_closed")
-        finally:
-            watcher.cancel()
 
 
-async def _guard(
+async def guard_decision(
     gateway: Gateway, client: httpx.AsyncClient, decision: RouteDecision, path: str, body: Any
 ) -> RouteDecision:
     """Apply the known-engine-bug guards; the exact prompt length comes from the first
@@ -322,13 +310,6 @@ async def send_error(send: Send, error: GatewayError) -> None:
     ]
     await send({"type": "http.response.start", "status": error.status, "headers": headers})
     await send({"type": "http.response.body", "body": content})
-
-
-async def _cancel_on_disconnect(receive: Receive, task: asyncio.Task[Any]) -> None:
-    """Cancel ``task`` when the client goes away (its body was already read)."""
-    while (await receive())["type"] != "http.disconnect":
-        pass
-    task.cancel()
 
 
 def proxy_endpoints() -> dict[str, ProxyEndpoint]:

@@ -1,36 +1,48 @@
-"""Every other backend path: relayed as it is to a backend that serves it.
+"""Every other backend path: relayed to a backend that serves it, as a request like any other.
 
 ``/{path}`` (any method, after every other route): a path a backend lists in its
 ``/openapi.json`` (:class:`~gateway.upstream.catalog.BackendCatalog`) and that
 :func:`~gateway.upstream.endpoints.is_client_path` allows is relayed to a healthy backend
 listing it, serving the body's ``model`` when it names one: plain backends first, then the
 least loaded (a stored Response's paths go to the backend that created it, see
-:mod:`gateway.upstream.affinity`). Operator paths answer 404 here and are relayed only at
-``/routes/backends/{backend}{path}``, behind the admin token (:data:`admin_router`).
-Unknown paths are 404, known paths with another method 405, in OpenAI's envelope.
+:mod:`gateway.upstream.affinity`, else to each backend in turn). Operator paths answer 404
+here and are relayed only at ``/routes/backends/{backend}{path}``, behind the admin token
+(:data:`admin_router`). Unknown paths are 404, known paths with another method 405, in
+OpenAI's envelope.
 
-Not the hot path: it uses the app's shared ``httpx.AsyncClient``, its read timeout the
-first-byte timeout; the answer is streamed back as it comes and the upstream response closed
-when the relay ends or the client leaves.
+A relayed request is a request: the header limit (431), an admission slot (429) once its
+body is in, the quarantine (422) and, for bodies that generate (``/invocations`` wrapping a
+chat or completions body, each conversation of ``/v1/chat/completions/batch``), the
+known-engine-bug guards; then the routed endpoints' forwarder
+(:class:`~gateway.upstream.forward.Forwarder`: a backend lease per attempt, the circuit
+breaker, failover before the first byte, death detection and containment for a JSON body),
+and the answer sent as the routed endpoints send theirs (an SSE answer chunk by chunk, JSON
+whole). A client that leaves closes the upstream request, as on the routed endpoints.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator
+import os
 from typing import Any
 
-import httpx
 from fastapi import APIRouter, Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 
 from gateway.api.deps import GatewayDep, SettingsDep
-from gateway.api.openai import read_body
+from gateway.api.openai import ClientGone, guard_decision, read_body, refuse_quarantined
+from gateway.api.relay import Receive, Send, send_answer, until_disconnect
+from gateway.auth import header_text
+from gateway.classify.features import RequestFeatures
 from gateway.classify.protocol import ROUTED
-from gateway.errors import GatewayError, model_not_found, no_backend
-from gateway.runtime import runtime_of
-from gateway.service import Gateway
+from gateway.errors import GatewayError, model_not_found, too_busy
+from gateway.routing.policy import RouteDecision
+from gateway.runtime import Runtime, runtime_of
+from gateway.service import Admission, Gateway
+from gateway.trace import RequestTrace
 from gateway.upstream.catalog import BackendCatalog
 from gateway.upstream.endpoints import (
     OWN_PATHS,
@@ -39,12 +51,14 @@ from gateway.upstream.endpoints import (
     is_client_path,
     match,
 )
-from gateway.upstream.forward import client_headers, upstream_headers
+from gateway.upstream.peek import is_event_stream
 
 logger = logging.getLogger(__name__)
 router = APIRouter(tags=["passthrough"])
 admin_router = APIRouter(tags=["admin"])
 METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE"]
+#: Response headers the gateway sets itself on a relayed answer.
+_OWN_HEADERS = frozenset({b"x-specgate-backend", b"x-request-id"})
 
 
 def _not_found(path: str, hint: str = "") -> GatewayError:
@@ -82,10 +96,17 @@ async def passthrough(
         raise _not_found(path, hint)
     if method not in found.methods:
         raise _not_allowed(method, path, ", ".join(sorted(found.methods)))
-    body = await read_body(request.receive, request.headers, settings.max_body_bytes)
-    order = _targets(gateway, catalog, found, path, body, runtime.affinity)
-    stateful = found.template in STATEFUL_TEMPLATES
-    return await relay(request, gateway, order, path, body, retry_404=stateful)
+    admission = gateway.admission(settings.max_inflight)
+    admission.check()  # refused before reading the body
+    relayed = Relayed(runtime, request, path, admission)
+    if not await relayed.read():
+        return Response(status_code=499)  # nobody is left to read it
+    if relayed.parsed is not None and runtime.deaths.table.blocking:
+        refuse_quarantined(runtime.deaths.table, relayed.target, relayed.parsed)
+    order = _targets(gateway, catalog, found, path, relayed.parsed, runtime.affinity)
+    relayed.order = await _guarded(runtime, path, relayed.parsed, order)
+    relayed.stateful = found.template in STATEFUL_TEMPLATES
+    return relayed
 
 
 @admin_router.api_route(
@@ -95,11 +116,105 @@ async def operator(
     request: Request, backend: str, path: str, gateway: GatewayDep, settings: SettingsDep
 ) -> Response:
     """Relay any path to one named backend (operator endpoints: ``reset_prefix_cache``,
-    ``sleep``, ``wake_up``, ``start_profile``, ...); admin token only."""
+    ``sleep``, ``wake_up``, ``start_profile``, ...); admin token only. Through the same
+    forwarder (a lease, the breaker, cancellation), without an admission slot or
+    containment: an operator's call is not client traffic."""
     if backend not in gateway.config.backends:
         raise GatewayError(404, f"No backend named '{backend}'.", code="backend_not_found")
-    body = await read_body(request.receive, request.headers, settings.max_body_bytes)
-    return await relay(request, gateway, [backend], "/" + path, body)
+    relayed = Relayed(runtime_of(request.app), request, "/" + path, None)
+    if not await relayed.read():
+        return Response(status_code=499)
+    relayed.order, relayed.parsed = (backend,), None  # not watched: no fingerprint
+    return relayed
+
+
+class Relayed(Response):
+    """One relayed request, answered when Starlette calls it: the admission slot taken
+    (when given), the forwarder opened on ``order`` (each backend in turn on a 404 for a
+    ``stateful`` path), the answer sent, and the upstream request closed if the client
+    leaves first. A :class:`~gateway.errors.GatewayError` before the answer starts is
+    answered in OpenAI's envelope by the app's handler."""
+
+    def __init__(
+        self, runtime: Runtime, request: Request, path: str, admission: Admission | None
+    ) -> None:
+        super().__init__()
+        self.runtime, self.request, self.path, self.admission = runtime, request, path, admission
+        raw = request.scope["headers"]
+        if sum(len(k) + len(v) for k, v in raw) > runtime.settings.max_header_bytes:
+            raise GatewayError(431, "The request headers are too large.", code="headers_too_large")
+        # the first of repeated headers counts, as on the routed endpoints
+        self.headers_in = {header_text(k): header_text(v) for k, v in reversed(raw)}
+        self.body_in = b""
+        self.parsed: dict[str, Any] | None = None
+        self.order: tuple[str, ...] = ()
+        self.stateful = False
+        query = request.url.query
+        #: The path and query sent upstream (what a fingerprint is of).
+        self.target = path + (f"?{query}" if query else "")
+
+    async def read(self) -> bool:
+        """Read the body (413 past the limit, 408 past the body timeout) and parse a JSON
+        object body (any other body, malformed JSON included, is relayed as it is for the
+        backend to judge, and not watched). False when the client left meanwhile."""
+        settings = self.runtime.settings
+        try:
+            async with asyncio.timeout(settings.body_timeout_s):
+                self.body_in = await read_body(
+                    self.request.receive, self.headers_in, settings.max_body_bytes
+                )
+        except ClientGone:
+            return False
+        except TimeoutError:
+            raise GatewayError(
+                408,
+                f"The request body did not arrive within {settings.body_timeout_s:g} s.",
+                code="request_timeout",
+            ) from None
+        if self.body_in.lstrip().startswith(b"{"):
+            with contextlib.suppress(ValueError, RecursionError):
+                parsed = json.loads(self.body_in)
+                self.parsed = parsed if isinstance(parsed, dict) else None
+        return True
+
+    async def __call__(self, scope: Any, receive: Receive, send: Send) -> None:
+        """Forward and answer (see the class docstring)."""
+        gateway = self.runtime.gateway
+        request_id = self.headers_in.get("x-request-id") or os.urandom(16).hex()
+        self.headers_in["x-request-id"] = request_id
+        trace = RequestTrace(request_id, self.path, stream=_streams(self.parsed))
+        if self.admission is None:
+            await until_disconnect(receive, self._forward(gateway, trace, send))
+            return
+        with self.admission:  # counted once the body is in, so slow senders hold no slot
+            await until_disconnect(receive, self._forward(gateway, trace, send))
+
+    async def _forward(self, gateway: Gateway, trace: RequestTrace, send: Send) -> None:
+        upstream = await self.runtime.forwarder.open(
+            gateway.config.backends,
+            gateway.registry.states,
+            self.order,
+            path=self.target,
+            body=self.body_in,
+            headers=self.headers_in,
+            trace=trace,
+            request=self.parsed,
+            method=self.request.method,
+            next_on=frozenset({404}) if self.stateful else frozenset(),
+        )
+        async with upstream:
+            trace.stream = trace.stream or is_event_stream(upstream)  # an SSE error event then
+            out = [(k, v) for k, v in upstream.headers if k not in _OWN_HEADERS]
+            out += [
+                (b"x-specgate-backend", upstream.backend.encode()),
+                (b"x-request-id", trace.request_id.encode()),
+            ]
+            await send_answer(upstream, out, send, stream=trace.stream)
+
+
+def _streams(body: dict[str, Any] | None) -> bool:
+    """Whether a relayed body asks for a stream (``"stream": true``)."""
+    return body is not None and body.get("stream") is True
 
 
 def _targets(
@@ -107,91 +222,66 @@ def _targets(
     catalog: BackendCatalog,
     found: PathTemplate,
     path: str,
-    body: bytes,
+    body: dict[str, Any] | None,
     affinity: Any,
-) -> list[str]:
+) -> tuple[str, ...]:
     """Backends to try in order: the holder of a stored Response, else healthy backends
-    listing the path and serving the body's ``model`` (plain first, least in flight)."""
+    listing the path and serving the body's ``model``, below their ``max_inflight`` cap
+    (plain first, least in flight). Raises 404 for a model nobody serves, 429 when every
+    such backend is at its cap."""
     if found.template in STATEFUL_TEMPLATES:
         held = affinity.backend_of(path.split("/")[3])
         if held is not None and held in gateway.config.backends:
-            return [held]
-    model = _model_of(body)
+            return (held,)
+    model = body.get("model") if body is not None else None
+    model = model if isinstance(model, str) and model else None
     if model is not None and model not in gateway.served_models():
         raise model_not_found(model)
     snapshot = gateway.registry.snapshot()
-    ranked = []
+    ranked, capped = [], False
     for name, backend in gateway.config.backends.items():
         state = snapshot.get(name)
         if state is None or not state.healthy or state.circuit_open:
             continue
         if found not in catalog.paths(name) or (model and backend.served_model != model):
             continue
+        if backend.max_inflight is not None and state.inflight >= backend.max_inflight:
+            capped = True
+            continue
         ranked.append((backend.spec.speculative, state.inflight, name))
-    return [name for *_, name in sorted(ranked)]
+    if not ranked and capped:
+        raise too_busy("Every backend serving this path is at its in-flight cap.")
+    return tuple(name for *_, name in sorted(ranked))
 
 
-def _model_of(body: bytes) -> str | None:
-    """The JSON body's ``model`` when it is a non-empty string (else None)."""
-    if not body.lstrip().startswith(b"{"):
-        return None
-    try:
-        data = json.loads(body)
-    except (ValueError, RecursionError):
-        return None
-    model = data.get("model") if isinstance(data, dict) else None
-    return model if isinstance(model, str) and model else None
+def generation_views(path: str, body: dict[str, Any] | None) -> list[tuple[str, dict[str, Any]]]:
+    """The generation requests inside a relayed body, as ``(routed path, body)`` pairs for
+    the guards: ``/invocations`` wraps a chat (``messages``) or completions (``prompt``)
+    body as vLLM's SageMaker route dispatches it; ``/v1/chat/completions/batch`` holds one
+    chat request per conversation of its ``messages``. Empty for any other path or body."""
+    if body is None:
+        return []
+    if path == "/invocations":
+        if "messages" in body:
+            return [("/v1/chat/completions", body)]
+        return [("/v1/completions", body)] if "prompt" in body else []
+    if path == "/v1/chat/completions/batch" and isinstance(body.get("messages"), list):
+        return [("/v1/chat/completions", body | {"messages": c}) for c in body["messages"]]
+    return []
 
 
-async def relay(
-    request: Request,
-    gateway: Gateway,
-    order: list[str],
-    path: str,
-    body: bytes,
-    *,
-    retry_404: bool = False,
-) -> Response:
-    """Send the request to the first backend of ``order`` that answers (the next on a
-    connect error; with ``retry_404`` also on a 404, for a Response whose holder is not
-    known) and stream its answer back; 503 when none answered."""
-    client = runtime_of(request.app).client
-    settings = runtime_of(request.app).settings
-    headers = {k.lower(): v for k, v in request.headers.items()}
-    response: httpx.Response | None = None
-    served_by = ""
-    for i, name in enumerate(order):
-        backend = gateway.config.backends[name]
-        url = httpx.URL(backend.base_url + path, query=request.url.query.encode())
-        upstream = client.build_request(
-            request.method, url, content=body, headers=upstream_headers(headers, backend)
-        )
-        upstream.extensions["timeout"]["read"] = settings.first_byte_timeout_s
-        try:
-            response = await client.send(upstream, stream=True)
-        except httpx.HTTPError as exc:
-            logger.info("passthrough %s: %s unreachable (%s)", path, name, type(exc).__name__)
-            continue
-        if retry_404 and response.status_code == 404 and i + 1 < len(order):
-            await response.aclose()
-            continue
-        served_by = name
-        break
-    if response is None or not served_by:
-        raise no_backend()
-    relayed = StreamingResponse(_body(response), status_code=response.status_code)
-    relayed.raw_headers = [
-        *client_headers([(k.lower(), v) for k, v in response.headers.raw]),
-        (b"x-specgate-backend", served_by.encode()),
-    ]
-    return relayed
-
-
-async def _body(response: httpx.Response) -> AsyncIterator[bytes]:
-    try:
-        async for chunk in response.aiter_raw():
-            yield chunk
-    except httpx.HTTPError:
-        logger.warning("passthrough: backend failed part-way")
-    finally:
-        await response.aclose()
+async def _guarded(
+    runtime: Runtime, path: str, body: dict[str, Any] | None, order: tuple[str, ...]
+) -> tuple[str, ...]:
+    """``order`` without the backends a known engine bug makes the body's generation
+    requests avoid (:func:`generation_views`); raises 400 ``engine_bug_guard`` when a guard
+    refuses it or none is left."""
+    gateway = runtime.gateway
+    views = generation_views(path, body) if gateway.config.guards else []
+    if not views or not order:
+        return order
+    features = RequestFeatures("", 0.0, False, "relayed", 0.0, "path")
+    decision = RouteDecision("relayed", "", features, order, ())
+    for routed_path, view in views:
+        decision = await guard_decision(gateway, runtime.client, decision, routed_path, view)
+    return decision.backends

@@ -9,6 +9,7 @@ with raw ASGI ``send`` (no Starlette response objects on the hot path).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
@@ -22,6 +23,7 @@ from gateway.upstream.forward import Forwarder, Upstream, read_all
 
 Message = MutableMapping[str, Any]
 Send = Callable[[Message], Awaitable[None]]
+Receive = Callable[[], Awaitable[Message]]
 
 #: Response headers the gateway sets itself (a backend's own are dropped).
 OWN_HEADERS = frozenset(
@@ -93,13 +95,7 @@ async def relay(
             gateway.stats.last_resort += 1
             why = decision.last_resort or "failover: the rule's backends did not answer"
             out.append((b"x-specgate-last-resort", header_value(why)))
-        if trace.stream:
-            await relay_stream(upstream, out, send)
-            return
-        content = await read_all(upstream)
-    out.append((b"content-length", str(len(content)).encode()))
-    await send({"type": "http.response.start", "status": upstream.status, "headers": out})
-    await send({"type": "http.response.body", "body": content})
+        await send_answer(upstream, out, send, stream=trace.stream)
 
 
 def header_value(text: str) -> bytes:
@@ -107,6 +103,50 @@ def header_value(text: str) -> bytes:
     characters (a config's names cannot split or corrupt the response head)."""
     raw = text.encode("ascii", "backslashreplace")
     return bytes(c for c in raw if 32 <= c < 127)
+
+
+async def send_answer(
+    upstream: Upstream, headers: list[tuple[bytes, bytes]], send: Send, *, stream: bool
+) -> None:
+    """Send ``upstream``'s answer with ``headers`` (ASGI byte pairs): a stream chunk by chunk
+    as each arrives, else read whole and sent with its ``content-length`` (a backend failing
+    part-way is then a 502 before any byte, :func:`~gateway.upstream.forward.read_all`)."""
+    if stream:
+        await relay_stream(upstream, headers, send)
+        return
+    content = await read_all(upstream)
+    headers = [*headers, (b"content-length", str(len(content)).encode())]
+    await send({"type": "http.response.start", "status": upstream.status, "headers": headers})
+    await send({"type": "http.response.body", "body": content})
+
+
+async def until_disconnect(receive: Receive, work: Awaitable[None]) -> bool:
+    """Run ``work`` in this task while a watcher cancels it if the client goes away (the
+    request body already read): the upstream request is then closed, and vLLM aborts a
+    request whose connection closes (its ``with_cancellation``). Inline rather than in a
+    task of its own, so that a backend's in-flight count moves in the same step as the
+    decision. Returns False when the client left (``work`` cancelled), True when ``work``
+    ended; a cancellation from outside (shutdown) propagates."""
+    task = asyncio.current_task()
+    assert task is not None
+    watcher = asyncio.ensure_future(_cancel_on_disconnect(receive, task))
+    try:
+        await work
+    except asyncio.CancelledError:
+        if not watcher.done() or watcher.cancelled():
+            raise  # cancelled from outside (shutdown), not by the client leaving
+        task.uncancel()
+        return False
+    finally:
+        watcher.cancel()
+    return True
+
+
+async def _cancel_on_disconnect(receive: Receive, task: asyncio.Task[Any]) -> None:
+    """Cancel ``task`` when the client goes away."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+    task.cancel()
 
 
 async def relay_stream(upstream: Upstream, headers: list[tuple[bytes, bytes]], send: Send) -> None:

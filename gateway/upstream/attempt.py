@@ -64,7 +64,7 @@ class Attempt:
         return backend_died(
             self.name,
             death.event.signal,
-            quarantined=death.quarantined,
+            blame="quarantined" if death.quarantined else "suspect" if death.suspect else "none",
             in_flight=len(death.event.participants),
             ttl_s=ttl_s,
         )

@@ -69,7 +69,7 @@ class UpstreamResponse(Protocol):
 
 
 class UpstreamClient(Protocol):
-    """Sends one POST to a backend."""
+    """Sends one request (a POST, for the routed endpoints) to a backend."""
 
     async def post(
         self,
@@ -77,10 +77,12 @@ class UpstreamClient(Protocol):
         body: bytes,
         headers: Mapping[str, str],
         *,
+        method: str = "POST",
         first_byte_timeout_s: float,
         idle_timeout_s: float,
     ) -> UpstreamResponse:
-        """POST ``body`` to ``url``; returns once the status and headers are in.
+        """Send ``body`` to ``url`` (``method``: POST unless a relayed path's request says
+        otherwise); returns once the status and headers are in.
 
         ``first_byte_timeout_s`` bounds the wait for the headers and then for the first body
         chunk (vLLM sends a stream's headers at once and its first chunk after the prefill),
@@ -148,6 +150,7 @@ class AiohttpUpstream:
         body: bytes,
         headers: Mapping[str, str],
         *,
+        method: str = "POST",
         first_byte_timeout_s: float,
         idle_timeout_s: float,
     ) -> UpstreamResponse:
@@ -161,7 +164,9 @@ class AiohttpUpstream:
                 sock_read=first_byte_timeout_s,
             )
         try:
-            response = await self.session.post(url, data=body, headers=headers, timeout=timeout)
+            response = await self.session.request(
+                method, url, data=body, headers=headers, timeout=timeout
+            )
         except aiohttp.SocketTimeoutError as exc:  # connected; no headers in time
             raise UpstreamTimeout(str(exc)) from exc
         except aiohttp.ClientConnectorError as exc:  # never connected
@@ -223,12 +228,13 @@ class HttpxUpstream:
         body: bytes,
         headers: Mapping[str, str],
         *,
+        method: str = "POST",
         first_byte_timeout_s: float,
         idle_timeout_s: float,
     ) -> UpstreamResponse:
         """See :meth:`UpstreamClient.post`."""
         encoded = [(k.encode(), v.encode()) for k, v in headers.items()]  # UTF-8, as aiohttp
-        request = self.client.build_request("POST", url, content=body, headers=encoded)
+        request = self.client.build_request(method, url, content=body, headers=encoded)
         for name in _HTTPX_DEFAULTS.difference(headers):  # only the client's headers go
             request.headers.pop(name, None)
         request.extensions["timeout"]["read"] = first_byte_timeout_s

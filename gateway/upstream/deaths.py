@@ -11,17 +11,23 @@ request was sent, a stream cut short or ending with an error event) it asks
 * else one ``GET /health`` probe (``probe_timeout_s``): refused, reset or a non-200 status
   means dead; 200 or a timeout means an ordinary failure (no quarantine, failover as usual).
 
-A death opens an event for the backend: every attempt in flight there at that moment is a
-participant, the backend is marked unhealthy at once (the poller marks it healthy again
-once it answers ``/health``), and the participants' fingerprints are recorded in the
-:class:`~gateway.upstream.quarantine.QuarantineTable`. A participant is never failed over (it may
-be the query of death); an attempt that starts after the death (sent to an already dead
-backend) is not a participant and fails over. The event stays open while the backend is not
-healthy again (and at least ``min_event_s``).
+A death is **one event per backend incarnation**, however many attempts saw it: attempts
+failing together share one ``/health`` probe, and the event stays open while the backend is
+not healthy again (and at least ``min_event_s``); a participant that fails after it closed
+still belongs to it. Every attempt in flight there when the event opens is a participant;
+the backend is marked unhealthy at once (the poller marks it healthy again once it answers
+``/health``). The participants are judged once per event by the
+:class:`~gateway.upstream.quarantine.QuarantineTable`'s rule: quarantined when the engine
+said it died and one request was alone there, a strike each when the culprit cannot be told
+from its victims, nobody blamed when the process vanished under several requests (killed
+from outside); an event confirmed later by another participant's answer is judged again. A
+participant is never failed over (it may be the query of death); an attempt that starts
+after the death (sent to an already dead backend) is not a participant and fails over.
 """
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
 import re
@@ -55,24 +61,27 @@ def engine_dead_reason(body: bytes) -> str | None:
 
 @dataclass(slots=True)
 class DeathEvent:
-    """One death of one backend: why (``signal``), when (monotonic seconds) and the
-    attempts in flight there then (attempt id -> ``(fingerprint, endpoint)``)."""
+    """One death of one backend: why (``signal``), when (monotonic seconds), the attempts
+    in flight there then (attempt id -> ``(fingerprint, endpoint)``) and whether an answer
+    said the engine died (``confirmed``; else the process vanished)."""
 
     backend: str
     signal: str
     at: float
     participants: dict[int, tuple[str, str]] = field(default_factory=dict)
+    confirmed: bool = False
 
 
 @dataclass(frozen=True, slots=True)
 class Death:
     """The verdict on a failed attempt whose backend died: the event, whether the attempt
-    was a participant (then it must not fail over), and whether its fingerprint is now
-    quarantined."""
+    was a participant (then it must not fail over), whether its fingerprint is now
+    quarantined, and whether it is a suspect (struck, not yet quarantined)."""
 
     event: DeathEvent
     participant: bool
     quarantined: bool
+    suspect: bool = False
 
 
 class DeathWatch:
@@ -98,6 +107,7 @@ class DeathWatch:
         self._ids = itertools.count(1)
         self._inflight: dict[str, dict[int, tuple[str, Mapping[str, Any]]]] = {}
         self._events: dict[str, DeathEvent] = {}  # open events
+        self._probes: dict[str, asyncio.Future[bool]] = {}  # one /health probe per backend
         self.last: dict[str, DeathEvent] = {}  # each backend's last death, for the admin view
         self.deaths: dict[str, int] = {}
 
@@ -122,22 +132,49 @@ class DeathWatch:
         del self._events[backend]
         return None
 
+    def event_of(self, backend: str, attempt: int) -> DeathEvent | None:
+        """The death event ``attempt`` belongs to: the backend's open event, or its last one
+        when the attempt was in flight at it (a participant failing late)."""
+        last = self.last.get(backend)
+        if last is not None and attempt in last.participants:
+            return last
+        return self.open_event(backend)
+
     async def check(
         self, backend: str, base_url: str, attempt: int, signal: str, *, confirmed: bool
     ) -> Death | None:
         """Did ``backend`` die under ``attempt``? ``signal`` says how the attempt failed (for
         logs and /routes, never request content); ``confirmed``: the answer itself said the
         engine is dead (no probe). Returns None for an ordinary failure."""
-        event = self.open_event(backend)
+        event = self.event_of(backend, attempt)
         if event is None:
-            if not confirmed and not await self._dead(base_url):
+            if not confirmed and not await self._probe(backend, base_url):
                 return None
-            event = self._new_event(backend, signal)
+            # another attempt may have opened the event while this one awaited the probe
+            event = self.event_of(backend, attempt) or self._new_event(backend, signal, confirmed)
+        if confirmed and not event.confirmed:
+            event.confirmed, event.signal = True, signal
+            self._blame(event)
         participant = attempt in event.participants
-        quarantined = False
+        quarantined = suspect = False
         if participant:
-            quarantined = self.table.is_quarantined(event.participants[attempt][0])
-        return Death(event, participant, quarantined)
+            entry = self.table.entry(event.participants[attempt][0])
+            quarantined = entry is not None and self.table.is_quarantined(entry.fingerprint)
+            suspect = entry is not None and not quarantined
+        return Death(event, participant, quarantined, suspect)
+
+    async def _probe(self, backend: str, base_url: str) -> bool:
+        """Whether ``backend`` is dead, by one ``/health`` probe shared by every attempt
+        asking at the same time (a waiter cancelled does not cancel it)."""
+        probe = self._probes.get(backend)
+        if probe is None:
+            probe = self._probes[backend] = asyncio.ensure_future(self._dead(base_url))
+            probe.add_done_callback(lambda done: self._forget_probe(backend, done))
+        return await asyncio.shield(probe)
+
+    def _forget_probe(self, backend: str, probe: asyncio.Future[bool]) -> None:
+        if self._probes.get(backend) is probe:
+            del self._probes[backend]
 
     async def _dead(self, base_url: str) -> bool:
         try:
@@ -148,9 +185,9 @@ class DeathWatch:
             return True  # refused or reset: the server is gone
         return response.status_code != 200
 
-    def _new_event(self, backend: str, signal: str) -> DeathEvent:
+    def _new_event(self, backend: str, signal: str, confirmed: bool) -> DeathEvent:
         now = self.clock()
-        event = DeathEvent(backend, signal, now)
+        event = DeathEvent(backend, signal, now, confirmed=confirmed)
         for attempt, (endpoint, body) in self._inflight.get(backend, {}).items():
             event.participants[attempt] = (fingerprint(endpoint, body), endpoint)
         self._events[backend] = self.last[backend] = event
@@ -159,18 +196,29 @@ class DeathWatch:
         if state is not None:
             state.healthy = False
             state.last_error = f"died: {signal}"
-        newly = self.table.record(event.participants.values(), backend, signal)
+        self._blame(event)
+        return event
+
+    def _blame(self, event: DeathEvent) -> None:
+        """Judge the event's participants (the table's rule) and log the verdict."""
+        newly = self.table.record(
+            list(event.participants.values()),
+            event.backend,
+            event.signal,
+            confirmed=event.confirmed,
+            at=event.at,
+        )
         logger.warning(
-            "backend %s died (%s) with %d request(s) in flight; %s",
-            backend,
-            signal,
+            "backend %s died (%s, %s) with %d request(s) in flight; %s",
+            event.backend,
+            event.signal,
+            "engine error" if event.confirmed else "no engine error",
             len(event.participants),
             ", ".join(
                 f"fingerprint {e.fingerprint} quarantined for {self.table.ttl_s:g} s" for e in newly
             )
             or "nothing quarantined",
         )
-        return event
 
     def to_json(self) -> dict[str, Any]:
         """Deaths per backend and each backend's last death (seconds ago)."""

@@ -14,6 +14,7 @@ closes the upstream connection and vLLM aborts.
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
@@ -54,6 +55,10 @@ HOP_BY_HOP = frozenset(
 )
 _NOT_FORWARDED = HOP_BY_HOP | {"host", "content-length", "authorization", "cookie", "x-task-type"}
 _NOT_RETURNED = HOP_BY_HOP | {"content-length", "date", "server"}
+#: RFC 9110 section 5.6.2: a header name.
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+#: What must never reach an upstream request line or header.
+_UNSAFE = re.compile(r"[\r\n\x00]")
 #: Statuses that mean "this backend cannot serve now": try the next one (as is any status
 #: outside 200-599, which no OpenAI-compatible answer has: a 1xx upgrade, a 999).
 RETRYABLE_STATUS = frozenset({502, 503})
@@ -61,8 +66,20 @@ RETRYABLE_STATUS = frozenset({502, 503})
 
 def upstream_headers(client_headers: Mapping[str, str], backend: BackendConfig) -> dict[str, str]:
     """Headers sent to a backend: the client's, minus hop-by-hop and credentials, plus the
-    backend's own key (``Authorization: Bearer``) when the config gives one."""
-    out = {k: v for k, v in client_headers.items() if k.lower() not in _NOT_FORWARDED}
+    backend's own key (``Authorization: Bearer``) when the config gives one.
+
+    Values are text as :func:`~gateway.auth.header_text` read them (UTF-8, else Latin-1) and
+    are written back as UTF-8, so a UTF-8 value (``X-Title: Café``) reaches the backend
+    byte for byte. A header whose name is not an RFC 9110 token or whose value holds CR, LF
+    or NUL (no HTTP/1.1 parser lets one through; an in-process ASGI caller could) is
+    dropped: it could split the upstream request."""
+    out = {
+        k: v
+        for k, v in client_headers.items()
+        if k.lower() not in _NOT_FORWARDED
+        and _TOKEN.fullmatch(k)
+        and (v.isprintable() or not _UNSAFE.search(v))  # the cheap test first (hot path)
+    }
     if backend.api_key:
         out["authorization"] = f"Bearer {backend.api_key}"
     return out
@@ -191,10 +208,15 @@ class Forwarder:
         on_failure: Callable[[str, str], None] | None = None,
         tap: ResponseTap | None = None,
         request: Mapping[str, Any] | None = None,
+        method: str = "POST",
+        next_on: frozenset[int] = frozenset(),
     ) -> Upstream:
         """Try ``order`` (at most ``max_attempts`` backends, one at a time) until one answers
         with a status in 200-599 other than 502/503. ``tap`` reads feedback from a 200 answer (see
-        :mod:`gateway.upstream.feedback`).
+        :mod:`gateway.upstream.feedback`). ``method`` is the HTTP method (``path`` may carry a
+        query string); ``next_on``: answers that also move on to the next backend, every one
+        of ``order`` then being tried (the last one's answer is relayed: a stored Response's
+        404 from the backends that do not hold it).
 
         Returns the settled :class:`Upstream`; ``trace`` learns the backend and attempts and
         is finished when the body ends. ``request`` (the parsed body) is what a death's
@@ -205,7 +227,8 @@ class Forwarder:
         request in flight.
         """
         last_why = "no candidate backend"
-        for number, name in enumerate(order[: self.max_attempts], start=1):
+        tried = order if next_on else order[: self.max_attempts]
+        for number, name in enumerate(tried, start=1):
             backend, state = backends[name], states[name]
             trace.backend, trace.attempts = name, number
             attempt = Attempt(name, backend.base_url, state, self.watch)
@@ -213,7 +236,7 @@ class Forwarder:
                 attempt.begin(path, request)  # the lease: ended on every way out of this try
                 state.circuit.on_attempt(self.clock())
                 sent = upstream_headers(headers, backend)
-                outcome = await self._try(attempt, backend.base_url + path, body, sent)
+                outcome = await self._try(attempt, method, backend.base_url + path, body, sent)
             except BaseException:
                 if attempt.held:  # not settled as a failure: cancelled (the client left)
                     attempt.end()
@@ -224,6 +247,10 @@ class Forwarder:
                 _report(on_failure, name, last_why)
                 continue
             response = outcome.response
+            if response.status in next_on and number < len(tried):
+                attempt.end()
+                await response.aclose()
+                continue
             tapped = tap if response.status == 200 else None
             relay = _relay(response, outcome.chunks, outcome.head, attempt, trace, tapped)
             await anext(relay)  # the primer: the relay now owns the response and the lease
@@ -238,7 +265,7 @@ class Forwarder:
         raise no_backend()
 
     async def _try(
-        self, attempt: Attempt, url: str, body: bytes, headers: Mapping[str, str]
+        self, attempt: Attempt, method: str, url: str, body: bytes, headers: Mapping[str, str]
     ) -> _Settled | str:
         """One attempt: its settled answer, or why it failed before answering (the lease
         then ended, the breaker told). Raises :class:`GatewayError` 504 on a first-byte
@@ -249,6 +276,7 @@ class Forwarder:
                 url,
                 body,
                 headers,
+                method=method,
                 first_byte_timeout_s=self.first_byte_timeout_s,
                 idle_timeout_s=self.idle_timeout_s,
             )

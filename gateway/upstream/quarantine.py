@@ -7,14 +7,23 @@ A **fingerprint** is the BLAKE2b-128 hex digest of the endpoint path and the req
 canonical JSON (sorted keys) without its :data:`VOLATILE_FIELDS`: two requests with the same
 fingerprint make the engine do the same work. The prompt itself is never stored or logged.
 
-**Attribution.** Every request the gateway had in flight on a backend when it died is a
-participant of that death. A death with a single participant pins it: its fingerprint is
-quarantined at once. With several participants the culprit cannot be told from its
-victims, so each gets a strike; a fingerprint that was in flight at ``strikes`` deaths
-(within the TTL) is quarantined. A quarantined fingerprint is refused for ``ttl_s`` seconds
-from its last death; a suspect (strikes below the threshold) is forgotten ``ttl_s`` after its
-last strike. The table holds at most ``max_entries`` fingerprints: expired entries go first,
-then the least recently struck.
+**Attribution** (one call of :meth:`QuarantineTable.record` per death event, however many
+requests saw it fail). The requests the gateway had in flight on a backend when it died are
+the participants of that death; whether the engine said it died (``confirmed``: an
+``EngineDeadError`` in an answer) and whether one request was alone there decide the blame:
+
+* confirmed, one participant: it is the culprit, its fingerprint is quarantined at once;
+* confirmed with several participants, or a lone participant of a death nobody confirmed (the
+  process vanished: reset, refused): the culprit cannot be told from its victims, so each
+  gets one strike; a fingerprint struck at ``strikes`` deaths (within the TTL) is quarantined;
+* not confirmed with several participants (the process was killed from outside, as an
+  operator's or the OOM killer's SIGKILL, under load): nobody is blamed, nothing recorded.
+
+A strike counts once per death event, and per fingerprint (several identical requests in
+flight are one suspect). A quarantined fingerprint is refused for ``ttl_s`` seconds from its
+last death; a suspect (strikes below the threshold) is forgotten ``ttl_s`` after its last
+strike. The table holds at most ``max_entries`` fingerprints: expired entries go first, then
+the least recently struck.
 """
 
 from __future__ import annotations
@@ -23,7 +32,7 @@ import hashlib
 import json
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -137,27 +146,32 @@ class QuarantineTable:
         return self._quarantined > 0
 
     def record(
-        self, participants: Iterable[tuple[str, str]], backend: str, signal: str
+        self,
+        participants: Sequence[tuple[str, str]],
+        backend: str,
+        signal: str,
+        *,
+        confirmed: bool = True,
+        at: float | None = None,
     ) -> list[Entry]:
-        """Record one death of ``backend`` with ``participants`` ``(fingerprint, endpoint)``
-        in flight there; returns the entries quarantined by it (logged by the caller)."""
+        """Record one death of ``backend`` with ``participants`` (one ``(fingerprint,
+        endpoint)`` per request in flight there) under the rule of the module docstring;
+        ``confirmed``: the engine said it died; ``at``: the death event's time (monotonic
+        seconds; now when None): recording the same event again (confirmed later) upgrades
+        the blame without a second strike. Returns the entries quarantined by it (logged by
+        the caller)."""
+        alone = len(participants) == 1
+        if not confirmed and not alone:
+            return []  # killed from outside: nobody is blamed
         now = self.clock()
+        at = now if at is None else at
         unique = dict(participants)
         newly = []
         for fp, endpoint in unique.items():
-            entry = self._entries.pop(fp, None)
-            if entry is None or self._expired(entry, now):
-                if entry is not None and entry.quarantined_until is not None:
-                    self._quarantined -= 1
-                entry = Entry(fp, endpoint)
-            self._entries[fp] = entry  # most recently struck last
-            entry.strikes += 1
-            entry.deaths = [*entry.deaths, DeathRecord(backend, signal, now, len(unique))][
-                -_DEATHS_KEPT:
-            ]
+            entry = self._strike(fp, endpoint, DeathRecord(backend, signal, at, len(participants)))
             if self.ttl_s <= 0:
                 continue
-            if len(unique) == 1 or entry.strikes >= self.strikes:
+            if (confirmed and alone) or entry.strikes >= self.strikes:
                 if entry.quarantined_until is None:
                     self._quarantined += 1
                     self.quarantined_total += 1
@@ -165,6 +179,23 @@ class QuarantineTable:
                 entry.quarantined_until = now + self.ttl_s
         self._bound(now)
         return newly
+
+    def _strike(self, fp: str, endpoint: str, death: DeathRecord) -> Entry:
+        """``fp``'s live entry (a fresh one when unknown or expired), struck by ``death``
+        unless that death (backend and time) already struck it."""
+        entry = self._entries.pop(fp, None)
+        if entry is None or self._expired(entry, self.clock()):
+            if entry is not None and entry.quarantined_until is not None:
+                self._quarantined -= 1
+            entry = Entry(fp, endpoint)
+        self._entries[fp] = entry  # most recently struck last
+        last = entry.deaths[-1] if entry.deaths else None
+        if last is not None and (last.backend, last.at) == (death.backend, death.at):
+            entry.deaths[-1] = death  # the same death, judged again (now confirmed)
+            return entry
+        entry.strikes += 1
+        entry.deaths = [*entry.deaths, death][-_DEATHS_KEPT:]
+        return entry
 
     def check(self, fp: str) -> Entry | None:
         """The quarantined entry for ``fp`` (counted as a refusal), or None: unknown, only a
@@ -178,6 +209,11 @@ class QuarantineTable:
         entry.refused += 1
         self.refused += 1
         return entry
+
+    def entry(self, fp: str) -> Entry | None:
+        """``fp``'s entry (quarantined or suspect) while it lives, else None (not counted)."""
+        entry = self._entries.get(fp)
+        return None if entry is None or self._expired(entry, self.clock()) else entry
 
     def is_quarantined(self, fp: str) -> bool:
         """Whether ``fp`` is quarantined now (not counted as a refusal)."""

@@ -3,7 +3,9 @@
 It answers ``/health``, ``/metrics``, ``/v1/models``, ``/v1/completions`` and
 ``/v1/chat/completions`` (JSON or SSE) with ``tokens`` words, and can be told to misbehave:
 ``status`` (answer that HTTP status), ``die_after`` (drop the connection after N stream
-chunks), ``delay_s`` (sleep between chunks), ``healthy`` (``/health`` answer),
+chunks), ``delay_s`` (sleep between chunks), ``first_delay_s`` (wait before answering; a
+client that leaves meanwhile is counted in ``closed_early``, as vLLM aborts it), ``healthy``
+(``/health`` answer),
 ``completion_override`` (a JSON body returned verbatim for non-streamed ``/v1/completions``).
 A ``/v1/completions`` with ``return_token_ids`` and a token-id prompt answers token ids too.
 It records every request it received (path, headers, body bytes).
@@ -90,6 +92,16 @@ def _chunk(kind: str, model: str, i: int, text: str) -> dict[str, Any]:
     }
 
 
+async def _left_within(request: Request, seconds: float) -> bool:
+    """Wait ``seconds``; True as soon as the client disconnects meanwhile."""
+    deadline = time.monotonic() + seconds
+    while (left := deadline - time.monotonic()) > 0:
+        if await request.is_disconnected():
+            return True
+        await asyncio.sleep(min(0.05, left))
+    return False
+
+
 def create_fake_vllm(b: FakeBehaviour) -> Starlette:
     """Build the fake server app driven by ``b``."""
 
@@ -114,7 +126,9 @@ def create_fake_vllm(b: FakeBehaviour) -> Starlette:
 
     async def generate(request: Request) -> Response:
         raw = await request.body()
-        kind = "chat" if request.url.path.endswith("chat/completions") else "text"
+        # /invocations dispatches by the body's shape, as vLLM's SageMaker route does
+        chat = request.url.path.endswith(("chat/completions", "/batch"))
+        kind = "chat" if chat or b'"messages"' in raw else "text"
         b.received.append(
             {
                 "path": request.url.path,
@@ -123,8 +137,9 @@ def create_fake_vllm(b: FakeBehaviour) -> Starlette:
                 "time": time.time(),
             }
         )
-        if b.first_delay_s:
-            await asyncio.sleep(b.first_delay_s)
+        if b.first_delay_s and await _left_within(request, b.first_delay_s):
+            b.closed_early += 1  # the client went away: vLLM aborts (with_cancellation)
+            return Response(status_code=499)
         if b.poison is not None and b.poison.encode() in raw:
             b.engine_dead, b.healthy = True, False
         if b.engine_dead:
@@ -203,6 +218,8 @@ def create_fake_vllm(b: FakeBehaviour) -> Starlette:
             Route("/v1/models", models),
             Route("/v1/completions", generate, methods=["POST"]),
             Route("/v1/chat/completions", generate, methods=["POST"]),
+            Route("/v1/chat/completions/batch", generate, methods=["POST"]),
+            Route("/invocations", generate, methods=["POST"]),
             *extra_routes(b),
         ],
         exception_handlers={BadBody: bad_body},

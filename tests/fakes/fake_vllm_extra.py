@@ -31,6 +31,8 @@ OPENAPI_PATHS = {
     "/v1/models": ["get"],
     "/v1/completions": ["post"],
     "/v1/chat/completions": ["post"],
+    "/v1/chat/completions/batch": ["post"],
+    "/invocations": ["post"],
     "/v1/responses": ["post"],
     "/v1/responses/{response_id}": ["get"],
     "/v1/responses/{response_id}/cancel": ["post"],

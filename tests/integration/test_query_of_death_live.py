@@ -257,3 +257,28 @@ def test_load_with_a_query_of_death_in_the_middle(live: Live) -> None:
     assert in_flight is not None and outcomes["failed_cleanly"] <= in_flight - 1
     assert ready.statuses[503] == 0
     wait_all_healthy(live, timeout_s=90)
+
+
+def test_query_of_death_on_a_relayed_path_is_contained(live: Live) -> None:
+    """The same request through /invocations (vLLM's SageMaker route, relayed), retried as
+    the SDK retries: it once killed 3 of 4 backends with nothing recorded. Now one backend
+    dies, the client sees one 500 then the quarantine's 422."""
+    wait_all_healthy(live, timeout_s=120)
+    before = {b["name"]: b["deaths"] for b in httpx.get(f"{live.url}/routes").json()["backends"]}
+    body = {"model": MODEL, "messages": deadly_messages("relayed"), "seed": 3, "max_tokens": 8}
+    with ReadyWatch(live.url) as ready:
+        statuses = []
+        for _ in range(3):  # the first try and the SDK's two retries
+            resp = httpx.post(f"{live.url}/invocations", json=body, timeout=300)
+            statuses.append(resp.status_code)
+        routes = httpx.get(f"{live.url}/routes").json()
+        recovered_s = wait_all_healthy(live, timeout_s=120)
+    deaths = {b["name"]: b["deaths"] - before[b["name"]] for b in routes["backends"]}
+    print(
+        f"\nrelayed query of death: client saw {statuses}; deaths {deaths}; healthy again "
+        f"{recovered_s:.1f} s after the 422s; /ready {dict(ready.statuses)}"
+    )
+    assert statuses == [500, 422, 422], resp.text
+    # one backend died: plain, the relayed paths' first choice, unless a slow health probe
+    # had marked it down at that moment (a run on a loaded machine: ngram; issue #26 item 1)
+    assert sum(deaths.values()) == 1, deaths

@@ -11,6 +11,9 @@ import pytest
 
 from gateway.app import create_app
 from gateway.settings import Settings
+from gateway.upstream.deaths import DeathWatch
+from gateway.upstream.quarantine import QuarantineTable
+from gateway.upstream.state import BackendRegistry
 from tests.fakes.fake_vllm import ENGINE_DEAD_BODY, FakeBehaviour, create_fake_vllm
 from tests.fakes.transport import BackendsTransport
 from tests.unit.conftest import MODEL, InProcess, local_config
@@ -35,9 +38,8 @@ def dead(gw: InProcess) -> list[str]:
     return [name for name, fake in gw.fakes.items() if fake.engine_dead]
 
 
-@pytest.mark.parametrize("death", ["500", "drop"])
-async def test_query_of_death_kills_one_backend_then_is_refused(gw: InProcess, death: str) -> None:
-    poison_all(gw, death)
+async def test_query_of_death_kills_one_backend_then_is_refused(gw: InProcess) -> None:
+    poison_all(gw)
     first = await gw.client.post(CHAT, json=DEADLY)
     assert first.status_code == 500, first.text
     error = first.json()["error"]
@@ -57,6 +59,23 @@ async def test_query_of_death_kills_one_backend_then_is_refused(gw: InProcess, d
     # other requests go on, to the backends that are still alive
     ok = await gw.client.post(CHAT, json=SAFE)
     assert ok.status_code == 200 and ok.headers["x-specgate-backend"] != "plain"
+
+
+async def test_a_process_that_vanishes_under_one_request_makes_it_a_suspect(
+    gw: InProcess,
+) -> None:
+    """No engine error (the connection dropped, /health fails): it may have been killed from
+    outside, so the lone request gets a strike, not the quarantine; a second such death
+    quarantines it (a query of death that kills the process is stopped at two backends)."""
+    poison_all(gw, "drop")
+    first = await gw.client.post(CHAT, json=DEADLY)
+    assert first.status_code == 500 and "only a suspect" in first.json()["error"]["message"]
+    second = await gw.client.post(CHAT, json=DEADLY)  # the SDK's retry
+    assert second.status_code == 500 and "now refused" in second.json()["error"]["message"]
+    assert len(dead(gw)) == 2
+    for retry in (DEADLY, DEADLY | {"stream": True}):
+        assert (await gw.client.post(CHAT, json=retry)).status_code == 422
+    assert len(dead(gw)) == 2
 
 
 async def test_admin_views_list_and_clear_the_quarantine(gw: InProcess) -> None:
@@ -180,3 +199,67 @@ async def test_supervised_processes_show_on_routes_status_and_metrics() -> None:
     assert "CPU Generator does not use offset" in status
     assert 'specgate_backend_restarts_total{backend="plain"} 1.0' in metrics
     assert 'specgate_backend_process_up{backend="plain"} 1.0' in metrics
+
+
+@pytest.mark.parametrize("death", ["drop", "500"])
+async def test_a_backend_killed_under_load_is_one_death_and_blames_no_innocent(
+    gw: InProcess, death: str
+) -> None:
+    """60 requests in flight on plain (20 distinct bodies, each sent 3 times) when it is
+    killed: the process vanishing (``drop``: every connection reset, /health failing) or its
+    engine killed from outside (``500``: every request gets vLLM's EngineDeadError). One
+    death, however many requests saw it; nobody quarantined; with the engine error each
+    distinct body is struck once (a suspect), without it nobody is blamed."""
+    plain = gw.fakes["plain"]
+    plain.first_delay_s = 0.3  # the requests are in flight when the kill comes
+    bodies = [SAFE | {"seed": i % 20} for i in range(60)]
+    pending = [asyncio.ensure_future(gw.client.post(CHAT, json=b)) for b in bodies]
+    await asyncio.sleep(0.1)
+    plain.engine_dead, plain.healthy, plain.death = True, False, death  # the kill
+    answers = await asyncio.gather(*pending)
+    on_plain = [r for r in answers if r.headers.get("x-specgate-backend", "plain") == "plain"]
+    assert len(on_plain) >= 50, [r.status_code for r in answers]
+    assert {r.status_code for r in on_plain} == {500}
+    assert {r.json()["error"]["code"] for r in on_plain} == {"backend_died"}
+    routes = (await gw.client.get("/routes")).json()
+    deaths = {b["name"]: b["deaths"] for b in routes["backends"]}
+    assert deaths == {"plain": 1, "ngram": 0, "draft": 0, "eagle3": 0}, deaths
+    assert routes["quarantine"]["quarantined"] == 0
+    assert routes["quarantine"]["suspects"] == (20 if death == "500" else 0)
+    plain.first_delay_s = 0.0
+    for body in bodies[:20]:  # every one of them is served again, elsewhere
+        again = await gw.client.post(CHAT, json=body)
+        assert again.status_code == 200 and again.headers["x-specgate-backend"] != "plain"
+
+
+async def test_attempts_failing_together_share_one_probe_and_one_death() -> None:
+    """Five attempts dropped at once, the /health probe slow (50 ms): one probe, one death
+    event, nobody blamed (the issue's SIGKILL was counted as 5 deaths, 4 requests
+    quarantined); a participant failing after the backend came back belongs to that death."""
+    probes = 0
+
+    async def health(request: httpx.Request) -> httpx.Response:
+        nonlocal probes
+        probes += 1
+        await asyncio.sleep(0.05)
+        return httpx.Response(503)
+
+    registry = BackendRegistry(["plain"])
+    table = QuarantineTable(ttl_s=600, max_entries=100, strikes=2)
+    async with httpx.AsyncClient(transport=httpx.MockTransport(health)) as client:
+        watch = DeathWatch(client, registry, table, probe_timeout_s=1.0, min_event_s=0.0)
+        ids = [watch.begin("plain", CHAT, SAFE | {"seed": i}) for i in range(5)]
+        checks = [watch.check("plain", "http://p", a, "dropped", confirmed=False) for a in ids]
+        deaths = await asyncio.gather(*checks)
+        assert probes == 1 and watch.deaths == {"plain": 1}
+        assert all(d is not None and d.participant and d.event is deaths[0].event for d in deaths)
+        assert all(d is not None and not d.quarantined and not d.suspect for d in deaths)
+        assert table.counts() == (0, 0)
+        registry.states["plain"].healthy = True  # restarted: the event closes
+        late = await watch.check("plain", "http://p", ids[0], "stream cut", confirmed=False)
+        assert late is not None and late.event is deaths[0].event and watch.deaths["plain"] == 1
+        # the same event confirmed later by an engine error: strikes, once each
+        again = await watch.check("plain", "http://p", ids[1], "HTTP 500: Engine", confirmed=True)
+        assert again is not None and again.suspect and table.counts() == (0, 5)
+        await watch.check("plain", "http://p", ids[2], "HTTP 500: Engine", confirmed=True)
+        assert [e.strikes for e in table.entries()] == [1] * 5

@@ -55,6 +55,7 @@ class Upstream:
         body: bytes,
         headers: Mapping[str, str],
         *,
+        method: str = "POST",
         first_byte_timeout_s: float,
         idle_timeout_s: float,
     ) -> StalledResponse:

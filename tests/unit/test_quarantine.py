@@ -128,3 +128,30 @@ def test_admin_view_has_no_request_content() -> None:
         {"backend": "plain", "signal": "HTTP 500: EngineDeadError", "ago_s": 5.0, "in_flight": 1}
     ]
     assert "hi" not in str(view)
+
+
+@pytest.mark.parametrize(
+    ("participants", "confirmed", "quarantined", "suspects"),
+    [
+        (["a"], True, 1, 0),  # the engine said it died, one request there: the culprit
+        (["a", "b", "c"], True, 0, 3),  # engine error, several: a strike each
+        (["a", "a", "a"], True, 0, 1),  # identical requests: one suspect, not "alone"
+        (["a"], False, 0, 1),  # the process vanished under one request: a strike
+        (["a", "b", "c"], False, 0, 0),  # vanished under several: killed from outside
+    ],
+)
+def test_who_a_death_blames(
+    participants: list[str], confirmed: bool, quarantined: int, suspects: int
+) -> None:
+    t = table(Clock())
+    t.record([(fp, CHAT) for fp in participants], "plain", "x", confirmed=confirmed)
+    assert t.counts() == (quarantined, suspects)
+
+
+def test_the_same_death_recorded_again_strikes_once() -> None:
+    clock = Clock()
+    t = table(clock)
+    t.record([("a", CHAT), ("b", CHAT)], "plain", "dropped", confirmed=True, at=clock.now)
+    clock.now += 1
+    t.record([("a", CHAT), ("b", CHAT)], "plain", "HTTP 500", confirmed=True, at=clock.now - 1)
+    assert [e.strikes for e in t.entries()] == [1, 1] and t.counts() == (0, 2)

@@ -5,6 +5,7 @@ Fault injection only (the fakes die mid-stream); real vLLM lives in tests/integr
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -144,17 +145,25 @@ def test_non_ascii_header_reaches_the_backend_as_sent(stack: Stack) -> None:
     assert dict(resp.headers.raw)[b"x-request-id"] == request_id
 
 
-def test_stream_cut_by_a_dying_backend_is_a_death_and_quarantined(stack: Stack) -> None:
-    plain = stack.fakes["plain"]
-    plain.die_after, plain.healthy = 3, False  # the stream breaks off and the server is gone
+def test_streams_cut_by_dying_backends_quarantine_at_the_second_death(stack: Stack) -> None:
+    """No engine error (the stream breaks off, /health fails): the lone request is a
+    suspect at the first death (an outside kill looks the same), quarantined at the second."""
+    for fake in stack.fakes.values():
+        fake.die_after, fake.healthy = 3, False  # the stream breaks off and the server is gone
     body = {"model": MODEL, "prompt": "x", "stream": True}
-    headers = {"x-task-type": "chat"}
-    with httpx.stream("POST", f"{stack.url}/v1/completions", json=body, headers=headers) as resp:
-        events = [line for line in resp.iter_lines() if line]
-    assert '"code": "backend_died"' in events[3] and events[4] == "data: [DONE]"
-    again = httpx.post(f"{stack.url}/v1/completions", json=body | {"stream": False})
+    url = f"{stack.url}/v1/completions"
+    for task, backend, verdict in (
+        ("chat", "plain", "only a suspect"),
+        ("code", "ngram", "now refused"),
+    ):
+        with httpx.stream("POST", url, json=body, headers={"x-task-type": task}) as resp:
+            events = [line for line in resp.iter_lines() if line]
+            assert resp.headers["x-specgate-backend"] == backend
+        assert '"code": "backend_died"' in events[3] and events[4] == "data: [DONE]"
+        assert verdict in events[3]
+    again = httpx.post(url, json=body | {"stream": False}, headers={"x-task-type": "code"})
     assert again.status_code == 422 and again.json()["error"]["code"] == "request_quarantined"
-    assert len(plain.received) == 1
+    assert [len(f.received) for f in stack.fakes.values()] == [1, 1]
 
 
 def test_sdk_default_retries_stop_at_the_quarantine(stack: Stack) -> None:
@@ -171,3 +180,51 @@ def test_sdk_default_retries_stop_at_the_quarantine(stack: Stack) -> None:
     assert sum(len(f.received) for f in stack.fakes.values()) == 1
     ready = httpx.get(f"{stack.url}/ready")
     assert ready.status_code == 200 and ready.json()["healthy_backends"] == ["ngram"]
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/invocations", "/tokenize"])
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        (b"x-request-id", "r\u00e9".encode()),  # the issue's examples: 500 on relayed paths
+        (b"x-title", "Caf\u00e9".encode()),
+        (b"x-title", b"caf\xe9"),  # not UTF-8: its Latin-1 reading, written back as UTF-8
+        (b"x-title", b"v" * 12_000),  # long, under both servers' limits
+    ],
+)
+def test_header_values_on_every_path_over_sockets(
+    stack: Stack, path: str, name: bytes, value: bytes
+) -> None:
+    """The default (aiohttp) upstream engine, real HTTP parsers on both sides."""
+    body = {"model": MODEL, "prompt": "hi", "max_tokens": 2}
+    resp = httpx.post(f"{stack.url}{path}", json=body, headers=[(name, value), (name, b"2nd")])
+    assert resp.status_code == 200, resp.text
+    [got] = stack.fakes["plain"].received
+    sent = got["headers"][name.decode()].encode("latin-1")  # Starlette reads Latin-1
+    assert sent == (value if value != b"caf\xe9" else "caf\u00e9".encode())
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/invocations", {"messages": [{"role": "user", "content": "hi"}]}),
+        ("/v1/chat/completions/batch", {"messages": [[{"role": "user", "content": "hi"}]]}),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
+    ],
+)
+def test_a_client_that_leaves_a_non_streamed_request_stops_the_backend(
+    stack: Stack, path: str, body: dict[str, object]
+) -> None:
+    """The issue's measurement: vLLM went on generating for 55-80 s after the client of a
+    non-streamed /invocations left. Now the gateway closes the upstream request at once
+    (the fake, like vLLM, aborts a request whose connection closes)."""
+    plain = stack.fakes["plain"]
+    plain.first_delay_s = 10.0  # a long generation
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{stack.url}{path}", json={"model": MODEL} | body, timeout=0.5)
+    deadline = time.monotonic() + 2.0
+    while plain.closed_early == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert plain.closed_early == 1
+    plain.first_delay_s = 0.0
+    assert httpx.post(f"{stack.url}{path}", json={"model": MODEL} | body).status_code == 200
