@@ -3,13 +3,19 @@
 # a GPU host without network, each step as its own command (see scripts/gpu/README.md):
 #
 #   stack.sh put DIR...   copy carried bundle parts (from `specgate backends bundle`, split) to $STAGE
-#   stack.sh install-a    join + unpack part set a (model source, small wheels), install them
-#                         into $ROOT/site (PYTHONPATH), start `models prepare`
+#   stack.sh install-a    join + unpack part set a (model source, small wheels, prebuilt model
+#                         folders under models/), install them into $ROOT/site (PYTHONPATH),
+#                         start `models prepare` (then, with TWIN=1, bench.twin_build)
 #   stack.sh install-b    join + unpack part set b (the vLLM wheel), install it, import-check it
-#   stack.sh up           `specgate up --config config/gpu-single.yaml` (adaptive, port 8000)
-#                         and a static-policy gateway on the same servers (port 8010), detached
+#   stack.sh up           `specgate up --config $CONFIG` (adaptive, port 8000) and a
+#                         static-policy gateway on the same servers (port 8010), detached
 #   stack.sh wait SECS    until both gateways say ready (prints the servers' progress)
-#   stack.sh bench OUT    plan, bench.speedup (c=1,8,32; direct, static, adaptive), bench.gpu_checks
+#   stack.sh bench OUT    plan, bench.gpu_checks (CHECKS=0 skips), bench.speedup (CONCURRENCY,
+#                         PER_TASK; direct, static, adaptive)
+#   stack.sh sampled OUT  bench.sampled_scores (sampled tokens scored by plain's prompt_logprobs)
+#
+# CONFIG defaults to config/gpu-single.yaml; CONFIG=config/gpu-twin.yaml TWIN=1 gives the cost
+# twin's stack (docs/benchmarks.md, section 7).
 set -euo pipefail
 STAGE=${STAGE:-/root/sg-stage}
 ROOT=${ROOT:-/root/sg}
@@ -17,6 +23,7 @@ ROOT=${ROOT:-/root/sg}
 # with --system-site-packages would not see its torch, so the bundle goes to a --target folder.
 SITE=$ROOT/site
 PY=$(command -v python3)
+CONFIG=${CONFIG:-config/gpu-single.yaml}
 export SPECGATE_CACHE_DIR=$ROOT/cache SPECGATE_VLLM_PYTHON=$PY PYTHONPATH=$SITE:$PWD
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -38,8 +45,17 @@ install-a)
     "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$SITE" \
         --find-links "$ROOT/bundle/wheels" -r "$ROOT/req-a.txt"
     cp "$ROOT/bundle/downloads/"* "$SPECGATE_CACHE_DIR/downloads/"
-    setsid nohup "$PY" -m gateway models prepare > "$ROOT/prepare.log" 2>&1 < /dev/null &
-    say "installed $(wc -l < "$ROOT/req-a.txt") wheels; models prepare started (log $ROOT/prepare.log)"
+    if [ -d "$ROOT/bundle/models" ]; then cp -r "$ROOT/bundle/models" "$SPECGATE_CACHE_DIR/"; fi
+    build="\"$PY\" -m gateway models prepare > \"$ROOT/prepare.log\" 2>&1"
+    if [ "${TWIN:-0}" = 1 ]; then
+        models=$SPECGATE_CACHE_DIR/models
+        build="$build && \"$PY\" -m bench.twin_build --source $models/smollm2-135m-instruct"
+        build="$build --head backends/drafts/heads/smollm2-135m-eagle3 --out $models"
+        build="$build > \"$ROOT/twin.log\" 2>&1"
+    fi
+    rm -f "$ROOT/models.rc"
+    setsid nohup bash -c "$build; echo \$? > \"$ROOT/models.rc\"" < /dev/null > /dev/null 2>&1 &
+    say "installed $(wc -l < "$ROOT/req-a.txt") wheels; models started (logs $ROOT/prepare.log, twin.log)"
     ;;
 install-b)
     (cd "$STAGE" && sha256sum -c --ignore-missing SHA256SUMS)
@@ -50,10 +66,12 @@ install-b)
     tail -5 "$ROOT/prepare.log"
     ;;
 up)
-    for _ in $(seq 120); do grep -q "model smollm2-135m-draft-8l" "$ROOT/prepare.log" && break; sleep 1; done
+    for _ in $(seq 180); do [ -f "$ROOT/models.rc" ] && break; sleep 1; done
     tail -3 "$ROOT/prepare.log"
-    sed 's/^  policy: adaptive/  policy: static/' config/gpu-single.yaml > "$ROOT/gpu-static.yaml"
-    setsid nohup "$PY" -m gateway up --config config/gpu-single.yaml \
+    tail -1 "$ROOT/twin.log" 2>/dev/null || true
+    [ "$(cat "$ROOT/models.rc" 2>/dev/null)" = 0 ] || { say "models not ready"; exit 1; }
+    sed 's/^  policy: adaptive/  policy: static/' "$CONFIG" > "$ROOT/gpu-static.yaml"
+    setsid nohup "$PY" -m gateway up --config "$CONFIG" \
         > "$ROOT/up.log" 2>&1 < /dev/null &
     say "specgate up started (log $ROOT/up.log)"
     ;;
@@ -76,19 +94,25 @@ bench)
     out=${2:?bench OUT}
     mkdir -p "$out"
     nvidia-smi > "$out/nvidia-smi.txt"
-    "$PY" -m gateway backends plan --config config/gpu-single.yaml > "$out/plan.txt" 2>&1 || true
-    "$PY" -m bench.gpu_checks --config config/gpu-single.yaml --gateway http://127.0.0.1:8010 \
-        --prompts .gpu/prompts --out "$out" 2>&1 | tail -60
+    "$PY" -m gateway backends plan --config "$CONFIG" > "$out/plan.txt" 2>&1 || true
+    if [ "${CHECKS:-1}" = 1 ]; then
+        "$PY" -m bench.gpu_checks --config "$CONFIG" --gateway http://127.0.0.1:8010 \
+            --prompts .gpu/prompts --out "$out" 2>&1 | tail -60
+    fi
     "$PY" -m bench.speedup --config "$ROOT/gpu-static.yaml" --gateway http://127.0.0.1:8010 \
         --adaptive --adaptive-gateway http://127.0.0.1:8000 --prompts .gpu/prompts \
-        --per-task 8 --max-tokens 64 --concurrency "${CONCURRENCY:-1,8,32}" --warmup 10 --settle 0.05 \
+        --per-task "${PER_TASK:-8}" --max-tokens 64 --concurrency "${CONCURRENCY:-1,8,32}" \
+        --warmup 10 --settle 0.05 \
         --out "$out/speedup" 2>&1 | grep -v -e '^bench: ' -e 'it/s' | tail -60
     curl -s localhost:8000/routes > "$out/routes-adaptive.json" || true
     cp "$ROOT/up.log" "$out/" 2>/dev/null || true
     tar -czf "$out/server-logs.tgz" -C "$SPECGATE_CACHE_DIR" logs 2>/dev/null || true
     ;;
+sampled)
+    "$PY" -m bench.sampled_scores --config "$CONFIG" --prompts .gpu/prompts --out "${2:?sampled OUT}"
+    ;;
 *)
-    sed -n 2,13p "$0"
+    sed -n 2,19p "$0"
     exit 2
     ;;
 esac

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The cost twin's GPU run (docs/benchmarks.md, section 7), host side, after `stack.sh install-a`
+# (CONFIG=config/gpu-twin.yaml TWIN=1: models prepare, then bench.twin_build) and
+# `stack.sh install-b`; start it detached (setsid) from the repository root:
+#
+#   setsid nohup bash scripts/gpu/twin-run.sh /root/sg/results > /root/sg/twin-run.log 2>&1 &
+#
+# specgate up (adaptive :8000) + a static gateway (:8010) on the three twin servers, then
+# repeat 1 (plan, bench.gpu_checks, bench.speedup at c = 1..64), bench.sampled_scores,
+# repeats 2 and 3; OUT/tN holds the epoch seconds at which step N ended.
+set -uo pipefail
+OUT=${1:?OUT}
+export CONFIG=${CONFIG:-config/gpu-twin.yaml} PER_TASK=${PER_TASK:-16}
+export CONCURRENCY=${CONCURRENCY:-1,4,8,16,32,64}
+mkdir -p "$OUT"
+bash scripts/gpu/stack.sh up > "$OUT/up.log" 2>&1 || exit 1
+bash scripts/gpu/stack.sh wait 480 > "$OUT/wait.log" 2>&1 || exit 1
+date +%s > "$OUT/t0"
+CHECKS=1 bash scripts/gpu/stack.sh bench "$OUT/r1" > "$OUT/r1.log" 2>&1
+date +%s > "$OUT/t1"
+bash scripts/gpu/stack.sh sampled "$OUT/sampled" > "$OUT/sampled.log" 2>&1
+date +%s > "$OUT/t2"
+for n in 2 3; do
+    CHECKS=0 bash scripts/gpu/stack.sh bench "$OUT/r$n" > "$OUT/r$n.log" 2>&1
+    date +%s > "$OUT/t$((n + 1))"
+done
