@@ -18,6 +18,7 @@ import random
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 HEAD = 16
 CONTEXT = 8
@@ -88,3 +89,45 @@ class ToyLM:
                 token = rng.randrange(self.vocab)
             out.append(token)
         return out
+
+
+def word_ids(text: str, vocab: int) -> list[int]:
+    """A toy tokenizer: one id per whitespace-separated word."""
+    return [zlib.crc32(w.encode()) % vocab for w in text.split()] or [0]
+
+
+def completion_answer(
+    lm: ToyLM, body: dict[str, Any], rng: random.Random, fault_rate: float = 0.0
+) -> dict[str, Any]:
+    """vLLM's non-streamed ``/v1/completions`` answer from ``lm``: sampled at the request's
+    temperature (absent: 1.0), ``token_ids``/``prompt_token_ids`` with ``return_token_ids``,
+    ``prompt_logprobs`` (per position None for the first, else ``{"<id>": {"logprob",
+    "rank", "decoded_token"}}``) when asked; ``fault_rate`` of sampled tokens made random."""
+    prompt = body.get("prompt")
+    ids = [int(t) for t in prompt] if isinstance(prompt, list) else word_ids(str(prompt), lm.vocab)
+    given = body.get("temperature")
+    n = int(body.get("max_tokens") or 16)
+    out = lm.generate(ids, n, 1.0 if given is None else float(given), rng, fault_rate)
+    choice: dict[str, Any] = {
+        "index": 0,
+        "text": "".join(f" t{t}" for t in out),
+        "finish_reason": "length",
+        "logprobs": None,
+    }
+    if body.get("return_token_ids"):
+        choice["token_ids"] = out
+        choice["prompt_token_ids"] = ids
+    if body.get("prompt_logprobs") is not None:
+        steps: list[dict[str, Any] | None] = [None]
+        for i in range(1, len(ids)):
+            lp = lm.logprob(ids[:i], ids[i])
+            steps.append({str(ids[i]): {"logprob": lp, "rank": 1, "decoded_token": f" t{ids[i]}"}})
+        choice["prompt_logprobs"] = steps
+    usage = {"prompt_tokens": len(ids), "completion_tokens": n, "total_tokens": len(ids) + n}
+    return {
+        "id": "cmpl-toy",
+        "object": "text_completion",
+        "created": 0,
+        "choices": [choice],
+        "usage": usage,
+    }

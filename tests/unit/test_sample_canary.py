@@ -247,3 +247,15 @@ async def test_on_by_default_with_a_visible_budget(gw: InProcess) -> None:
     assert view["rounds"] == 0
     # 12 rounds/h x (plain + 3 speculative) x 2 x 32
     assert view["cost_last_hour"]["budget_sampled_tokens_per_hour"] == 3072
+
+
+async def test_relayed_paths_skip_canary_suspects(gw: InProcess) -> None:
+    """A relayed path (its body's temperature unread) fails over past plain to a speculative
+    backend, never to one a canary suspects."""
+    states = gw.app.state.runtime.gateway.registry.states
+    gw.fakes["plain"].healthy = False
+    await gw.poll()
+    states["draft"].sample_suspect = "distribution canary: test"  # first by name otherwise
+    states["eagle3"].suspect = "canary: test"
+    resp = await gw.client.post("/tokenize", json={"model": MODEL, "prompt": "hi"})
+    assert resp.status_code == 200 and resp.headers["x-specgate-backend"] == "ngram"
