@@ -106,7 +106,7 @@ async def measure(
         "detected": len(detected),
         "median_s": statistics.median(detected) if detected else None,
         "p90_s": statistics.quantiles(times_or_cap, n=10)[-1] if trials > 1 else None,
-        "within_10_min": sum(x <= TEN_MINUTES for x in detected) / trials,
+        "within_10_min": sum(x <= TEN_MINUTES for x in detected) / max(trials, 1),
         "healthy_hours": hours,
         "false_alarm_rounds": false,
     }
