@@ -63,7 +63,7 @@ class Live:
 @pytest.fixture(scope="module")
 def live() -> Iterator[Live]:
     """plain + ngram from config/local.yaml (guards removed), supervised, behind a gateway."""
-    settings = Settings(health_interval_s=0.5, state_persist=False)
+    settings = Settings(health_interval_s=0.5, state_persist=False, sample_canary_interval_s=0)
     python = prepare(settings)
     data = local_config_data()
     data["backends"] = {n: data["backends"][n] for n in ("plain", "ngram")}

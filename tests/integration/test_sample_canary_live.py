@@ -26,12 +26,11 @@ import pytest
 from contracts.config import GatewayConfig
 from contracts.tasks import TASKS
 from gateway.app import create_app
-from gateway.settings import Settings
 from gateway.upstream.sample_canary import SampleCanary, SampleCanaryBudget
 from gateway.upstream.sample_stream import parse_prompt_logprobs
 from gateway.upstream.state import BackendRegistry
 from tests.fakes.servers import running_server
-from tests.integration.conftest import MODEL
+from tests.integration.conftest import MODEL, live_settings
 
 pytestmark = pytest.mark.integration
 
@@ -85,8 +84,7 @@ def dataset_prompts(n: int) -> list[tuple[str, str]]:
 def guarded_gateway(stack_config: GatewayConfig) -> Iterator[str]:
     """The default stack's gateway, distribution canary off: only the guard stands between
     the faulty samplers and clients."""
-    settings = Settings(health_interval_s=0.5, state_persist=False, sample_canary_interval_s=0)
-    with running_server(create_app(settings, config=stack_config)) as url:
+    with running_server(create_app(live_settings(), config=stack_config)) as url:
         yield url
 
 

@@ -245,6 +245,11 @@ async def test_on_by_default_with_a_visible_budget(gw: InProcess) -> None:
         "window_s": 3600.0,
     }
     assert view["rounds"] == 0
+    page = (await gw.client.get("/status")).text
+    assert "a round every 300 s, 2 x 32 tokens per server" in page and "no round yet" in page
+    metrics = (await gw.client.get("/metrics")).text
+    assert "specgate_sample_canary_rounds_total 0.0" in metrics
+    assert 'specgate_backend_sample_suspect{backend="ngram"} 0.0' in metrics
     # 12 rounds/h x (plain + 3 speculative) x 2 x 32
     assert view["cost_last_hour"]["budget_sampled_tokens_per_hour"] == 3072
 
