@@ -88,7 +88,8 @@ class Settings(BaseSettings):
     # tokens; the tail floor (log-probability, nats), an upper bound on the vocabulary, the
     # numerics slack (nats), the false-alarm probability per hour over all backends and
     # bands, and the evidence window. Default cost on the 4-backend CPU stack: 12 rounds/h x
-    # 4 servers x 2 x 32 = 3072 sampled tokens/h (~0.85 tok/s, docs/benchmarks.md).
+    # 4 servers x 2 x 32 = 3072 sampled tokens/h (~0.85 tok/s: ~18 s of one-at-a-time
+    # generation per round on the idle CPU stack, ~1% of its batched throughput; README).
     sample_canary_interval_s: float = Field(default=300.0, ge=0)
     sample_canary_prompts: int = Field(default=2, ge=1, le=64)
     sample_canary_max_tokens: int = Field(default=32, ge=1, le=1024)
