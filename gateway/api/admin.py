@@ -24,9 +24,11 @@ async def routes(request: Request, gateway: GatewayDep) -> dict[str, Any]:
     """Every backend (URL, model, speculation, health, in-flight, canary suspicion, deaths
     and the last one, its process supervision under ``specgate up``), the
     ordered rules, the pools, decision counts per rule, task and serving backend since start,
-    the correctness canary's last results (None when it is off), and what adaptive routing
-    learnt (estimates per task, bucket and backend; the newest per-request records), and
-    the quarantine's counts and the task classifier's stages (is its embedding stage on?)."""
+    the correctness canary's last results (None when it is off), the distribution canary's
+    budget, cost, verdicts and evidence per backend and band (None when it is off), and
+    what adaptive routing learnt (estimates per task, bucket and backend; the newest
+    per-request records), and the quarantine's counts and the task classifier's stages
+    (is its embedding stage on?)."""
     config = gateway.config
     watch = runtime_of(request.app).deaths
     death_view = watch.to_json()
@@ -73,6 +75,7 @@ async def routes(request: Request, gateway: GatewayDep) -> dict[str, Any]:
                 "demoted": view.demoted,
                 "demotions": view.demotions,
                 "suspect": view.suspect,
+                "sample_suspect": view.sample_suspect,
                 "requests": view.requests,
                 "advice": _advice(backend.spec, view.window),
                 "guards": backend.guards,
@@ -85,6 +88,7 @@ async def routes(request: Request, gateway: GatewayDep) -> dict[str, Any]:
     rules.append({"name": "default", "match": {}, "pool": config.defaults.pool, "fallbacks": []})
     stats = gateway.stats
     canary = runtime_of(request.app).canary
+    sample_canary = runtime_of(request.app).sample_canary
     return {
         "backends": backends,
         "pools": config.pools,
@@ -104,6 +108,7 @@ async def routes(request: Request, gateway: GatewayDep) -> dict[str, Any]:
         },
         "guards": {name: g.model_dump() for name, g in config.guards.items()},
         "canary": None if canary is None else canary.to_json(),
+        "sample_canary": None if sample_canary is None else sample_canary.to_json(),
         "quarantine": quarantine_summary(watch),
         "adaptive": gateway.feedback.to_json() | {"break_even": gateway.break_even()},
     }

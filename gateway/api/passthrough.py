@@ -243,6 +243,8 @@ def _targets(
         state = snapshot.get(name)
         if state is None or not state.healthy or state.circuit_open:
             continue
+        if state.suspect is not None or state.sample_suspect is not None:
+            continue  # a canary's verdict; a relayed body's temperature is not read here
         if found not in catalog.paths(name) or (model and backend.served_model != model):
             continue
         if backend.max_inflight is not None and state.inflight >= backend.max_inflight:

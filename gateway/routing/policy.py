@@ -34,7 +34,8 @@ class BackendSnapshot:
     ``running``/``waiting``: the backend's own queue from its last ``/metrics`` scrape;
     ``demoted``: its windowed acceptance rate is under its floor; ``acceptance_rate``: that
     rate (None if unknown); ``suspect``: why the correctness canary stopped trusting it
-    (None when trusted).
+    (None when trusted); ``sample_suspect``: why the distribution canary stopped trusting
+    its sampled output (kept from requests with temperature > 0; None when trusted).
     """
 
     healthy: bool
@@ -45,6 +46,7 @@ class BackendSnapshot:
     demoted: bool = False
     acceptance_rate: float | None = None
     suspect: str | None = None
+    sample_suspect: str | None = None
 
     @property
     def outstanding(self) -> float:
@@ -123,7 +125,9 @@ class RoutingPolicy:
 
     1. The first matching rule gives pools: its pool, then its fallbacks (no match: the
        default pool).
-    2. Backends that are unknown, unhealthy or serve another model are dropped.
+    2. Backends that are unknown, unhealthy or serve another model are dropped, and so
+       are those the greedy canary suspects and, for a request with temperature > 0,
+       those the distribution canary suspects (``sample_suspect``).
     3. Speculative backends whose method refuses a parameter of the request
        (``features.spec_refused``), over ``max_batch_for_speculation`` (load-aware: vLLM measured
        1.4-1.8x slowdowns from speculation at high QPS) or demoted for low acceptance are
@@ -312,6 +316,8 @@ class RoutingPolicy:
             why = "circuit open"
         elif snap.suspect is not None:
             why = f"suspect: {snap.suspect}"
+        elif snap.sample_suspect is not None and features.temperature > 0:
+            why = f"sampled output suspect: {snap.sample_suspect}"
         elif backend.max_inflight is not None and snap.inflight >= backend.max_inflight:
             why = f"at its max_inflight of {backend.max_inflight}"
             plan.saturated = True

@@ -76,9 +76,11 @@ def status_context(
     gateway: Gateway,
     history: AcceptanceHistory,
     processes: dict[str, dict[str, Any]] | None = None,
+    sample_canary: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Everything the template shows, as plain values (``processes``: the supervisor's view
-    of local backends under ``specgate up``, by name)."""
+    of local backends under ``specgate up``, by name; ``sample_canary``: the distribution
+    canary's ``to_json()``, None when it is off)."""
     config = gateway.config
     now = history.clock()
     backends, advice = [], []
@@ -104,6 +106,7 @@ def status_context(
                 "per_position": [] if acc is None else list(acc.per_position),
                 "floor": floor,
                 "demoted": view.demoted,
+                "sample_suspect": view.sample_suspect,
                 "requests": view.requests,
                 "spark": sparkline(history.recent(name), now, history.span_s, floor),
                 "process": (processes or {}).get(name),
@@ -127,7 +130,20 @@ def status_context(
         "failovers": stats.failovers,
         "rejected": stats.rejected,
         "advice": advice,
+        "sample_canary": sample_canary,
+        "sample_streams": _sample_streams(sample_canary),
     }
+
+
+def _sample_streams(view: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """The distribution canary's streams as table rows (backend, band, its view)."""
+    if view is None:
+        return []
+    return [
+        {"backend": name, "band": band, **stream}
+        for name, bands in view["backends"].items()
+        for band, stream in sorted(bands.items())
+    ]
 
 
 class StatusPage:
@@ -147,8 +163,9 @@ class StatusPage:
         gateway: Gateway,
         history: AcceptanceHistory,
         processes: dict[str, dict[str, Any]] | None = None,
+        sample_canary: dict[str, Any] | None = None,
     ) -> str:
         """The page's HTML for the current state."""
-        context = status_context(gateway, history, processes)
+        context = status_context(gateway, history, processes, sample_canary)
         template = self.env.get_template("status.html")
         return template.render(refresh_s=self.refresh_s, **context)

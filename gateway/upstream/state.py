@@ -39,7 +39,9 @@ class BackendState:
     ``waiting`` and ``kv_cache_usage`` come from the last ``/metrics`` scrape; ``acceptance`` is the
     windowed acceptance of a speculative backend; ``demotions`` counts how often it fell
     under its acceptance floor; ``suspect`` is set by the correctness canary when the
-    backend's greedy output diverged from its plain twin's beyond numerics (not routed).
+    backend's greedy output diverged from its plain twin's beyond numerics (not routed);
+    ``sample_suspect`` is set by the distribution canary when its sampled tokens are not
+    samples of the target (no request with temperature > 0 is routed there).
     ``done_at``/``scraped_at`` (``time.monotonic()``): when a request of this gateway there
     last ended, and when ``/metrics`` was last read: a scrape older than the last end still
     counts that request as running, so routing then trusts the in-flight count alone (else a
@@ -66,6 +68,7 @@ class BackendState:
     demotions: int = 0
     circuit: CircuitBreaker = field(default_factory=CircuitBreaker)
     suspect: str | None = None
+    sample_suspect: str | None = None
     done_at: float = 0.0
     scraped_at: float = 0.0
     probe_failures: int = 0
@@ -100,6 +103,7 @@ class BackendState:
             demoted=self.demoted,
             acceptance_rate=self.acceptance.rate if self.acceptance else None,
             suspect=self.suspect,
+            sample_suspect=self.sample_suspect,
         )
 
 

@@ -40,6 +40,7 @@ class BackendView:
     demoted: bool
     demotions: int
     suspect: str | None
+    sample_suspect: str | None
     requests: int
 
     @property
@@ -77,6 +78,7 @@ def backend_views(
                 demoted=state.demoted,
                 demotions=state.demotions,
                 suspect=state.suspect,
+                sample_suspect=state.sample_suspect,
                 requests=stats.by_backend[name],
             )
         )

