@@ -29,6 +29,7 @@ from gateway.observability import Observability, observability
 from gateway.persistence import persisted_learning
 from gateway.service import Gateway
 from gateway.settings import Settings
+from gateway.state.lifespan import StateCollector, StateView, shared_state
 from gateway.telemetry.capture import Capture, capture_lifespan
 from gateway.telemetry.history import AcceptanceHistory
 from gateway.telemetry.metrics import GatewayMetrics
@@ -67,6 +68,7 @@ class Runtime:
     status_page: StatusPage
     capture: Capture
     tasks: BackgroundTasks
+    state: StateView
 
 
 def runtime_of(app: Any) -> Runtime:
@@ -222,6 +224,10 @@ async def open_runtime(parts: Parts) -> AsyncIterator[Runtime]:
             observability(gateway, settings, deaths, parts.processes, tasks)
         )
         capture = await stack.enter_async_context(capture_lifespan(gateway, settings, seen.metrics))
+        state = await stack.enter_async_context(
+            shared_state(gateway, settings, deaths.table, tasks)
+        )
+        seen.metrics.registry.register(StateCollector(state))
         stack.push_async_callback(tasks.aclose)  # first on teardown: no loop outlives its use
         yield Runtime(
             settings=settings,
@@ -247,4 +253,5 @@ async def open_runtime(parts: Parts) -> AsyncIterator[Runtime]:
             status_page=seen.status_page,
             capture=capture,
             tasks=tasks,
+            state=state,
         )

@@ -104,6 +104,7 @@ async def routes(request: Request, gateway: GatewayDep) -> dict[str, Any]:
         "guards": {name: g.model_dump() for name, g in config.guards.items()},
         "canary": None if canary is None else canary.to_json(),
         "quarantine": quarantine_summary(watch),
+        "state": runtime_of(request.app).state.to_json(),
         "adaptive": gateway.feedback.to_json() | {"break_even": gateway.break_even()},
     }
 
