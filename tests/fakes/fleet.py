@@ -120,5 +120,8 @@ def running_fleet(
         for i in range(n)
     ]
     with contextlib.ExitStack() as stack:
-        urls = [stack.enter_context(running_server(app)) for app in gateways]
+        # keep-alive past the longest test, so no pooled connection races its server's close
+        urls = [
+            stack.enter_context(running_server(app, timeout_keep_alive=120)) for app in gateways
+        ]
         yield Fleet(urls, fakes, gateways)
