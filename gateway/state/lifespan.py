@@ -108,7 +108,9 @@ async def shared_state(
     if state.backend == "embedded":
         yield StateView()
         return
-    url = settings.state_url.get_secret_value() if settings.state_url else state.url or ""
+    # an empty SPECGATE_STATE_URL (compose's ``${SPECGATE_STATE_URL:-}``) is no override
+    secret = settings.state_url.get_secret_value() if settings.state_url else ""
+    url = secret or state.url or ""
     old = gateway.feedback.learner
     learner = SharedLearner(old.decay)
     learner.groups, learner.observations = old.groups, old.observations
