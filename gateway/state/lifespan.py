@@ -5,12 +5,14 @@ default) nothing is shared and the view only reports that; for ``redis`` it swap
 gateway's learner for a :class:`~gateway.state.learning.SharedLearner` (keeping what was
 loaded from the state file), syncs once before the app serves (bounded: a Redis that is down
 delays the start by at most ``4 x state.timeout_s``), then every ``state.sync_interval_s``
-in a background task, and closes the client on exit.
+in a background task, and closes the client on exit. The ``state`` block is read at start:
+a reload that changes it logs a warning and keeps the running backend.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import socket
 from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING, Any
@@ -25,11 +27,14 @@ from gateway.service import Gateway
 from gateway.settings import Settings
 from gateway.state.learning import SharedLearner
 from gateway.state.quarantine import QuarantineMirror
+from gateway.state.refusals import RefusalMirror
 from gateway.state.sync import RedisState, redacted
 from gateway.upstream.quarantine import QuarantineTable
 
 if TYPE_CHECKING:
     from gateway.background import BackgroundTasks
+
+logger = logging.getLogger(__name__)
 
 
 class StateView:
@@ -105,6 +110,24 @@ async def shared_state(
     """The state backend of ``gateway``'s config for the block's duration (module
     docstring); the sync loop is a task of ``tasks``, cancelled before this block exits."""
     state = gateway.config.state
+
+    def on_reload() -> None:
+        if gateway.config.state != state:
+            logger.warning("config reload: the state block changed; it applies at the next start")
+
+    gateway.reload_hooks.append(on_reload)
+    try:
+        async with _backend(gateway, settings, table, tasks) as view:
+            yield view
+    finally:
+        gateway.reload_hooks.remove(on_reload)
+
+
+@contextlib.asynccontextmanager
+async def _backend(
+    gateway: Gateway, settings: Settings, table: QuarantineTable, tasks: BackgroundTasks
+) -> AsyncIterator[StateView]:
+    state = gateway.config.state
     if state.backend == "embedded":
         yield StateView()
         return
@@ -124,6 +147,7 @@ async def shared_state(
         prefix=state.key_prefix,
         learner=learner,
         mirror=QuarantineMirror(table, replica=replica, prefix=state.key_prefix),
+        refusals=RefusalMirror(gateway.spec_params, prefix=state.key_prefix),
         interval_s=state.sync_interval_s,
         timeout_s=state.timeout_s,
         peer_ttl_s=state.peer_ttl_s,

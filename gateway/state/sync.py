@@ -5,7 +5,8 @@ publishes this replica's adaptive state (:mod:`gateway.learning.store`'s JSON) u
 ``P:learning:<replica>`` with a TTL of ``peer_ttl_s`` and its name in the sorted set
 ``P:replicas`` (scored by Unix time), reads the states of the peers seen within
 ``peer_ttl_s`` and hands their merge to the :class:`~gateway.state.learning.SharedLearner`,
-then mirrors quarantines (:class:`~gateway.state.quarantine.QuarantineMirror`).
+then mirrors quarantines (:class:`~gateway.state.quarantine.QuarantineMirror`) and learnt
+speculation refusals (:class:`~gateway.state.refusals.RefusalMirror`).
 
 Requests never wait on Redis: routing reads local copies. When a sync fails (connection
 refused, timeout, any Redis error) the replica keeps serving on its own state and the peers'
@@ -32,6 +33,7 @@ from gateway.learning.store import LearnedState, dump_state, restore_state
 from gateway.routing.adaptive import GroupStats, Learner
 from gateway.state.learning import Key, SharedLearner, merge_states
 from gateway.state.quarantine import QuarantineMirror
+from gateway.state.refusals import RefusalMirror
 
 logger = logging.getLogger(__name__)
 
@@ -62,13 +64,14 @@ class RedisState:
         prefix: str,
         learner: SharedLearner,
         mirror: QuarantineMirror,
+        refusals: RefusalMirror,
         interval_s: float,
         timeout_s: float,
         peer_ttl_s: float,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.client, self.where, self.replica, self.prefix = client, where, replica, prefix
-        self.learner, self.mirror = learner, mirror
+        self.learner, self.mirror, self.refusals = learner, mirror, refusals
         self.interval_s, self.timeout_s, self.peer_ttl_s = interval_s, timeout_s, peer_ttl_s
         self.clock = clock
         self.up: bool | None = None  # None: not tried yet
@@ -91,6 +94,7 @@ class RedisState:
             async with asyncio.timeout(4 * self.timeout_s):
                 await self._learning()
                 await self.mirror.sync(self.client)
+                await self.refusals.sync(self.client)
         except (RedisError, OSError, TimeoutError) as exc:
             return self._failed(exc, expected=True)
         except Exception as exc:  # a bug here must not end sharing for good: logged, retried
