@@ -10,10 +10,13 @@ Each sync (:meth:`QuarantineMirror.sync`) publishes this replica's quarantines t
 does not hold yet, or holds with an earlier end (``ZADD GT``: the latest end wins), adopts
 the others' into the local :class:`~gateway.upstream.quarantine.QuarantineTable` (which
 the hot path checks without I/O), turns a local clear (``DELETE /routes/quarantine``: an
-entry gone before its end) into a tombstone and applies the others' tombstones to entries
-whose last death is older than the clear. What this replica published and Redis lost (a
-restart without persistence) is published again. Ends are Unix times in Redis and monotonic
-times locally: replicas whose clocks differ by d seconds see an end d seconds apart.
+entry gone before its end while the table counted a clear; one its bound evicted is no
+clear) into a tombstone, and applies the others' tombstones to entries whose last death is
+older than the clear (a death after it quarantines again). What this replica published and
+Redis lost (a restart without persistence) is published again; a sync that fails changes
+nothing here, so what it carried is sent by the next. Ends are Unix times in Redis and
+monotonic times locally: replicas whose clocks differ by d seconds see an end d seconds
+apart.
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ class QuarantineMirror:
         )
         self.clock, self.monotonic = clock, monotonic
         self.known: dict[str, float] = {}  # fingerprint -> end (Unix) agreed with Redis
+        self._clears = table.clears  # the table's clear() calls at the last sync
         self.adopted = 0
 
     def _unix(self, mono: float) -> float:
@@ -66,25 +70,30 @@ class QuarantineMirror:
     async def sync(self, client: Redis) -> None:
         """One exchange with Redis: publish, clear, read and adopt (raises what redis-py
         raises; the caller counts the failure and tries again next time)."""
-        now, local = self.clock(), self._local()
+        now, local, clears = self.clock(), self._local(), self.table.clears
+        gone = [(fp, end) for fp, end in self.known.items() if fp not in local]
+        # gone before its end while the table counted a clear (not evicted): cleared here
+        tombstones = [fp for fp, end in gone if clears != self._clears and end - SLACK_S > now]
+        ends = {fp: self._unix(e.quarantined_until or 0.0) for fp, e in local.items()}
+        publish = {fp: end for fp, end in ends.items() if self._wants(fp, end)}
         async with client.pipeline(transaction=False) as pipe:
-            for fp, end in [(fp, e) for fp, e in self.known.items() if fp not in local]:
-                if end - SLACK_S > now:  # gone before its end: an operator cleared it here
-                    pipe.zadd(self.cleared, {fp: now})
-                    pipe.zrem(self.zset, fp)
-                    pipe.hdel(self.info, fp)
-                del self.known[fp]
-            for fp, entry in local.items():
-                end = self._unix(entry.quarantined_until or 0.0)
-                if end > self.known.get(fp, 0.0) + SLACK_S:
-                    pipe.zadd(self.zset, {fp: end}, gt=True)
-                    pipe.hset(self.info, fp, json.dumps(self._describe(entry)))
-                    self.known[fp] = end
+            for fp in tombstones:
+                pipe.zadd(self.cleared, {fp: now})
+                pipe.zrem(self.zset, fp)
+                pipe.hdel(self.info, fp)
+            for fp, end in publish.items():
+                pipe.zadd(self.zset, {fp: end}, gt=True)
+                pipe.hset(self.info, fp, json.dumps(self._describe(local[fp])))
             pipe.zremrangebyscore(self.cleared, "-inf", now - self.table.ttl_s)
             pipe.zrangebyscore(self.zset, now, "+inf", withscores=True)
             pipe.zrange(self.cleared, 0, -1, withscores=True)
             pipe.zrangebyscore(self.zset, "-inf", now)
             *_, remote_rows, cleared_rows, expired = await pipe.execute()
+        # only now, once Redis has them (a failed sync changes nothing: retried next time)
+        for fp, _ in gone:
+            self.known.pop(fp, None)
+        self.known.update(publish)
+        self._clears = clears
         remote = {_text(fp): float(end) for fp, end in remote_rows}
         cleared = {_text(fp): float(at) for fp, at in cleared_rows}
         self._apply_clears(cleared, local)
@@ -106,14 +115,15 @@ class QuarantineMirror:
         for fp, at in cleared.items():
             entry = local.get(fp)
             last = self._unix(entry.deaths[-1].at) if entry and entry.deaths else 0.0
-            if entry is not None and last <= at + SLACK_S:
+            if entry is not None and last <= at:
                 self.table.clear(fp)
+                self._clears += 1  # this one is the fleet's clear, not a new one from here
                 self.known.pop(fp, None)
 
     def _adopt(self, fp: str, end: float, info: dict[str, Any], cleared_at: float | None) -> None:
         """Quarantine ``fp`` here until ``end`` (Unix), unless its death predates a clear."""
         at = _number(info.get("at"), self.clock())
-        if cleared_at is not None and at <= cleared_at + SLACK_S:
+        if cleared_at is not None and at <= cleared_at:
             return
         mono_now = self.monotonic()
         ago = max(0.0, self.clock() - at)

@@ -129,6 +129,7 @@ class QuarantineTable:
         self._quarantined = 0
         self.refused = 0
         self.quarantined_total = 0
+        self.clears = 0  # calls of clear(): how gateway.state tells a clear from an eviction
 
     @property
     def blocking(self) -> bool:
@@ -205,6 +206,7 @@ class QuarantineTable:
 
     def clear(self, fp: str | None = None) -> int:
         """Forget ``fp`` (or every entry when None); returns how many were removed."""
+        self.clears += 1
         if fp is None:
             count = len(self._entries)
             self._entries.clear()
