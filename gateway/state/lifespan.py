@@ -25,10 +25,12 @@ from redis.backoff import NoBackoff
 
 from gateway.service import Gateway
 from gateway.settings import Settings
+from gateway.state.affinity import AffinityMirror, SharedAffinity
 from gateway.state.learning import SharedLearner
 from gateway.state.quarantine import QuarantineMirror
 from gateway.state.refusals import RefusalMirror
 from gateway.state.sync import RedisState, redacted
+from gateway.upstream.affinity import ResponseAffinity
 from gateway.upstream.quarantine import QuarantineTable
 
 if TYPE_CHECKING:
@@ -91,6 +93,13 @@ class StateCollector(Collector):
         )
 
 
+def build_affinity(settings: Settings, shared: bool) -> ResponseAffinity:
+    """The app's response affinity (a :class:`SharedAffinity` when ``shared``: the config's
+    ``state.backend`` is ``redis``), bounded by ``settings``."""
+    kind = SharedAffinity if shared else ResponseAffinity
+    return kind(max_entries=settings.response_affinity_max, ttl_s=settings.response_affinity_ttl_s)
+
+
 def redis_client(url: str, timeout_s: float) -> Redis:
     """A ``redis.asyncio`` client with ``timeout_s`` to connect and per command, and no
     retries of its own (the sync loop retries at its next tick)."""
@@ -105,10 +114,15 @@ def redis_client(url: str, timeout_s: float) -> Redis:
 
 @contextlib.asynccontextmanager
 async def shared_state(
-    gateway: Gateway, settings: Settings, table: QuarantineTable, tasks: BackgroundTasks
+    gateway: Gateway,
+    settings: Settings,
+    table: QuarantineTable,
+    affinity: ResponseAffinity,
+    tasks: BackgroundTasks,
 ) -> AsyncIterator[StateView]:
     """The state backend of ``gateway``'s config for the block's duration (module
-    docstring); the sync loop is a task of ``tasks``, cancelled before this block exits."""
+    docstring); the sync loop is a task of ``tasks``, cancelled before this block exits.
+    ``affinity``: the app's, from :func:`build_affinity` (shared only when it says so)."""
     state = gateway.config.state
 
     def on_reload() -> None:
@@ -117,7 +131,7 @@ async def shared_state(
 
     gateway.reload_hooks.append(on_reload)
     try:
-        async with _backend(gateway, settings, table, tasks) as view:
+        async with _backend(gateway, settings, table, affinity, tasks) as view:
             yield view
     finally:
         gateway.reload_hooks.remove(on_reload)
@@ -125,10 +139,14 @@ async def shared_state(
 
 @contextlib.asynccontextmanager
 async def _backend(
-    gateway: Gateway, settings: Settings, table: QuarantineTable, tasks: BackgroundTasks
+    gateway: Gateway,
+    settings: Settings,
+    table: QuarantineTable,
+    affinity: ResponseAffinity,
+    tasks: BackgroundTasks,
 ) -> AsyncIterator[StateView]:
     state = gateway.config.state
-    if state.backend == "embedded":
+    if state.backend == "embedded" or not isinstance(affinity, SharedAffinity):
         yield StateView()
         return
     # an empty SPECGATE_STATE_URL (compose's ``${SPECGATE_STATE_URL:-}``) is no override
@@ -148,6 +166,9 @@ async def _backend(
         learner=learner,
         mirror=QuarantineMirror(table, replica=replica, prefix=state.key_prefix),
         refusals=RefusalMirror(gateway.spec_params, prefix=state.key_prefix),
+        affinity=AffinityMirror(
+            affinity, prefix=state.key_prefix, interval_s=state.sync_interval_s
+        ),
         interval_s=state.sync_interval_s,
         timeout_s=state.timeout_s,
         peer_ttl_s=state.peer_ttl_s,

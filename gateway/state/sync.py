@@ -5,8 +5,9 @@ publishes this replica's adaptive state (:mod:`gateway.learning.store`'s JSON) u
 ``P:learning:<replica>`` with a TTL of ``peer_ttl_s`` and its name in the sorted set
 ``P:replicas`` (scored by Unix time), reads the states of the peers seen within
 ``peer_ttl_s`` and hands their merge to the :class:`~gateway.state.learning.SharedLearner`,
-then mirrors quarantines (:class:`~gateway.state.quarantine.QuarantineMirror`) and learnt
-speculation refusals (:class:`~gateway.state.refusals.RefusalMirror`).
+then mirrors quarantines (:class:`~gateway.state.quarantine.QuarantineMirror`), learnt
+speculation refusals (:class:`~gateway.state.refusals.RefusalMirror`) and which backend
+holds each stored Response (:class:`~gateway.state.affinity.AffinityMirror`).
 
 Requests never wait on Redis: routing reads local copies. When a sync fails (connection
 refused, timeout, any Redis error) the replica keeps serving on its own state and the peers'
@@ -31,6 +32,7 @@ from redis.exceptions import RedisError
 
 from gateway.learning.store import LearnedState, dump_state, restore_state
 from gateway.routing.adaptive import GroupStats, Learner
+from gateway.state.affinity import AffinityMirror
 from gateway.state.learning import Key, SharedLearner, merge_states
 from gateway.state.quarantine import QuarantineMirror
 from gateway.state.refusals import RefusalMirror
@@ -65,6 +67,7 @@ class RedisState:
         learner: SharedLearner,
         mirror: QuarantineMirror,
         refusals: RefusalMirror,
+        affinity: AffinityMirror,
         interval_s: float,
         timeout_s: float,
         peer_ttl_s: float,
@@ -72,6 +75,7 @@ class RedisState:
     ) -> None:
         self.client, self.where, self.replica, self.prefix = client, where, replica, prefix
         self.learner, self.mirror, self.refusals = learner, mirror, refusals
+        self.affinity = affinity
         self.interval_s, self.timeout_s, self.peer_ttl_s = interval_s, timeout_s, peer_ttl_s
         self.clock = clock
         self.up: bool | None = None  # None: not tried yet
@@ -95,6 +99,7 @@ class RedisState:
                 await self._learning()
                 await self.mirror.sync(self.client)
                 await self.refusals.sync(self.client)
+                await self.affinity.sync(self.client)
         except (RedisError, OSError, TimeoutError) as exc:
             return self._failed(exc, expected=True)
         except Exception as exc:  # a bug here must not end sharing for good: logged, retried
@@ -175,6 +180,7 @@ class RedisState:
             "peers": self.peers,
             "peer_observations": self.learner.peer_observations,
             "quarantines_adopted": self.mirror.adopted,
+            "responses_adopted": self.affinity.adopted,
         }
 
 

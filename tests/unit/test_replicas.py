@@ -221,3 +221,26 @@ async def test_a_speculation_refusal_learnt_by_one_replica_is_known_to_all(fleet
             ok = await client.post(f"{url}/v1/completions", json=body, headers=CODE_TASK)
             assert ok.status_code == 200
         assert len(fleet.fakes[refused_by].received) == before
+
+
+async def test_a_response_stored_through_one_replica_is_reached_through_all(fleet: Fleet) -> None:
+    code = "Write a Python function that parses this CSV:\n```python\ndef parse(p):\n    pass\n```"
+    body = {"model": MODEL, "temperature": 0, "input": code}
+    async with httpx.AsyncClient(timeout=10) as client:
+        created = await client.post(f"{fleet.urls[0]}/v1/responses", json=body)
+        assert created.status_code == 200, created.text
+        holder, rid = created.headers["x-specgate-backend"], created.json()["id"]
+        assert rid in fleet.fakes[holder].stored
+        assert holder != "plain"  # where the others would send a GET by chance
+
+        async def known() -> bool:
+            states = [(await routes(client, u))["state"] for u in fleet.urls[1:]]
+            return all(s["responses_adopted"] == 1 for s in states)
+
+        await eventually(known, within_s=5.0)
+        for url in fleet.urls[1:]:
+            got = await client.get(f"{url}/v1/responses/{rid}")
+            assert got.status_code == 200 and got.headers["x-specgate-backend"] == holder
+            follow = {"model": MODEL, "input": "and again", "previous_response_id": rid}
+            again = await client.post(f"{url}/v1/responses", json=follow)
+            assert again.status_code == 200 and again.headers["x-specgate-backend"] == holder
