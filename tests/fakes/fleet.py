@@ -16,6 +16,7 @@ import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import redis
@@ -40,6 +41,8 @@ class RedisProcess:
 
     def start(self) -> None:
         """Start it and wait until it answers PING (10 s at most)."""
+        if not Path(REDIS_SERVER).exists():
+            raise RuntimeError("redis-server is not installed: run scripts/ci-deps.sh as root")
         argv = [REDIS_SERVER, "--port", str(self.port), "--bind", "127.0.0.1"]
         argv += ["--save", "", "--appendonly", "no", "--loglevel", "warning"]
         self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
