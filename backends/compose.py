@@ -28,6 +28,9 @@ from backends.stack import (
     GATEWAY_IMAGE,
     GATEWAY_PORT,
     HF_CACHE_IN_CONTAINER,
+    REDIS_COMMAND,
+    REDIS_IMAGE,
+    STATE_URL_VAR,
     VLLM_IMAGE,
     AdminMode,
     StackBackend,
@@ -41,6 +44,9 @@ from backends.stack import (
     stack_backends,
 )
 from contracts.config import GatewayConfig
+
+#: The compose service of the replicas' shared Redis (``state.backend: redis``).
+REDIS_SERVICE = "redis"
 
 
 def assign_gpus(backends: list[StackBackend]) -> dict[str, list[int]]:
@@ -104,17 +110,27 @@ def _vllm_service(b: StackBackend, gpus: list[int], image: str) -> dict[str, Any
 ENV_FILE = "docker/specgate.env"
 
 
-def _gateway_service(backends: list[StackBackend], image: str, admin: AdminMode) -> dict[str, Any]:
+def _gateway_service(
+    backends: list[StackBackend], image: str, admin: AdminMode, replicas: int, redis: bool
+) -> dict[str, Any]:
     environment = gateway_environment(admin)
     for var in gateway_secret_vars(admin):
         # compose interpolation: refuse to start, naming the variable, when it is unset or empty
         environment[var] = f"${{{var}:?set {var} (e.g. in {ENV_FILE}), see docs/deploy-gpu.md}}"
-    return {
+    if redis:  # another Redis (a URL with a password) from the operator's variables, if set
+        environment[STATE_URL_VAR] = f"${{{STATE_URL_VAR}:-}}"
+    # one host port per replica (8000, 8001, ...): put a load balancer in front of them
+    last = GATEWAY_PORT + replicas - 1
+    port = f"{GATEWAY_PORT}-{last}" if replicas > 1 else str(GATEWAY_PORT)
+    depends: dict[str, Any] = {b.service: {"condition": "service_healthy"} for b in backends}
+    if redis:  # started, not healthy: a replica serves without Redis and catches up later
+        depends[REDIS_SERVICE] = {"condition": "service_started"}
+    service: dict[str, Any] = {
         "build": {"context": "..", "dockerfile": "docker/Dockerfile"},
         "image": image,
         "command": GATEWAY_COMMAND,
         "environment": environment,
-        "ports": [f"{GATEWAY_PORT}:{GATEWAY_PORT}"],
+        "ports": [f"{port}:{GATEWAY_PORT}"],
         "configs": [{"source": "specgate", "target": GATEWAY_CONFIG_PATH}],
         "healthcheck": {
             "test": gateway_health_command(),
@@ -123,7 +139,24 @@ def _gateway_service(backends: list[StackBackend], image: str, admin: AdminMode)
             "retries": 3,
             "start_period": "10s",
         },
-        "depends_on": {b.service: {"condition": "service_healthy"} for b in backends},
+        "depends_on": depends,
+        "restart": "unless-stopped",
+    }
+    if replicas > 1:
+        service["deploy"] = {"replicas": replicas}
+    return service
+
+
+def _redis_service() -> dict[str, Any]:
+    return {
+        "image": REDIS_IMAGE,
+        "command": REDIS_COMMAND,
+        "healthcheck": {
+            "test": ["CMD", "redis-cli", "ping"],
+            "interval": "10s",
+            "timeout": "3s",
+            "retries": 3,
+        },
         "restart": "unless-stopped",
     }
 
@@ -150,10 +183,13 @@ def build_compose(
     vllm_image: str = VLLM_IMAGE,
     gateway_image: str = GATEWAY_IMAGE,
     admin: AdminMode = "token",
+    gateway_replicas: int = 1,
 ) -> str:
     """The compose file for ``config`` (read from ``source``, named in the header) as YAML.
 
-    ``admin`` is ``token`` (admin endpoints on, their token a required variable) or ``off``.
+    ``admin`` is ``token`` (admin endpoints on, their token a required variable) or ``off``;
+    ``gateway_replicas`` gateways on host ports 8000 upwards. With ``state.backend: redis``
+    a ``redis`` service runs beside them and the config's ``state.url`` points at it.
     Raises :class:`StackError` when the config cannot run as containers.
     """
     backends = stack_backends(config)
@@ -161,8 +197,11 @@ def build_compose(
     services: dict[str, Any] = {
         b.service: _vllm_service(b, gpus[b.name], vllm_image) for b in backends
     }
-    config_text = dump_yaml(gateway_config_data(config, backends))
-    services["gateway"] = _gateway_service(backends, gateway_image, admin)
+    redis = config.state.backend == "redis"
+    config_text = dump_yaml(gateway_config_data(config, backends, REDIS_SERVICE))
+    if redis:
+        services[REDIS_SERVICE] = _redis_service()
+    services["gateway"] = _gateway_service(backends, gateway_image, admin, gateway_replicas, redis)
     data = {
         "name": "specgate",
         "services": services,

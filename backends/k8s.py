@@ -28,6 +28,10 @@ from backends.stack import (
     GATEWAY_IMAGE,
     GATEWAY_PORT,
     HF_CACHE_IN_CONTAINER,
+    REDIS_COMMAND,
+    REDIS_IMAGE,
+    REDIS_PORT,
+    STATE_URL_VAR,
     VLLM_IMAGE,
     AdminMode,
     StackBackend,
@@ -45,6 +49,10 @@ GATEWAY = "specgate-gateway"
 CONFIG_MAP = "specgate-config"
 HF_SECRET = "hf-token"
 AUTH_SECRET = "specgate-auth"
+#: The replicas' shared Redis (``state.backend: redis``): Deployment and Service name, and the
+#: optional Secret whose ``url`` points the gateway at another Redis instead
+REDIS = "specgate-redis"
+REDIS_SECRET = "specgate-redis"
 #: key in the ``specgate-auth`` Secret per gateway variable
 AUTH_SECRET_KEYS = {API_KEYS_VAR: "api-keys", ADMIN_TOKEN_VAR: "admin-token"}
 
@@ -61,17 +69,21 @@ class Prerequisite:
     create: str
 
 
-def prerequisites(admin: AdminMode = "token") -> list[Prerequisite]:
-    """What must exist in the namespace before ``kubectl apply``, for ``admin`` mode."""
+def prerequisites(admin: AdminMode = "token", redis: bool = False) -> list[Prerequisite]:
+    """What must exist in the namespace before ``kubectl apply``, for ``admin`` mode (and,
+    with ``redis``, the optional Secret naming a Redis other than the generated one)."""
     keys = tuple(AUTH_SECRET_KEYS[var] for var in gateway_secret_vars(admin))
     create = "kubectl create secret generic {} -n NAMESPACE {}"
     random = " ".join(f'--from-literal={key}="$(openssl rand -hex 32)"' for key in keys)
     create_auth = create.format(AUTH_SECRET, random)
     create_hf = create.format(HF_SECRET, '--from-literal=token="$HF_TOKEN"')
+    create_redis = create.format(
+        REDIS_SECRET, '--from-literal=url="rediss://:PASSWORD@HOST:6379/0"'
+    )
     return [
         Prerequisite("Secret", AUTH_SECRET, keys, False, create_auth),
         Prerequisite("Secret", HF_SECRET, ("token",), True, create_hf),
-    ]
+    ] + ([Prerequisite("Secret", REDIS_SECRET, ("url",), True, create_redis)] if redis else [])
 
 
 def _labels(component: str, instance: str) -> dict[str, str]:
@@ -156,24 +168,83 @@ def backend_manifests(b: StackBackend, image: str = VLLM_IMAGE) -> list[dict[str
     return [deployment, _service(b.service, labels, b.port)]
 
 
-def _gateway_env(admin: AdminMode) -> list[dict[str, Any]]:
+def _gateway_env(admin: AdminMode, redis: bool) -> list[dict[str, Any]]:
     env: list[dict[str, Any]] = [
         {"name": k, "value": v} for k, v in gateway_environment(admin).items()
     ]
     for var in gateway_secret_vars(admin):
         ref = {"name": AUTH_SECRET, "key": AUTH_SECRET_KEYS[var]}  # not optional: no pod without
         env.append({"name": var, "valueFrom": {"secretKeyRef": ref}})
+    if redis:  # optional: without the Secret, the config's URL (the generated Redis) is used
+        other = {"name": REDIS_SECRET, "key": "url", "optional": True}
+        env.append({"name": STATE_URL_VAR, "valueFrom": {"secretKeyRef": other}})
     return env
 
 
+def redis_manifests() -> list[dict[str, Any]]:
+    """Deployment and Service of the replicas' shared Redis: one pod, no persistence (the
+    replicas publish their state again when it restarts empty), unprivileged."""
+    labels = _labels("redis", REDIS)
+    probe = {"tcpSocket": {"port": "redis"}, "periodSeconds": 10, "timeoutSeconds": 3}
+    container = {
+        "name": "redis",
+        "image": REDIS_IMAGE,
+        "command": REDIS_COMMAND,
+        "ports": [{"name": "redis", "containerPort": REDIS_PORT}],
+        "readinessProbe": probe,
+        "livenessProbe": probe | {"failureThreshold": 3},
+        "resources": {
+            "requests": {"cpu": "100m", "memory": "64Mi"},
+            "limits": {"memory": "256Mi"},
+        },
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": 999,  # the image's redis user
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"]},
+        },
+        "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+    }
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _meta(REDIS, labels),
+        "spec": {
+            "replicas": 1,
+            "strategy": {"type": "Recreate"},
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "automountServiceAccountToken": False,
+                    "containers": [container],
+                    "volumes": [{"name": "data", "emptyDir": {}}],
+                },
+            },
+        },
+    }
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _meta(REDIS, labels),
+        "spec": {
+            "type": "ClusterIP",
+            "selector": labels,
+            "ports": [{"name": "redis", "port": REDIS_PORT, "targetPort": "redis"}],
+        },
+    }
+    return [deployment, service]
+
+
 def _gateway_pod(
-    config_sha: str, labels: dict[str, str], image: str, admin: AdminMode
+    config_sha: str, labels: dict[str, str], image: str, admin: AdminMode, redis: bool
 ) -> dict[str, Any]:
     container = {
         "name": "gateway",
         "image": image,
         "command": GATEWAY_COMMAND,
-        "env": _gateway_env(admin),
+        "env": _gateway_env(admin, redis),
         "ports": [{"name": "http", "containerPort": GATEWAY_PORT}],
         "readinessProbe": _probe("/ready", 5, 2),
         "livenessProbe": _probe("/health", 10, 3),
@@ -217,9 +288,14 @@ def _gateway_pod(
 
 
 def gateway_manifests(
-    config_text: str, image: str = GATEWAY_IMAGE, replicas: int = 2, admin: AdminMode = "token"
+    config_text: str,
+    image: str = GATEWAY_IMAGE,
+    replicas: int = 2,
+    admin: AdminMode = "token",
+    redis: bool = False,
 ) -> list[dict[str, Any]]:
-    """ConfigMap, Deployment, PodDisruptionBudget and Service of the gateway.
+    """ConfigMap, Deployment, PodDisruptionBudget and Service of the gateway (``redis``: its
+    pods may take ``SPECGATE_STATE_URL`` from the optional ``specgate-redis`` Secret).
 
     The pod template carries the config's sha256, so a changed config rolls the pods.
     """
@@ -238,7 +314,7 @@ def gateway_manifests(
         "spec": {
             "replicas": replicas,
             "selector": {"matchLabels": labels},
-            "template": _gateway_pod(sha, labels, image, admin),
+            "template": _gateway_pod(sha, labels, image, admin, redis),
         },
     }
     budget = {
@@ -267,15 +343,24 @@ def build_manifests(
     Raises :class:`~backends.stack.StackError` when the config cannot run as containers.
     """
     backends = stack_backends(config)
+    redis = config.state.backend == "redis"
     docs: list[dict[str, Any]] = []
     for b in backends:
         docs += backend_manifests(b, vllm_image)
-    config_text = dump_yaml(gateway_config_data(config, backends))
-    docs += gateway_manifests(config_text, gateway_image, gateway_replicas, admin)
+    if redis:
+        docs += redis_manifests()
+    config_text = dump_yaml(gateway_config_data(config, backends, REDIS))
+    docs += gateway_manifests(config_text, gateway_image, gateway_replicas, admin, redis)
     lines = [f"# Generated by `specgate backends k8s --config {source}`: do not edit, regenerate."]
+    if gateway_replicas > 1 and not redis:
+        lines.append(
+            f"# {gateway_replicas} gateway replicas learn alone: set state.backend: redis in the "
+            'config to share (README, "More than one gateway")'
+        )
     lines.append("# Create first (prerequisites: referenced here, not generated):")
-    for p in prerequisites(admin):
-        why = "optional, for gated models" if p.optional else "required: pods wait for it"
+    for p in prerequisites(admin, redis):
+        why = "optional" if p.optional else "required: pods wait for it"
+        why += {HF_SECRET: ", for gated models", REDIS_SECRET: ", another Redis"}.get(p.name, "")
         lines += [f"#   {p.kind} {p.name} (keys: {', '.join(p.keys)}; {why}):", f"#     {p.create}"]
     lines.append("# Apply with: kubectl apply -n NAMESPACE -f docker/k8s/specgate.yaml")
     header = "\n".join(lines) + "\n"

@@ -36,6 +36,14 @@ API_KEYS_VAR = "SPECGATE_API_KEYS"
 #: the deployment's secret (the gateway does not start without it); ``off``: admin endpoints
 #: off, no token needed. Client keys are always required.
 AdminMode = Literal["token", "off"]
+#: The replicas' shared state (config ``state.backend: redis``): the Redis the files run
+#: beside the gateway (no persistence: what it holds is rebuilt by the replicas, see the
+#: README's "More than one gateway"), its port, and the variable that points the gateway at
+#: another one (a URL with a password, from a secret).
+REDIS_IMAGE = "redis:7.4-alpine"
+REDIS_PORT = 6379
+REDIS_COMMAND = ["redis-server", "--save", "", "--appendonly", "no"]
+STATE_URL_VAR = "SPECGATE_STATE_URL"
 ADMIN_MODES: tuple[AdminMode, ...] = ("token", "off")
 
 
@@ -100,11 +108,16 @@ def stack_backends(config: GatewayConfig) -> list[StackBackend]:
     return out
 
 
-def gateway_config_data(config: GatewayConfig, backends: list[StackBackend]) -> dict[str, Any]:
+def gateway_config_data(
+    config: GatewayConfig, backends: list[StackBackend], redis_host: str | None = None
+) -> dict[str, Any]:
     """The gateway config as data (the fields the file set), each deployed backend's ``url``
     set to its service and ``local`` dropped (the orchestrator launches the servers, not
-    ``specgate up``)."""
+    ``specgate up``); with ``state.backend: redis``, ``state.url`` set to the Redis service
+    ``redis_host``."""
     data = config.model_dump(mode="json", exclude_unset=True)
+    if config.state.backend == "redis" and redis_host is not None:
+        data["state"]["url"] = f"redis://{redis_host}:{REDIS_PORT}/0"
     for b in backends:
         entry = data["backends"][b.name]
         for derived in ("local", "model"):  # model comes from the profile

@@ -116,8 +116,14 @@ def add_backends_commands(sub: Any) -> None:
             help="token: admin endpoints on, SPECGATE_ADMIN_TOKEN from the secret (required); "
             "off: admin endpoints off (default: token)",
         )
-        if name == "k8s":
-            gen.add_argument("--replicas", type=int, default=2, help="gateway replicas")
+        replicas = 2 if name == "k8s" else 1
+        gen.add_argument(
+            "--replicas",
+            type=positive_int,
+            default=replicas,
+            help=f"gateway replicas (default {replicas}; they share what they learn with "
+            "state.backend: redis in the config)",
+        )
 
 
 def run_backends_command(args: argparse.Namespace) -> int:
@@ -249,7 +255,7 @@ def _generate(args: argparse.Namespace) -> int:
     }
     try:
         if args.backends_command == "compose":
-            text = build_compose(config, str(args.config), **images)
+            text = build_compose(config, str(args.config), gateway_replicas=args.replicas, **images)
         else:
             text = build_manifests(
                 config, str(args.config), gateway_replicas=args.replicas, **images

@@ -272,6 +272,37 @@ class CaptureSettings(_Strict):
         return self
 
 
+class StateSettings(_Strict):
+    """Where what the gateway learns is kept (read at start; a reload does not switch it).
+
+    ``backend``: ``embedded`` (default: in this process, saved to ``SPECGATE_STATE_FILE``;
+    right for one gateway) or ``redis`` (replicas share adaptive estimates and quarantined
+    fingerprints through a Redis-compatible server; see :mod:`gateway.state`). ``url``: the
+    server, e.g. ``redis://redis:6379/0`` (``rediss://`` for TLS); a URL with a password
+    belongs in the ``SPECGATE_STATE_URL`` environment variable (from a secret), which
+    overrides it. ``key_prefix``: the keys' namespace (several fleets may share one server);
+    ``sync_interval_s``: how often a replica publishes its own state and reads its peers'
+    (the staleness bound is about twice this); ``timeout_s``: each Redis round trip's limit
+    (connect and read; requests never wait on it); ``peer_ttl_s``: a replica that stopped
+    publishing this long ago no longer counts.
+    """
+
+    backend: Literal["embedded", "redis"] = "embedded"
+    url: str | None = Field(default=None, min_length=1)
+    key_prefix: str = Field(default="specgate", min_length=1, pattern=r"^[A-Za-z0-9_.:-]+$")
+    sync_interval_s: float = Field(default=1.0, gt=0, le=60)
+    timeout_s: float = Field(default=0.5, gt=0, le=10)
+    peer_ttl_s: float = Field(default=60.0, gt=0)
+
+    @model_validator(mode="after")
+    def _ttl_outlives_sync(self) -> StateSettings:
+        if self.peer_ttl_s < 3 * self.sync_interval_s:
+            raise ValueError("peer_ttl_s must be at least 3 x sync_interval_s")
+        if self.backend == "redis" and self.url is None:
+            raise ValueError("backend redis needs a url (SPECGATE_STATE_URL overrides it)")
+        return self
+
+
 class GatewayConfig(_Strict):
     """The whole routing config (see the module docstring for the YAML shape)."""
 
@@ -282,6 +313,7 @@ class GatewayConfig(_Strict):
     rules: list[Rule] = []
     guards: dict[str, Guard] = {}
     capture: CaptureSettings = CaptureSettings()
+    state: StateSettings = StateSettings()
 
 
 @dataclass(frozen=True, slots=True)

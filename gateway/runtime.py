@@ -29,6 +29,7 @@ from gateway.observability import Observability, observability
 from gateway.persistence import persisted_learning
 from gateway.service import Gateway
 from gateway.settings import Settings
+from gateway.state.lifespan import StateCollector, StateView, build_affinity, shared_state
 from gateway.telemetry.capture import Capture, capture_lifespan
 from gateway.telemetry.history import AcceptanceHistory
 from gateway.telemetry.metrics import GatewayMetrics
@@ -70,6 +71,7 @@ class Runtime:
     status_page: StatusPage
     capture: Capture
     tasks: BackgroundTasks
+    state: StateView
 
 
 def runtime_of(app: Any) -> Runtime:
@@ -257,6 +259,11 @@ async def open_runtime(parts: Parts) -> AsyncIterator[Runtime]:
         if sample_canary is not None:
             seen.metrics.registry.register(SampleCanaryCollector(sample_canary))
         capture = await stack.enter_async_context(capture_lifespan(gateway, settings, seen.metrics))
+        affinity = build_affinity(settings, parts.config.state.backend == "redis")
+        state = await stack.enter_async_context(
+            shared_state(gateway, settings, deaths.table, affinity, tasks)
+        )
+        seen.metrics.registry.register(StateCollector(state))
         stack.push_async_callback(tasks.aclose)  # first on teardown: no loop outlives its use
         yield Runtime(
             settings=settings,
@@ -269,10 +276,7 @@ async def open_runtime(parts: Parts) -> AsyncIterator[Runtime]:
                 ttl_s=settings.backend_catalog_ttl_s,
                 timeout_s=max(settings.health_timeout_s, 5.0),
             ),
-            affinity=ResponseAffinity(
-                max_entries=settings.response_affinity_max,
-                ttl_s=settings.response_affinity_ttl_s,
-            ),
+            affinity=affinity,
             deaths=deaths,
             forwarder=forwarder,
             poller=poller,
@@ -283,4 +287,5 @@ async def open_runtime(parts: Parts) -> AsyncIterator[Runtime]:
             status_page=seen.status_page,
             capture=capture,
             tasks=tasks,
+            state=state,
         )

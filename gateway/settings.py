@@ -119,6 +119,11 @@ class Settings(BaseSettings):
     state_file: Path | None = None
     state_persist: bool = True
     state_save_interval_s: float = Field(default=30.0, gt=0)
+    #: the shared state (config ``state.backend: redis``): its URL when it carries a password
+    #: (from a secret; overrides ``state.url``), and this replica's name among its peers
+    #: (default: the host name, a pod's or a container's own)
+    state_url: SecretStr | None = None
+    replica_id: str | None = Field(default=None, min_length=1, max_length=200)
     #: The task classifier's second stage (embedding of unsure requests), read at startup
     #: from <cache_dir>/models/minilm-token-vectors when ``specgate models prepare`` built it.
     classifier_embedding: bool = True

@@ -5,7 +5,7 @@
 # (installed with apt-get: run as root, as CI does).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/ci-deps.sh  # Debian's chromium + chromedriver for the status-page browser test
+bash scripts/ci-deps.sh  # Debian's chromium + chromedriver (status-page browser test), redis-server (replicas)
 python3 -m venv .venv
 .venv/bin/pip install --quiet --disable-pip-version-check -e '.[test]'
 .venv/bin/specgate models prepare

@@ -110,6 +110,7 @@ async def routes(request: Request, gateway: GatewayDep) -> dict[str, Any]:
         "canary": None if canary is None else canary.to_json(),
         "sample_canary": None if sample_canary is None else sample_canary.to_json(),
         "quarantine": quarantine_summary(watch),
+        "state": runtime_of(request.app).state.to_json(),
         "adaptive": gateway.feedback.to_json() | {"break_even": gateway.break_even()},
     }
 

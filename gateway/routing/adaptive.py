@@ -201,9 +201,10 @@ class Learner:
         return MappingProxyType(self.groups)
 
     def summary(self) -> list[dict[str, Any]]:
-        """Every group's current estimates, for ``GET /routes``."""
+        """Every group's current estimates as routing reads them (:meth:`view`), for
+        ``GET /routes``."""
         out = []
-        for (task, bucket), group in sorted(self.groups.items()):
+        for (task, bucket), group in sorted(self.view().items()):
             rows = {}
             for name in sorted(group.backends):
                 s = group.current(name, self.decay)

@@ -138,6 +138,7 @@ class QuarantineTable:
         self._quarantined = 0
         self.refused = 0
         self.quarantined_total = 0
+        self.clears = 0  # calls of clear(): how gateway.state tells a clear from an eviction
 
     @property
     def blocking(self) -> bool:
@@ -197,6 +198,21 @@ class QuarantineTable:
         entry.deaths = [*entry.deaths, death][-_DEATHS_KEPT:]
         return entry
 
+    def adopt(self, fp: str, endpoint: str, until: float, death: DeathRecord) -> bool:
+        """Quarantine ``fp`` until ``until`` (monotonic seconds) because another replica did
+        (:mod:`gateway.state.quarantine`); False when quarantine is off or ``fp`` already is
+        quarantined at least that long."""
+        entry = self._entries.get(fp)
+        if self.ttl_s <= 0 or (entry is not None and (entry.quarantined_until or 0) >= until):
+            return False
+        if entry is None:
+            entry = self._entries[fp] = Entry(fp, endpoint)
+        self._quarantined += entry.quarantined_until is None
+        entry.deaths = [*entry.deaths, death][-_DEATHS_KEPT:]
+        entry.quarantined_until = until
+        self._bound(self.clock())
+        return True
+
     def check(self, fp: str) -> Entry | None:
         """The quarantined entry for ``fp`` (counted as a refusal), or None: unknown, only a
         suspect, or expired (then forgotten)."""
@@ -226,6 +242,7 @@ class QuarantineTable:
 
     def clear(self, fp: str | None = None) -> int:
         """Forget ``fp`` (or every entry when None); returns how many were removed."""
+        self.clears += 1
         if fp is None:
             count = len(self._entries)
             self._entries.clear()

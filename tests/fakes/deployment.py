@@ -12,9 +12,10 @@ the same way: that is the only change from what the container would see.
 
 :func:`compose_backends` and :func:`k8s_backends` list the backend services the gateway
 reaches by name (service name, port, served model name), for fakes to stand in at those
-names. Anything these runtimes do that is not emulated here (compose ``secrets``,
-``env_file``, ``volumes``; Kubernetes ``envFrom``, ``$(VAR)`` expansion, other volume kinds)
-raises :class:`DeploymentError` instead of being silently skipped.
+names (and the replicas' Redis, whose command the sandbox runs as written). Anything these
+runtimes do that is not emulated here (compose ``secrets``, ``env_file``, ``volumes``;
+Kubernetes ``envFrom``, ``$(VAR)`` expansion, other volume kinds) raises
+:class:`DeploymentError` instead of being silently skipped.
 """
 
 from __future__ import annotations
@@ -55,11 +56,18 @@ class ContainerRun:
 
 @dataclass(frozen=True)
 class BackendService:
-    """A service the gateway reaches by ``host:port``, serving ``model``."""
+    """A service the gateway reaches by ``host:port``, serving ``model``; ``argv``: the
+    command of a service that is no vLLM (the replicas' ``redis-server``), run as written."""
 
     host: str
     port: int
     model: str
+    argv: tuple[str, ...] | None = None
+
+
+#: The one service besides the gateway and vLLM that the files may run.
+REDIS_SERVER = "redis-server"
+REDIS_PORT = 6379
 
 
 # -- compose ------------------------------------------------------------------------------
@@ -174,6 +182,9 @@ def compose_backends(text: str, gateway: str = "gateway") -> list[BackendService
     for name, svc in services.items():
         if name == gateway:
             continue
+        if "entrypoint" not in svc and svc.get("command", [None])[0] == REDIS_SERVER:
+            out.append(BackendService(name, REDIS_PORT, "", tuple(svc["command"])))
+            continue
         if svc.get("entrypoint") != ["vllm", "serve"]:
             raise DeploymentError(f"service {name} is neither the gateway nor `vllm serve`")
         port, model = _served_model(svc["command"])
@@ -277,6 +288,10 @@ def k8s_backends(text: str, gateway: str = "specgate-gateway") -> list[BackendSe
         ]
         (pod,) = pods
         (container,) = pod["spec"]["containers"]
+        if container.get("command", [None])[0] == REDIS_SERVER and "args" not in container:
+            for port in service["spec"]["ports"]:
+                out.append(BackendService(name, int(port["port"]), "", tuple(container["command"])))
+            continue
         if container.get("command") != ["vllm", "serve"]:
             raise DeploymentError(f"Service {name} selects neither the gateway nor `vllm serve`")
         listens, model = _served_model(container["args"])

@@ -30,6 +30,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 from pydantic import BaseModel
@@ -53,6 +54,7 @@ class FakeService(BaseModel):
     host: str
     port: int
     model: str
+    argv: list[str] | None = None  # not vLLM: this command runs instead (redis-server)
 
 
 class Scenario(BaseModel):
@@ -89,6 +91,7 @@ class Observed(BaseModel):
     no_key: int | None = None
     routes_no_token: int | None = None
     routes_with_token: int | None = None
+    state: dict[str, Any] | None = None  # /routes' state section (with the admin token)
 
 
 def unshare_argv() -> list[str]:
@@ -177,7 +180,10 @@ def _exercise(s: Scenario, seen: Observed) -> None:
         seen.routes_no_token = client.get("/routes").status_code
         if s.admin_token:
             bearer = {"Authorization": f"Bearer {s.admin_token}"}
-            seen.routes_with_token = client.get("/routes", headers=bearer).status_code
+            routes = client.get("/routes", headers=bearer)
+            seen.routes_with_token = routes.status_code
+            if routes.status_code == 200:
+                seen.state = routes.json().get("state")
 
 
 def _stop(gateway: subprocess.Popen[bytes]) -> None:
@@ -190,6 +196,17 @@ def _stop(gateway: subprocess.Popen[bytes]) -> None:
             gateway.wait()
 
 
+@contextlib.contextmanager
+def _running(argv: list[str]) -> Any:
+    """Run ``argv`` for the block (output discarded), killed at its end."""
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+
+
 def sandbox_main(spec: Path) -> Observed:
     """Everything inside the namespace: fakes, the gateway, checks; returns what was seen."""
     from tests.fakes.fake_vllm import FakeBehaviour, create_fake_vllm
@@ -198,11 +215,14 @@ def sandbox_main(spec: Path) -> Observed:
     s = Scenario.model_validate_json(spec.read_text(encoding="utf-8"))
     names = list(dict.fromkeys(b.host for b in s.backends))
     _isolate(spec.parent, names)
-    fakes = {b.host: FakeBehaviour(name=b.host, model=b.model) for b in s.backends}
+    fakes = {b.host: FakeBehaviour(name=b.host, model=b.model) for b in s.backends if not b.argv}
     log = spec.parent / "gateway.log"
     with contextlib.ExitStack() as stack:
         for b in s.backends:
             ip = f"127.0.0.{FIRST_ALIAS + names.index(b.host)}"
+            if b.argv:  # the service's own command, on its address
+                stack.enter_context(_running(b.argv + ["--bind", ip, "--port", str(b.port)]))
+                continue
             stack.enter_context(running_server(create_fake_vllm(fakes[b.host]), b.port, ip))
         python = shutil.which("python3", path=s.env["PATH"]) or "python3"
         preflight = subprocess.Popen(  # alongside the gateway's start: both import it all

@@ -79,7 +79,7 @@ def test_compose_services() -> None:
     data = yaml.safe_load(COMPOSE.read_text())
     services = data["services"]
     config = production()
-    assert set(services) == {f"vllm-{name}" for name in config.backends} | {"gateway"}
+    assert set(services) == {f"vllm-{name}" for name in config.backends} | {"gateway", "redis"}
     seen_gpus: list[str] = []
     for name, backend in config.backends.items():
         service = services[f"vllm-{name}"]
@@ -106,6 +106,12 @@ def test_compose_services() -> None:
     assert {n: b.base_url for n, b in mounted.backends.items()} == {
         n: f"http://vllm-{n}:8000" for n in config.backends
     }
+    # the replicas' shared state: the Redis beside them, never waited for, another by variable
+    assert mounted.state.backend == "redis" and mounted.state.url == "redis://redis:6379/0"
+    assert services["redis"]["command"] == ["redis-server", "--save", "", "--appendonly", "no"]
+    assert gateway["depends_on"]["redis"] == {"condition": "service_started"}
+    assert gateway["environment"]["SPECGATE_STATE_URL"] == "${SPECGATE_STATE_URL:-}"
+    assert gateway["ports"] == ["8000:8000"] and "deploy" not in gateway  # one by default
 
 
 def test_manifests_validate_against_kubernetes_schemas() -> None:
@@ -254,7 +260,7 @@ def test_every_referenced_object_is_generated_or_a_documented_prerequisite(admin
     generated = {(d["kind"], d["metadata"]["name"]) for d in docs}
     named = references(docs)
     outside = {(kind, name) for kind, name, _ in named} - generated
-    required = {(p.kind, p.name): p for p in prerequisites(admin)}  # type: ignore[arg-type]
+    required = {(p.kind, p.name): p for p in prerequisites(admin, redis=True)}  # type: ignore[arg-type]
     assert outside == set(required), "document every object referenced and not generated"
     for kind, name, key in named:
         if key and (kind, name) in required:
@@ -269,3 +275,47 @@ def test_every_referenced_object_is_generated_or_a_documented_prerequisite(admin
     volumes = docs[0]["spec"]["template"]["spec"]["volumes"]
     volumes[0] = {"name": "hf-cache", "persistentVolumeClaim": {"claimName": "hf-cache"}}
     assert ("PersistentVolumeClaim", "hf-cache", "") in references(docs)
+
+
+def test_replicas_share_state_through_the_generated_redis(tmp_path: Path) -> None:
+    docs = load_all(MANIFESTS.read_text())
+    by_name = {(d["kind"], d["metadata"]["name"]): d for d in docs}
+    redis = by_name["Deployment", "specgate-redis"]
+    (container,) = redis["spec"]["template"]["spec"]["containers"]
+    assert container["command"] == ["redis-server", "--save", "", "--appendonly", "no"]
+    assert container["securityContext"]["runAsNonRoot"] is True
+    service = by_name["Service", "specgate-redis"]
+    assert service["spec"]["selector"] == redis["spec"]["selector"]["matchLabels"]
+    assert service["spec"]["ports"][0]["port"] == 6379
+    gateway = by_name["Deployment", "specgate-gateway"]
+    (container,) = gateway["spec"]["template"]["spec"]["containers"]
+    env = {item["name"]: item for item in container["env"]}
+    ref = env["SPECGATE_STATE_URL"]["valueFrom"]["secretKeyRef"]  # by reference, optional
+    assert ref == {"name": "specgate-redis", "key": "url", "optional": True}
+    text = by_name["ConfigMap", "specgate-config"]["data"]["specgate.yaml"]
+    mounted = parse_config(yaml.safe_load(text))
+    assert mounted.state.url == "redis://specgate-redis:6379/0"
+    # N replicas in compose: one host port each, schema-valid
+    three = build_compose(production(), SOURCE, gateway_replicas=3)
+    (tmp_path / "three.yaml").write_text(three)
+    proc = check_compose_schema(tmp_path / "three.yaml")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    gw = yaml.safe_load(three)["services"]["gateway"]
+    assert gw["deploy"] == {"replicas": 3} and gw["ports"] == ["8000-8002:8000"]
+
+
+def test_without_redis_no_redis_is_generated_and_replicas_are_warned() -> None:
+    data = production().model_dump(exclude_unset=True)
+    del data["state"]
+    embedded = parse_config(data)
+    manifests = build_manifests(embedded, SOURCE, gateway_replicas=3)
+    assert "# 3 gateway replicas learn alone: set state.backend: redis" in manifests
+    docs = load_all(manifests)
+    assert not [d for d in docs if "redis" in d["metadata"]["name"]]
+    assert "SPECGATE_STATE_URL" not in manifests
+    assert [p.name for p in prerequisites("token")] == ["specgate-auth", "hf-token"]
+    services = yaml.safe_load(build_compose(embedded, SOURCE))["services"]
+    assert (
+        "redis" not in services and "SPECGATE_STATE_URL" not in services["gateway"]["environment"]
+    )
+    assert "replicas learn alone" not in build_manifests(embedded, SOURCE, gateway_replicas=1)

@@ -98,7 +98,9 @@ def scenario(run: ContainerRun, backends: list[BackendService], root: Path, **kw
         argv=run.argv,
         env=container_env(run, root),
         cwd=str(root),
-        backends=[{"host": b.host, "port": b.port, "model": b.model} for b in backends],
+        backends=[
+            {"host": b.host, "port": b.port, "model": b.model, "argv": b.argv} for b in backends
+        ],
         health_argv=run.health_argv,
         probe_paths=run.probe_paths,
         port=run.port,
@@ -122,6 +124,9 @@ def assert_serves_and_is_locked(seen: Observed, admin: AdminMode) -> None:
         # admin endpoints off: /routes is no admin path any more, and like every other
         # path it first asks for a client key (401), then is unknown (404)
         assert seen.routes_no_token == 401
+    if admin == "token":  # the replicas' shared state: the generated Redis, reached by name
+        assert seen.state is not None and seen.state["backend"] == "redis", seen.log
+        assert seen.state["up"] is True, seen.state
     # SIGTERM: a clean shutdown (uvicorn re-raises the signal once it has shut down)
     assert seen.exit_code in (0, -15) and "Application shutdown complete" in seen.log
 
@@ -237,10 +242,11 @@ def vllm_commands() -> dict[str, list[str]]:
     a service that is neither the gateway nor ``vllm serve``."""
     commands = {}
     for name, svc in yaml.safe_load(COMPOSE.read_text())["services"].items():
-        if name != "gateway":
+        if name not in ("gateway", "redis"):
             commands[f"compose:{name}"] = svc["entrypoint"] + svc["command"]
+    others = ("specgate-gateway", "specgate-redis")
     for doc in yaml.safe_load_all(MANIFESTS.read_text()):
-        if doc and doc["kind"] == "Deployment" and doc["metadata"]["name"] != "specgate-gateway":
+        if doc and doc["kind"] == "Deployment" and doc["metadata"]["name"] not in others:
             for c in doc["spec"]["template"]["spec"]["containers"]:
                 commands[f"k8s:{doc['metadata']['name']}/{c['name']}"] = c["command"] + c["args"]
     for where, argv in commands.items():

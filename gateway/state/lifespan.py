@@ -1,0 +1,181 @@
+"""Wire the shared state into an app's runtime (an app-lifespan block) and expose it.
+
+:func:`shared_state` yields a :class:`StateView` whatever the backend: for ``embedded`` (the
+default) nothing is shared and the view only reports that; for ``redis`` it swaps the
+gateway's learner for a :class:`~gateway.state.learning.SharedLearner` (keeping what was
+loaded from the state file), syncs once before the app serves (bounded: a Redis that is down
+delays the start by at most ``4 x state.timeout_s``), then every ``state.sync_interval_s``
+in a background task, and closes the client on exit. The ``state`` block is read at start:
+a reload that changes it logs a warning and keeps the running backend.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import socket
+from collections.abc import AsyncIterator, Iterator
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+from redis.asyncio import Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+
+from gateway.service import Gateway
+from gateway.settings import Settings
+from gateway.state.affinity import AffinityMirror, SharedAffinity
+from gateway.state.learning import SharedLearner
+from gateway.state.quarantine import QuarantineMirror
+from gateway.state.refusals import RefusalMirror
+from gateway.state.sync import RedisState, redacted
+from gateway.upstream.affinity import ResponseAffinity
+from gateway.upstream.quarantine import QuarantineTable
+
+if TYPE_CHECKING:
+    from gateway.background import BackgroundTasks
+
+logger = logging.getLogger(__name__)
+
+
+class StateView:
+    """What ``/routes`` (``state``) and ``/metrics`` show of the state backend; ``redis``
+    is None for the embedded backend."""
+
+    def __init__(self, redis: RedisState | None = None) -> None:
+        self.redis = redis
+
+    @property
+    def up(self) -> bool:
+        """Whether the state backend is reachable now (the embedded one always is)."""
+        return self.redis is None or bool(self.redis.up)
+
+    def to_json(self) -> dict[str, Any]:
+        """``{"backend": "embedded", "up": true}`` or the Redis link's status."""
+        if self.redis is None:
+            return {"backend": "embedded", "up": True}
+        return self.redis.to_json()
+
+
+class StateCollector(Collector):
+    """``specgate_state_backend_up`` and, for Redis, its failed syncs and live peers."""
+
+    def __init__(self, view: StateView) -> None:
+        self.view = view
+
+    def describe(self) -> list[Metric]:
+        """Nothing up front (no collect at register)."""
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        """The state backend's families now."""
+        backend = "embedded" if self.view.redis is None else "redis"
+        up = GaugeMetricFamily(
+            "specgate_state_backend_up",
+            "1 when the state backend is reachable (always for embedded); 0 while this "
+            "replica serves on its local state because Redis is not.",
+            labels=("backend",),
+        )
+        up.add_metric([backend], 1.0 if self.view.up else 0.0)
+        yield up
+        if self.view.redis is None:
+            return
+        yield CounterMetricFamily(
+            "specgate_state_sync_failures",
+            "Syncs with Redis that failed (connection, timeout or error).",
+            value=self.view.redis.failures,
+        )
+        yield GaugeMetricFamily(
+            "specgate_state_peers",
+            "Other replicas whose adaptive state this replica merged at its last sync.",
+            value=len(self.view.redis.peers),
+        )
+
+
+def build_affinity(settings: Settings, shared: bool) -> ResponseAffinity:
+    """The app's response affinity (a :class:`SharedAffinity` when ``shared``: the config's
+    ``state.backend`` is ``redis``), bounded by ``settings``."""
+    kind = SharedAffinity if shared else ResponseAffinity
+    return kind(max_entries=settings.response_affinity_max, ttl_s=settings.response_affinity_ttl_s)
+
+
+def redis_client(url: str, timeout_s: float) -> Redis:
+    """A ``redis.asyncio`` client with ``timeout_s`` to connect and per command, and no
+    retries of its own (the sync loop retries at its next tick)."""
+    return Redis.from_url(
+        url,
+        socket_timeout=timeout_s,
+        socket_connect_timeout=timeout_s,
+        retry=Retry(NoBackoff(), 0),
+        health_check_interval=0,
+    )
+
+
+@contextlib.asynccontextmanager
+async def shared_state(
+    gateway: Gateway,
+    settings: Settings,
+    table: QuarantineTable,
+    affinity: ResponseAffinity,
+    tasks: BackgroundTasks,
+) -> AsyncIterator[StateView]:
+    """The state backend of ``gateway``'s config for the block's duration (module
+    docstring); the sync loop is a task of ``tasks``, cancelled before this block exits.
+    ``affinity``: the app's, from :func:`build_affinity` (shared only when it says so)."""
+    state = gateway.config.state
+
+    def on_reload() -> None:
+        if gateway.config.state != state:
+            logger.warning("config reload: the state block changed; it applies at the next start")
+
+    gateway.reload_hooks.append(on_reload)
+    try:
+        async with _backend(gateway, settings, table, affinity, tasks) as view:
+            yield view
+    finally:
+        gateway.reload_hooks.remove(on_reload)
+
+
+@contextlib.asynccontextmanager
+async def _backend(
+    gateway: Gateway,
+    settings: Settings,
+    table: QuarantineTable,
+    affinity: ResponseAffinity,
+    tasks: BackgroundTasks,
+) -> AsyncIterator[StateView]:
+    state = gateway.config.state
+    if state.backend == "embedded" or not isinstance(affinity, SharedAffinity):
+        yield StateView()
+        return
+    # an empty SPECGATE_STATE_URL (compose's ``${SPECGATE_STATE_URL:-}``) is no override
+    secret = settings.state_url.get_secret_value() if settings.state_url else ""
+    url = secret or state.url or ""
+    old = gateway.feedback.learner
+    learner = SharedLearner(old.decay)
+    learner.groups, learner.observations = old.groups, old.observations
+    gateway.feedback.learner = learner
+    replica = settings.replica_id or socket.gethostname()
+    client = redis_client(url, state.timeout_s)
+    link = RedisState(
+        client,
+        where=redacted(url),
+        replica=replica,
+        prefix=state.key_prefix,
+        learner=learner,
+        mirror=QuarantineMirror(table, replica=replica, prefix=state.key_prefix),
+        refusals=RefusalMirror(gateway.spec_params, prefix=state.key_prefix),
+        affinity=AffinityMirror(
+            affinity, prefix=state.key_prefix, interval_s=state.sync_interval_s
+        ),
+        interval_s=state.sync_interval_s,
+        timeout_s=state.timeout_s,
+        peer_ttl_s=state.peer_ttl_s,
+    )
+    try:
+        await link.sync()
+        tasks.start(link.run(), "specgate-state-sync")
+        yield StateView(link)
+    finally:
+        await client.aclose()
