@@ -94,6 +94,20 @@ class ClientGone(Exception):
     """The client disconnected while its request body was being read."""
 
 
+async def read_body_within(
+    receive: Receive, headers: Mapping[str, str], limit: int, timeout_s: float
+) -> bytes:
+    """:func:`read_body` within ``timeout_s`` seconds (:class:`GatewayError` 408 past it:
+    a slow sender holds no slot for ever)."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            return await read_body(receive, headers, limit)
+    except TimeoutError:
+        raise GatewayError(
+            408, f"The request body did not arrive within {timeout_s:g} s.", code="request_timeout"
+        ) from None
+
+
 async def read_body(receive: Receive, headers: Mapping[str, str], limit: int) -> bytes:
     """The request body, at most ``limit`` bytes; raises :class:`GatewayError` 413 past it
     and :class:`ClientGone` when the client disconnects first."""
@@ -184,15 +198,9 @@ class ProxyEndpoint:
             raise GatewayError(431, "The request headers are too large.", code="headers_too_large")
         admission = gateway.admission(settings.max_inflight)
         admission.check()  # refused before reading the body
-        try:
-            async with asyncio.timeout(settings.body_timeout_s):
-                raw = await read_body(receive, headers, settings.max_body_bytes)
-        except TimeoutError:
-            raise GatewayError(
-                408,
-                f"The request body did not arrive within {settings.body_timeout_s:g} s.",
-                code="request_timeout",
-            ) from None
+        raw = await read_body_within(
+            receive, headers, settings.max_body_bytes, settings.body_timeout_s
+        )
         with admission:  # counted once the body is in, so slow senders hold no slot
             await self._route(receive, send, state, raw, headers, trace)
 

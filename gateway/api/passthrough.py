@@ -22,7 +22,6 @@ whole). A client that leaves closes the upstream request, as on the routed endpo
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import logging
@@ -33,7 +32,12 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from gateway.api.deps import GatewayDep, SettingsDep
-from gateway.api.openai import ClientGone, guard_decision, read_body, refuse_quarantined
+from gateway.api.openai import (
+    ClientGone,
+    guard_decision,
+    read_body_within,
+    refuse_quarantined,
+)
 from gateway.api.relay import Receive, Send, send_answer, until_disconnect
 from gateway.auth import header_text
 from gateway.classify.features import RequestFeatures
@@ -159,18 +163,14 @@ class Relayed(Response):
         backend to judge, and not watched). False when the client left meanwhile."""
         settings = self.runtime.settings
         try:
-            async with asyncio.timeout(settings.body_timeout_s):
-                self.body_in = await read_body(
-                    self.request.receive, self.headers_in, settings.max_body_bytes
-                )
+            self.body_in = await read_body_within(
+                self.request.receive,
+                self.headers_in,
+                settings.max_body_bytes,
+                settings.body_timeout_s,
+            )
         except ClientGone:
             return False
-        except TimeoutError:
-            raise GatewayError(
-                408,
-                f"The request body did not arrive within {settings.body_timeout_s:g} s.",
-                code="request_timeout",
-            ) from None
         if self.body_in.lstrip().startswith(b"{"):
             with contextlib.suppress(ValueError, RecursionError):
                 parsed = json.loads(self.body_in)
