@@ -103,6 +103,26 @@ def parse_completion(body: Any) -> Generation:
     )
 
 
+async def post_completion(
+    client: httpx.AsyncClient, backend: BackendConfig, body: dict[str, Any], timeout_s: float
+) -> Any:
+    """POST ``body`` to ``backend``'s ``/v1/completions`` (with its API key) within
+    ``timeout_s`` seconds: the decoded JSON answer, or a short reason (str) why there is
+    none (a status other than 200, an httpx error's name, unreadable JSON). Shared by the
+    greedy and the distribution canary, which never raise on a backend's failure."""
+    headers = {"authorization": f"Bearer {backend.api_key}"} if backend.api_key else {}
+    url = f"{backend.base_url}/v1/completions"
+    try:
+        resp = await client.post(url, json=body, headers=headers, timeout=timeout_s)
+        if resp.status_code != 200:
+            return f"answered {resp.status_code}"
+        return resp.json()
+    except httpx.HTTPError as exc:
+        return type(exc).__name__
+    except ValueError:
+        return "unreadable answer"
+
+
 def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
     """The first index where ``a`` and ``b`` differ (one ending first counts), or None."""
     for i, (x, y) in enumerate(zip(a, b, strict=False)):
@@ -304,16 +324,12 @@ class Canary:
             "logprobs": 2,
             "return_token_ids": True,
         }
-        headers = {"authorization": f"Bearer {backend.api_key}"} if backend.api_key else {}
-        url = f"{backend.base_url}/v1/completions"
+        answer = await post_completion(self.client, backend, body, self.timeout_s)
+        if isinstance(answer, str):
+            return answer
         try:
-            resp = await self.client.post(url, json=body, headers=headers, timeout=self.timeout_s)
-            if resp.status_code != 200:
-                return f"answered {resp.status_code}"
-            return parse_completion(resp.json())
-        except httpx.HTTPError as exc:
-            return type(exc).__name__
-        except ValueError as exc:  # invalid JSON, or no token ids
+            return parse_completion(answer)
+        except ValueError as exc:  # no token ids
             return f"unreadable answer ({exc})"
 
     async def run(self) -> None:

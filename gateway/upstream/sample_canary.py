@@ -29,7 +29,7 @@ import httpx
 
 from contracts.config import BackendConfig, GatewayConfig
 from gateway.routing.bands import Band, temperature_bands
-from gateway.upstream.canary import CANARY_PROMPTS, plain_twin
+from gateway.upstream.canary import CANARY_PROMPTS, plain_twin, post_completion
 from gateway.upstream.sample_stats import per_test_alpha, rate_upper_bound, tail_bound
 from gateway.upstream.sample_stream import Scored, Stream, parse_prompt_logprobs
 from gateway.upstream.state import BackendRegistry
@@ -256,17 +256,7 @@ class SampleCanary:
 
     async def _post(self, backend: BackendConfig, body: dict[str, Any]) -> Any:
         """POST ``body`` to the backend's ``/v1/completions``: the JSON answer, or why not."""
-        headers = {"authorization": f"Bearer {backend.api_key}"} if backend.api_key else {}
-        url = f"{backend.base_url}/v1/completions"
-        try:
-            resp = await self.client.post(url, json=body, headers=headers, timeout=self.timeout_s)
-            if resp.status_code != 200:
-                return f"answered {resp.status_code}"
-            return resp.json()
-        except httpx.HTTPError as exc:
-            return type(exc).__name__
-        except ValueError:
-            return "unreadable answer"
+        return await post_completion(self.client, backend, body, self.timeout_s)
 
     async def run(self) -> None:
         """A round every ``interval_s`` seconds, the first one a minute (at most an interval)
