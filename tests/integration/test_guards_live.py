@@ -43,26 +43,11 @@ def guarded_url(stack_config: GatewayConfig) -> Iterator[str]:
         yield url
 
 
-@pytest.fixture(scope="module")
-def guarded_static_url(stack_config: GatewayConfig) -> Iterator[str]:
-    """The same under ``policy: static``: the rules' own choice, so a greedy code request goes
-    to the speculative pool (the adaptive policy may put plain, the rule's fallback, first)."""
-    settings = Settings(health_interval_s=0.5, state_persist=False)
-    routing = stack_config.routing.model_copy(update={"policy": "static"})
-    config = attach_engine_guards(
-        stack_config.model_copy(update={"routing": routing}), settings.local_engine()
-    )
-    with running_server(create_app(settings, config=config)) as url:
-        yield url
-
-
 def client(url: str) -> OpenAI:
     return OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=300)
 
 
-def test_sampled_code_and_rag_go_to_plain_greedy_still_speculates(
-    guarded_url: str, guarded_static_url: str
-) -> None:
+def test_sampled_code_and_rag_go_to_plain_greedy_still_speculates(guarded_url: str) -> None:
     sdk = client(guarded_url)
     served: Counter[str] = Counter()
     for task, prompt in (("code", CODE), ("rag", RAG)):
@@ -83,17 +68,32 @@ def test_sampled_code_and_rag_go_to_plain_greedy_still_speculates(
             extra_headers={"x-task-type": task},
         )  # fmt: skip
         assert text.headers["x-specgate-backend"] == "plain"
-        for sdk_, url in ((sdk, guarded_url), (client(guarded_static_url), guarded_static_url)):
-            greedy = sdk_.chat.completions.with_raw_response.create(
-                model=MODEL,
-                messages=[{"role": "user", "content": prompt}],
-                temperature=0,
-                max_tokens=12,
-                extra_headers={"x-task-type": task},
-            )
-            assert "x-specgate-guarded" not in greedy.headers
-            if url == guarded_static_url:  # the rule's own pool, nothing taken out
-                assert greedy.headers["x-specgate-backend"] in SPECULATIVE
+        greedy = sdk.chat.completions.with_raw_response.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": prompt}],
+            temperature=0,
+            max_tokens=12,
+            extra_headers={"x-task-type": task},
+        )
+        assert "x-specgate-guarded" not in greedy.headers
+        # greedy: nothing taken out, the speculative backends stay in the try list (which one
+        # answers is the adaptive and shared-compute choice: plain, the fallback, was seen)
+        body = {"model": MODEL, "messages": [{"role": "user", "content": prompt}]}
+        explained = httpx.post(
+            f"{guarded_url}/routes/explain",
+            json=body | {"temperature": 0},
+            headers={"x-task-type": task},
+        ).json()
+        assert explained["guarded"] == []
+        assert SPECULATIVE & set(explained["backends"])
+        sampled = httpx.post(
+            f"{guarded_url}/routes/explain",
+            json=body | {"temperature": 0.3},
+            headers={"x-task-type": task},
+        ).json()
+        assert sampled["backends"] == ["plain"]
+        taken_out = {g["backend"] for g in sampled["guarded"]}
+        assert taken_out and taken_out <= SPECULATIVE
     assert served == {"plain": 8}
     routes = httpx.get(f"{guarded_url}/routes").json()
     assert routes["decisions"]["guarded"][SAMPLED_SPECULATION] >= 10
@@ -130,12 +130,24 @@ def test_a_seeded_sampled_request_sent_8_times_returns_one_text(guarded_url: str
     assert set(backends) == {"plain"}
 
 
+def sized(url: str, tokens: int, stem: str) -> str:
+    """A prompt of ``tokens`` tokens (within 40) as the backend at ``url`` counts them."""
+    n = tokens // 4
+    for _ in range(8):
+        prompt = " ".join(f"{stem}{i % 97} {i}" for i in range(n))
+        count = httpx.post(f"{url}/tokenize", json={"model": MODEL, "prompt": prompt}).json()
+        if abs(count["count"] - tokens) < 40:
+            return prompt
+        n = max(1, n * tokens // count["count"])
+    raise AssertionError(f"no prompt of {tokens} tokens")
+
+
 def test_seeded_sampled_request_behind_a_long_prefill_does_not_kill_plain(
     stack_config: GatewayConfig, guarded_url: str
 ) -> None:
     plain = backend_url(stack_config, "plain")
-    words = " ".join(f"word{i % 500} item{i}" for i in range(2400))  # ~6,000 tokens
-    seeded = " ".join(f"note{i % 300}" for i in range(420))  # ~900 tokens
+    words = sized(plain, 6000, "word")  # a long prefill (one step: no chunking)
+    seeded = sized(plain, 900, "note")
     long_status: list[int] = []
 
     def long_prefill() -> None:
