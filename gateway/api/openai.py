@@ -247,10 +247,12 @@ class ProxyEndpoint:
         registry = gateway.registry
         if gateway.config.routing.feedback and self.kind.feedback:
             # A stream ends with the usage chunk (and vLLM's per-request acceptance) only if
-            # asked for: ask, uncompressed, and the tap removes it again, once the backends'
-            # fingerprints are known (gateway.upstream.feedback).
+            # asked for: ask, uncompressed, and the tap removes it again, once the first
+            # choice's fingerprint is known (gateway.upstream.feedback). Not every backend's:
+            # the try list ends with every backend of the model (last-resort failover
+            # targets), so a stream's feedback would wait until each had answered once.
             forced = None
-            if fingerprints_known(registry, decision.backends):
+            if fingerprints_known(registry, decision.backends[:1]):
                 forced = with_usage(raw, body)
             if forced is not None:
                 raw, headers["accept-encoding"] = forced, "identity"

@@ -16,8 +16,10 @@ per backend from the answers it relays (:attr:`BackendState.fingerprint`) and st
 each terminal chunk as that chunk passes: the client's bytes are exactly those it would have
 had, and no chunk waits for another (a completions stream of several prompts sends each
 choice's terminal chunk long before the usage chunk). Usage is only asked for once the
-fingerprints of the decision's backends are known (:func:`fingerprints_known`); until then a
-stream is relayed as the client asked, which teaches the fingerprint. (vLLM's own
+fingerprint of the decision's first backend is known (:func:`fingerprints_known`); until then
+a stream is relayed as the client asked, which teaches the fingerprint. A stream that fails
+over before its first byte to a backend whose fingerprint is not known yet loses the
+``system_fingerprint`` of its terminal chunk (it was on the removed usage chunk). (vLLM's own
 ``--enable-force-include-usage`` is no alternative: it forces *continuous* usage, a ``usage``
 object on every chunk.)
 
