@@ -33,6 +33,7 @@ OWN_HEADERS = frozenset(
         b"x-specgate-task",
         b"x-specgate-guarded",
         b"x-specgate-last-resort",
+        b"x-specgate-speculation",
         b"x-request-id",
     }
 )
@@ -91,6 +92,8 @@ async def relay(
         if decision.guarded:  # which backends a known engine bug kept this request from
             guarded = ", ".join(f"{b}={g}" for b, g in decision.guarded)
             out.append((b"x-specgate-guarded", guarded.encode()))
+        if decision.speculation is not None:  # the effect of the client's control
+            out.append((b"x-specgate-speculation", header_value(decision.speculation)))
         if upstream.backend in decision.outside:  # why the rule's pools did not serve it
             gateway.stats.last_resort += 1
             why = decision.last_resort or "failover: the rule's backends did not answer"
