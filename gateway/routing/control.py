@@ -90,7 +90,7 @@ def outcome(config: GatewayConfig, decision: RouteDecision) -> tuple[str, str]:
     served by a plain backend: no speculative one can take it now, the reasons in the text)
     or ``ignored`` (``routing.speculation_control: ignore``)."""
     features = decision.features
-    asked = features.speculation_header or AUTO
+    asked = (features.speculation_header or AUTO)[:40]  # a client's text, bounded
     if config.routing.speculation_control == "ignore":
         return f"{asked} (ignored: routing.speculation_control is ignore)", "ignored"
     first = decision.backend

@@ -283,3 +283,20 @@ async def test_explain_shows_the_control_and_its_refusal(gw: InProcess) -> None:
     assert bad.status_code == 400
     metrics = (await gw.client.get("/metrics")).text
     assert "specgate_speculation_control_total{" not in metrics  # explain counts nothing
+
+
+async def test_off_for_a_conversation_held_by_a_speculative_backend_is_refused(
+    gw: InProcess,
+) -> None:
+    first = {"model": MODEL, "input": STORY, "temperature": 0}
+    resp = await gw.client.post("/v1/responses", json=first, headers={HEADER: "on"})
+    holder, rid = resp.headers["x-specgate-backend"], resp.json()["id"]
+    assert holder in SPECULATIVE
+    follow = {"model": MODEL, "input": "And again?", "previous_response_id": rid}
+    refused = await gw.client.post("/v1/responses", json=follow, headers={HEADER: "off"})
+    assert refused.status_code == 400
+    error = refused.json()["error"]
+    assert error["code"] == "speculation_unavailable"
+    assert f"{holder}: holds previous_response_id" in error["message"]
+    served = await gw.client.post("/v1/responses", json=follow, headers={HEADER: "on"})
+    assert served.status_code == 200 and served.headers["x-specgate-backend"] == holder
