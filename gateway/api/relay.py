@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from gateway.api.settle import Settle
+from gateway.routing.control import served
 from gateway.routing.policy import RouteDecision
 from gateway.service import Gateway
 from gateway.trace import RequestTrace
@@ -93,7 +94,8 @@ async def relay(
             guarded = ", ".join(f"{b}={g}" for b, g in decision.guarded)
             out.append((b"x-specgate-guarded", guarded.encode()))
         if decision.speculation is not None:  # the effect of the client's control
-            out.append((b"x-specgate-speculation", header_value(decision.speculation)))
+            effect = served(gateway.config, decision.speculation, upstream.backend)
+            out.append((b"x-specgate-speculation", header_value(effect)))
         if upstream.backend in decision.outside:  # why the rule's pools did not serve it
             gateway.stats.last_resort += 1
             why = decision.last_resort or "failover: the rule's backends did not answer"

@@ -103,3 +103,13 @@ def outcome(config: GatewayConfig, decision: RouteDecision) -> tuple[str, str]:
     return f"on (requested; served plain, no speculative backend can take it now: {reasons})", (
         "plain"
     )
+
+
+def served(config: GatewayConfig, effect: str, backend: str) -> str:
+    """``effect`` (:func:`outcome`) as the answer's header, once ``backend`` answered: an
+    ``on (requested)`` served by a plain backend after all (the speculative ones failed
+    before answering, or refused the request's parameters: the gateway retried on plain)
+    says so."""
+    if effect != f"{ON} (requested)" or config.backends[backend].spec.speculative:
+        return effect
+    return f"{ON} (requested; served plain: the speculative backends failed or refused it)"

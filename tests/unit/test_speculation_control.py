@@ -300,3 +300,39 @@ async def test_off_for_a_conversation_held_by_a_speculative_backend_is_refused(
     assert f"{holder}: holds previous_response_id" in error["message"]
     served = await gw.client.post("/v1/responses", json=follow, headers={HEADER: "on"})
     assert served.status_code == 200 and served.headers["x-specgate-backend"] == holder
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/responses", {"model": MODEL, "input": STORY}),
+        (
+            "/v1/messages",
+            {"model": MODEL, "max_tokens": 8, "messages": [{"role": "user", "content": STORY}]},
+        ),
+    ],
+)
+async def test_off_and_on_on_the_responses_and_messages_endpoints(
+    gw: InProcess, path: str, body: dict[str, object], stream: bool
+) -> None:
+    for value, allowed in (("off", {"plain"}), ("on", SPECULATIVE)):
+        resp = await gw.client.post(path, json=body | {"stream": stream}, headers={HEADER: value})
+        assert resp.status_code == 200, resp.text
+        assert resp.headers["x-specgate-backend"] in allowed
+        assert resp.headers["x-specgate-speculation"] == f"{value} (requested)"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_on_says_so_when_plain_answers_after_a_refusal_or_failure(
+    gw: InProcess, stream: bool
+) -> None:
+    for name in SPECULATIVE:  # a parameter no list names: learnt from the refusal
+        gw.fakes[name].refuses = ("repetition_penalty",)
+    body = BODIES[COMPLETIONS] | {"repetition_penalty": 1.3, "stream": stream, "temperature": 0}
+    resp = await gw.client.post(COMPLETIONS, json=body, headers={HEADER: "on"})
+    assert resp.status_code == 200 and resp.headers["x-specgate-backend"] == "plain"
+    assert resp.headers["x-specgate-speculation"] == (
+        "on (requested; served plain: the speculative backends failed or refused it)"
+    )
+    assert "speculative decoding" not in resp.text
