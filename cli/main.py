@@ -48,6 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     explain.add_argument("--config", type=Path, required=True)
     explain.add_argument("--task-type", help="as the X-Task-Type header would")
+    explain.add_argument(
+        "--speculation", help="off, on or auto, as the X-Specgate-Speculation header would"
+    )
 
     add_backends_commands(sub)
     add_drafts_commands(sub)
@@ -114,7 +117,7 @@ def cmd_config_check(path: Path) -> int:
     return 0
 
 
-def cmd_explain(config_path: Path, task_type: str | None) -> int:
+def cmd_explain(config_path: Path, task_type: str | None, speculation: str | None = None) -> int:
     """Explain the decision for the JSON body on stdin, all backends assumed healthy and idle,
     with the task classifier a gateway with these settings would load (its second stage when
     prepared); prints the decision JSON (exit 0) or the OpenAI error envelope (exit 1)."""
@@ -132,7 +135,7 @@ def cmd_explain(config_path: Path, task_type: str | None) -> int:
         return 1
     try:
         body = json.loads(sys.stdin.read())
-        result = gateway.explain(body, task_type)
+        result = gateway.explain(body, task_type, None, speculation)
     except ValueError:
         print(
             json.dumps(
@@ -164,7 +167,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "config":
         return cmd_config_check(args.file or args.config_file)
     if args.command == "explain":
-        return cmd_explain(args.config, args.task_type)
+        return cmd_explain(args.config, args.task_type, args.speculation)
     if args.command == "tune":
         return run_tune(args)
     if args.command == "backends":

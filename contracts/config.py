@@ -162,6 +162,9 @@ class RuleMatch(_Strict):
 
 
 RoutePolicy = Literal["static", "adaptive"]
+#: What the gateway does with a client's ``X-Specgate-Speculation`` header (see
+#: :class:`RoutingSettings`).
+SpeculationControl = Literal["allow", "deny", "ignore"]
 
 
 class Rule(_Strict):
@@ -229,6 +232,10 @@ class RoutingSettings(_Strict):
     ``--per-request-spec-decode-metrics`` reports); streams whose client did not ask for
     usage get ``stream_options.include_usage`` upstream and the extra chunk is removed
     before the client sees it. ``adaptive``: the learner's knobs.
+    ``speculation_control``: what a client's ``X-Specgate-Speculation: off|on|auto`` header
+    does (:mod:`gateway.routing.control`): ``allow`` honours it, ``deny`` refuses a request
+    asking ``on`` or ``off`` (400 ``speculation_control_denied``), ``ignore`` routes as if it
+    were absent (the answer's ``x-specgate-speculation`` says so).
     """
 
     acceptance_window_s: float = Field(default=60.0, gt=0)
@@ -238,6 +245,7 @@ class RoutingSettings(_Strict):
     shared_compute_penalty: float = Field(default=0.25, ge=0, le=1)
     policy: RoutePolicy = "static"
     feedback: bool = True
+    speculation_control: SpeculationControl = "allow"
     adaptive: AdaptiveSettings = AdaptiveSettings()
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from contracts.config import GatewayConfig
@@ -23,8 +23,9 @@ from gateway.classify.protocol import (
     routing_view,
 )
 from gateway.classify.text import RequestText, read_request
-from gateway.errors import guarded, model_not_found, too_busy
+from gateway.errors import bad_request, guarded, model_not_found, too_busy
 from gateway.learning.observer import FeedbackCollector
+from gateway.routing import control
 from gateway.routing.explain import decision_json
 from gateway.routing.guards import apply_guards
 from gateway.routing.load import break_even
@@ -185,15 +186,81 @@ class Gateway:
         body: Any,
         task_header: str | None,
         fields: RoutedFields | None = None,
+        speculation: str | None = None,
+        *,
+        count: bool = True,
     ) -> Prepared:
         """Read a parsed body of a routed endpoint for routing (its fields, unless already
-        read, the routing view's features and prompt statistics). Raises
-        :class:`~gateway.errors.GatewayError` 400/404 as the endpoint answers."""
+        read, the routing view's features and prompt statistics); ``speculation``: the
+        request's ``X-Specgate-Speculation`` (:meth:`control_of`; ``count``: count a
+        refusal). Raises :class:`~gateway.errors.GatewayError` 400/404 as the endpoint
+        answers."""
         if fields is None:
             fields = read_fields(kind, body)
         view = routing_view(kind, body, fields)
         features, prompt = self.read(view, fields.model, task_header, body, kind.path)
+        if speculation is not None:
+            wanted = self.control_of(speculation, count=count)
+            features = replace(features, speculation=wanted, speculation_header=speculation)
         return Prepared(kind, fields, features, prompt)
+
+    def control_of(self, value: str, *, count: bool = True) -> str:
+        """The speculation control an ``X-Specgate-Speculation`` ``value`` asks for, under
+        the config's ``routing.speculation_control`` (``ignore``: always ``auto``). Raises
+        :class:`~gateway.errors.GatewayError` 400 ``invalid_speculation_control`` for an
+        unknown value and ``speculation_control_denied`` for ``on``/``off`` under ``deny``
+        (``count``: count it in ``stats.speculation``)."""
+        mode = self.config.routing.speculation_control
+        if mode == "ignore":
+            return control.AUTO
+        wanted = control.read_value(value)
+        if wanted is None:
+            if count:
+                self.stats.speculation["invalid", "refused"] += 1
+            raise bad_request(
+                f"{control.HEADER} must be one of {', '.join(control.VALUES)}, not {value[:40]!r}.",
+                param=control.HEADER,
+                code="invalid_speculation_control",
+            )
+        if mode == "deny" and wanted != control.AUTO:
+            if count:
+                self.stats.speculation[wanted, "denied"] += 1
+            raise bad_request(
+                f"This gateway does not take {control.HEADER}: {wanted} "
+                "(routing.speculation_control is deny); send auto or no header.",
+                param=control.HEADER,
+                code="speculation_control_denied",
+            )
+        return wanted
+
+    def control(self, decision: RouteDecision, *, count: bool = True) -> RouteDecision:
+        """The final ``decision`` (guards applied, seed pinned) with the effect of the
+        request's ``X-Specgate-Speculation`` (:func:`gateway.routing.control.outcome`);
+        unchanged without the header. Raises :class:`~gateway.errors.GatewayError` 400
+        ``speculation_unavailable`` when the request's own parameters make the control
+        impossible (:func:`gateway.routing.control.conflict`); ``count``: count the
+        result in ``stats.speculation``."""
+        features = decision.features
+        if features.speculation_header is None:
+            return decision
+        refused = control.conflict(self.config, decision)
+        if refused is not None:
+            if count:
+                self.stats.speculation[features.speculation, "refused"] += 1
+            message, param = refused
+            raise bad_request(
+                f"{control.HEADER}: {features.speculation} cannot be honoured for this "
+                f"request: {message}.",
+                param=param,
+                code="speculation_unavailable",
+            )
+        text, result = control.outcome(self.config, decision)
+        if count:
+            value = features.speculation
+            if result == "ignored":  # the value the client sent, as far as it is one
+                value = control.read_value(features.speculation_header) or "invalid"
+            self.stats.speculation[value, result] += 1
+        return replace(decision, speculation=text)
 
     def new_trace(self, request_id: str, path: str) -> RequestTrace:
         """A :class:`RequestTrace` for one request, wired to the registered observers."""
@@ -283,14 +350,20 @@ class Gateway:
         return features, stats_of(text, self.config.routing.adaptive.max_prompt_chars)
 
     def explain(
-        self, body: Any, task_header: str | None, endpoint: str | None = None
+        self,
+        body: Any,
+        task_header: str | None,
+        endpoint: str | None = None,
+        speculation: str | None = None,
     ) -> dict[str, Any]:
         """The decision for a body of a routed ``endpoint`` (default: guessed from the body,
         see :func:`~gateway.classify.protocol.kind_of`) against the current state, without calling a
-        backend or counting it (see :func:`decision_json` for the shape). Raises
+        backend or counting it (see :func:`decision_json` for the shape); ``speculation``:
+        the request's ``X-Specgate-Speculation``. Raises
         :class:`~gateway.errors.GatewayError` 400/404 as the real endpoint would.
         """
-        prepared = self.prepare(kind_of(body, endpoint), body, task_header)
+        kind = kind_of(body, endpoint)
+        prepared = self.prepare(kind, body, task_header, None, speculation, count=False)
         decision = self.policy.decide(
             prepared.features,
             self.registry.snapshot(),
@@ -300,12 +373,21 @@ class Gateway:
         )
         verdict = apply_guards(self.config, decision, body)
         path = endpoint or prepared.kind.path
-        out = decision_json(self.pin_seed(verdict.decision, body, path))
+        pinned = self.pin_seed(verdict.decision, body, path)
+        conflict = None
+        if prepared.features.speculation_header is not None:
+            conflict = control.conflict(self.config, pinned)
+            if conflict is None:
+                pinned = replace(pinned, speculation=control.outcome(self.config, pinned)[0])
+        out = decision_json(pinned)
         if verdict.refused_by is not None and decision.last_resort is not None:
             out["reasons"].append("no last-resort backend is free of known engine bugs: 503")
         elif verdict.refused_by is not None:
             out["backend"], out["backends"] = None, []
             out["reasons"].append(f"refused: 400 engine_bug_guard '{verdict.refused_by}'")
+        elif conflict is not None:
+            out["backend"], out["backends"] = None, []
+            out["reasons"].append(f"refused: 400 speculation_unavailable ({conflict[0]})")
         return out
 
     def guard(

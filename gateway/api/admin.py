@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -104,6 +105,7 @@ async def routes(request: Request, gateway: GatewayDep) -> dict[str, Any]:
             "rejected": stats.rejected,
             "last_resort": stats.last_resort,
             "guarded": dict(stats.guarded),
+            "speculation_control": by_value(stats.speculation),
             "speculation_refuses": gateway.spec_params.snapshot(),
         },
         "guards": {name: g.model_dump() for name, g in config.guards.items()},
@@ -113,6 +115,15 @@ async def routes(request: Request, gateway: GatewayDep) -> dict[str, Any]:
         "state": runtime_of(request.app).state.to_json(),
         "adaptive": gateway.feedback.to_json() | {"break_even": gateway.break_even()},
     }
+
+
+def by_value(counts: Mapping[tuple[str, str], int]) -> dict[str, dict[str, int]]:
+    """``{(value, result): n}`` as ``{value: {result: n}}`` (the per-request speculation
+    control's counts: ``{"on": {"honoured": 3, "plain": 1}}``)."""
+    out: dict[str, dict[str, int]] = {}
+    for (value, result), n in counts.items():
+        out.setdefault(value, {})[result] = n
+    return out
 
 
 def quarantine_summary(watch: DeathWatch) -> dict[str, Any]:
@@ -146,8 +157,8 @@ async def explain(request: Request, gateway: GatewayDep, settings: SettingsDep) 
     """The routing decision for a request body of a routed endpoint, against the live
     backend state, without calling any backend. The body is the request body itself, or
     ``{"body": {...}, "headers": {"X-Task-Type": ...}, "endpoint": "/v1/messages"}``
-    (without ``endpoint`` it is guessed from the body); an ``X-Task-Type`` header on this
-    request counts too."""
+    (without ``endpoint`` it is guessed from the body); ``X-Task-Type`` and
+    ``X-Specgate-Speculation`` headers on this request count too."""
     payload = parse_json(await read_body(request.receive, request.headers, settings.max_body_bytes))
     headers = {k.lower(): v for k, v in request.headers.items()}
     endpoint = None
@@ -158,7 +169,9 @@ async def explain(request: Request, gateway: GatewayDep, settings: SettingsDep) 
         if isinstance(payload.get("endpoint"), str):
             endpoint = payload["endpoint"]
         payload = payload["body"]
-    return gateway.explain(payload, headers.get("x-task-type"), endpoint)
+    return gateway.explain(
+        payload, headers.get("x-task-type"), endpoint, headers.get("x-specgate-speculation")
+    )
 
 
 @router.post("/routes/reload")

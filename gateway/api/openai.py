@@ -3,8 +3,10 @@
 
 Handlers only parse, route and relay: the body bytes the client sent are what the backend
 receives; the response carries ``x-specgate-backend``, ``x-specgate-rule``,
-``x-specgate-task``, ``x-request-id`` and, when a known-engine-bug guard took backends out,
-``x-specgate-guarded`` (``backend=guard, ...``).
+``x-specgate-task``, ``x-request-id``, when a known-engine-bug guard took backends out,
+``x-specgate-guarded`` (``backend=guard, ...``), and when the request carried
+``X-Specgate-Speculation``, ``x-specgate-speculation`` with its effect
+(:mod:`gateway.routing.control`).
 
 The routed endpoints are the hot path and are served as raw ASGI apps
 (:class:`ProxyEndpoint`): ``gateway.app.SpecgateApp`` hands them their ``POST`` requests
@@ -42,6 +44,7 @@ from gateway.classify.protocol import (
     read_fields,
 )
 from gateway.errors import GatewayError, bad_request, guarded, no_backend, quarantined, too_busy
+from gateway.routing import control
 from gateway.routing.guards import needs_token_count
 from gateway.routing.policy import RouteDecision
 from gateway.runtime import Runtime, runtime_of
@@ -220,7 +223,9 @@ class ProxyEndpoint:
         watch = state.deaths
         if watch.table.blocking:
             refuse_quarantined(watch.table, self.path, body)
-        prepared = gateway.prepare(self.kind, body, headers.get("x-task-type"), fields)
+        prepared = gateway.prepare(
+            self.kind, body, headers.get("x-task-type"), fields, headers.get(control.HEADER)
+        )
         features, prompt = prepared.features, prepared.prompt
         decision = gateway.decide(features, prompt)
         if gateway.config.guards:
@@ -233,6 +238,7 @@ class ProxyEndpoint:
             if bug is not None:  # the conversation lives where this request hits a known bug
                 raise guarded(bug, gateway.config.guards[bug].why)
             decision = pin(decision, held, "holds previous_response_id")
+        decision = gateway.control(decision)
         trace.task, trace.rule = features.task, decision.rule
         trace.features, trace.prompt = features, prompt
         trace.concurrency = decision.concurrency

@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from gateway.api.settle import Settle
+from gateway.routing.control import served
 from gateway.routing.policy import RouteDecision
 from gateway.service import Gateway
 from gateway.trace import RequestTrace
@@ -33,6 +34,7 @@ OWN_HEADERS = frozenset(
         b"x-specgate-task",
         b"x-specgate-guarded",
         b"x-specgate-last-resort",
+        b"x-specgate-speculation",
         b"x-request-id",
     }
 )
@@ -91,6 +93,9 @@ async def relay(
         if decision.guarded:  # which backends a known engine bug kept this request from
             guarded = ", ".join(f"{b}={g}" for b, g in decision.guarded)
             out.append((b"x-specgate-guarded", guarded.encode()))
+        if decision.speculation is not None:  # the effect of the client's control
+            effect = served(gateway.config, decision.speculation, upstream.backend)
+            out.append((b"x-specgate-speculation", header_value(effect)))
         if upstream.backend in decision.outside:  # why the rule's pools did not serve it
             gateway.stats.last_resort += 1
             why = decision.last_resort or "failover: the rule's backends did not answer"

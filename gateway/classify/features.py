@@ -18,6 +18,10 @@ class RequestFeatures:
     (``task_source == "header"``, confidence 1.0) or the classifier, whose deciding
     features are in ``task_features``. ``spec_refused`` maps a speculation method to the
     request's parameters its backends refuse (see :mod:`gateway.speculation.spec_params`).
+    ``speculation``: the per-request control routing honours (:data:`SPECULATION_AUTO`,
+    :data:`SPECULATION_ON` or :data:`SPECULATION_OFF`, see :mod:`gateway.routing.control`);
+    ``speculation_header``: the client's ``X-Specgate-Speculation`` value as read (None: no
+    header), kept for the answer's header.
     """
 
     model: str
@@ -29,6 +33,12 @@ class RequestFeatures:
     stream: bool = False
     task_features: Mapping[str, float] = field(default_factory=dict)
     spec_refused: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    speculation: str = "auto"
+    speculation_header: str | None = None
+
+
+#: The values of ``X-Specgate-Speculation`` (:mod:`gateway.routing.control`).
+SPECULATION_AUTO, SPECULATION_ON, SPECULATION_OFF = "auto", "on", "off"
 
 
 def read_temperature(body: Mapping[str, Any], default: float) -> tuple[float, bool]:

@@ -11,7 +11,10 @@ def decision_json(decision: RouteDecision) -> dict[str, Any]:
     """``{"task", "task_confidence", "task_source", "task_features", "temperature",
     "temperature_given", "rule", "pool", "backend", "backends", "candidates": [{"backend",
     "pool", "kept", "why"}], "reasons": [...], "guarded": [{"backend", "guard"}],
-    "adaptive", "last_resort"}`` (``guarded``: backends a known-engine-bug guard took out);
+    "adaptive", "last_resort", "speculation": {"header", "control", "effect"}}``
+    (``speculation``: the request's ``X-Specgate-Speculation`` as sent, the control routing
+    honoured, and its effect as the answer's header says it, all None/``auto`` without one;
+    ``guarded``: backends a known-engine-bug guard took out);
     ``backend`` is None when nothing can serve; ``last_resort`` says why backends outside
     the rule's pools serve (else None); ``adaptive`` is None under the static policy, else
     the learnt estimates behind the choice (see
@@ -37,4 +40,9 @@ def decision_json(decision: RouteDecision) -> dict[str, Any]:
         "guarded": [{"backend": b, "guard": g} for b, g in decision.guarded],
         "adaptive": None if decision.adaptive is None else decision.adaptive.to_json(),
         "last_resort": decision.last_resort,
+        "speculation": {
+            "header": f.speculation_header,
+            "control": f.speculation,
+            "effect": decision.speculation,
+        },
     }

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from contracts.config import BackendConfig, GatewayConfig
-from gateway.classify.features import RequestFeatures
+from gateway.classify.features import SPECULATION_OFF, SPECULATION_ON, RequestFeatures
 from gateway.routing.adaptive import Estimates, bucket_of
 from gateway.routing.adaptive_choice import AdaptiveChoice, choose
 from gateway.routing.load import LoadView, load_view, measured_at_load
@@ -23,6 +23,8 @@ DEFAULT_RULE = "default"
 PLAIN_FALLBACK = "plain (speculation passed over)"
 #: Pool label of backends outside the rule's pools, used when every one of those is out.
 LAST_RESORT = "last resort"
+#: Why a speculative backend is left out of a request asking ``X-Specgate-Speculation: off``.
+OFF_WHY = "speculation off (requested)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,7 +88,10 @@ class RouteDecision:
     list (:func:`gateway.routing.guards.apply_guards`);
     ``outside``: the try list's backends from outside the rule's pools (step 7);
     ``last_resort``: why they lead it (every backend of the rule's pools was out), None when
-    they are only failover targets after the rule's own.
+    they are only failover targets after the rule's own;
+    ``speculation``: the effect of the request's ``X-Specgate-Speculation`` for the answer's
+    header of that name (None: no header; set once the decision is final,
+    :func:`gateway.routing.control.outcome`).
     """
 
     rule: str
@@ -101,6 +106,7 @@ class RouteDecision:
     guarded: tuple[tuple[str, str], ...] = ()
     last_resort: str | None = None
     outside: tuple[str, ...] = ()
+    speculation: str | None = None
 
     @property
     def backend(self) -> str | None:
@@ -152,6 +158,11 @@ class RoutingPolicy:
        whole list when steps 1-3 leave nothing (every backend of the rule's pools and
        fallbacks down, its circuit open, suspect or at its cap; the decision then says why
        in ``last_resort``). Known-engine-bug guards still apply to them (the caller's step).
+    8. The request's ``X-Specgate-Speculation`` (``features.speculation``,
+       :mod:`gateway.routing.control`): ``off`` leaves every speculative backend out (plain
+       backends serving the model take its place, as in step 3); ``on`` skips step 3's speed
+       judgements (batch limit, demotion; never a refused parameter) and puts the
+       speculative backends of the try list first, those outside the rule's pools included.
     """
 
     def __init__(self, config: GatewayConfig) -> None:
@@ -214,7 +225,7 @@ class RoutingPolicy:
             for name in self.config.pools.get(pool, []):
                 self._consider(name, pool, features, state, rng, plan)
             order.extend(name for _, _, name in sorted(plan.kept))
-        if plan.deferred:
+        if plan.deferred or features.speculation == SPECULATION_OFF:
             order.extend(self._plain_backends(features, state, rng, plan, order))
             order.extend(plan.deferred)
         last_resort = None
@@ -229,6 +240,8 @@ class RoutingPolicy:
             adaptive = self._adapt(features, buckets, load, learnt, rng, plan, order, eligible)
         elif eligible:
             _keep_together(load, plan, order, eligible)
+        if features.speculation == SPECULATION_ON:
+            order, outside = self._speculation_first(order, outside, plan)
         chosen = order[0] if order else None
         return RouteDecision(
             rule=rule_name,
@@ -326,6 +339,9 @@ class RoutingPolicy:
         if why is not None or backend is None or snap is None:
             plan.candidates.append(Candidate(name, pool, False, why or "unknown backend"))
             return
+        if backend.spec.speculative and features.speculation == SPECULATION_OFF:
+            plan.candidates.append(Candidate(name, pool, False, OFF_WHY))
+            return
         plan.seen.add(name)
         passed_over = self._pass_over(name, backend, snap, rng, features, plan.measured)
         if passed_over is not None:
@@ -356,6 +372,8 @@ class RoutingPolicy:
         refused = features.spec_refused.get(backend.spec.method or "")
         if refused:
             return f"{backend.spec.method} speculation refuses {', '.join(refused)}"
+        if features.speculation == SPECULATION_ON:
+            return None  # the client's call: speed judgements give way
         limit = backend.max_batch_for_speculation
         over = limit is not None and snap.batch > limit
         if over and (measured is None or not measured(name)):
@@ -365,6 +383,19 @@ class RoutingPolicy:
             rate = "unknown" if snap.acceptance_rate is None else f"{snap.acceptance_rate:.2f}"
             return f"demoted: acceptance rate {rate} < min_acceptance_rate {floor}"
         return None
+
+    def _speculation_first(
+        self, order: list[str], outside: list[str], plan: _Plan
+    ) -> tuple[list[str], list[str]]:
+        """Step 8, ``on``: the try list with its speculative backends first (each part keeps
+        its order), and ``outside`` without them (asked for, not a last resort). Those passed
+        over for refusing a parameter of the request stay last."""
+        backends = self.config.backends
+        spec = [b for b in order if backends[b].spec.speculative and b not in plan.deferred]
+        if spec:
+            plan.reasons.append(f"speculation on (requested): {', '.join(spec)} first")
+        rest = [b for b in order if b not in spec]
+        return spec + rest, [b for b in outside if b not in spec]
 
     def _usable(
         self, name: str, features: RequestFeatures, state: Mapping[str, BackendSnapshot]
@@ -421,6 +452,9 @@ class RoutingPolicy:
                 continue
             snap = self._usable(name, features, state)
             if snap is None:
+                continue
+            if backend.spec.speculative and features.speculation == SPECULATION_OFF:
+                plan.candidates.append(Candidate(name, LAST_RESORT, False, OFF_WHY))
                 continue
             refused = features.spec_refused.get(backend.spec.method or "")
             if backend.spec.speculative and refused:

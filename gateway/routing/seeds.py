@@ -10,7 +10,10 @@ rendezvous hash of (request key, backend name) (Thaler and Ravishankar, "Using n
 mappings to increase hit rates", 1998). Learnt speeds, load, probes and random tie breaks
 do not enter; health does (a backend that is down cannot answer), and so do the guards,
 ``max_inflight`` caps and parameters a speculation method refuses (``min_p``, ...) that
-shaped the try list. Greedy requests are not pinned: every
+shaped the try list. So does the request's ``X-Specgate-Speculation`` (part of the request):
+under ``on`` the pin is among the try list's speculative backends (plain ones only when none
+is left), under ``off`` among its plain ones; when the rule's pools hold none of them, among
+all of them. Greedy requests are not pinned: every
 backend returns the same tokens for them. Pure code.
 """
 
@@ -22,7 +25,7 @@ from dataclasses import replace
 from typing import Any
 
 from contracts.config import GatewayConfig
-from gateway.classify.features import samples
+from gateway.classify.features import SPECULATION_AUTO, SPECULATION_ON, samples
 from gateway.routing.policy import DEFAULT_RULE, RouteDecision
 
 
@@ -57,16 +60,22 @@ def pin_seeded(
         for b in decision.backends
         if not refused.get(config.backends[b].spec.method or "")  # would refuse a parameter
     ]
+    control = decision.features.speculation
+    if control == SPECULATION_ON:
+        usable = [b for b in usable if config.backends[b].spec.speculative] or usable
     for pool in pools:
         allowed = [b for b in config.pools.get(pool, []) if b in usable]
         if allowed:
+            where = f"pool '{pool}'"
             break
     else:
-        return decision
+        if control == SPECULATION_AUTO or not usable:
+            return decision
+        allowed, where = usable, f"speculation {control} (requested)"
     chosen = max(allowed, key=lambda b: _score(key, b))
     order = (chosen, *(b for b in decision.backends if b != chosen))
     why = (
         f"seeded sampling request: pinned to {chosen} (rendezvous hash of the request over "
-        f"pool '{pool}': {', '.join(allowed)}), so the seed reproduces"
+        f"{where}: {', '.join(allowed)}), so the seed reproduces"
     )
     return replace(decision, backends=order, reasons=(*decision.reasons, why))

@@ -215,3 +215,13 @@ def _decision_families(gateway: Gateway) -> Iterator[Metric]:
     for name, count in stats.guarded.items():
         guarded.add_metric([name], count)
     yield guarded
+    control = CounterMetricFamily(
+        "specgate_speculation_control",
+        "Requests carrying X-Specgate-Speculation, by value (auto, on, off; invalid) and "
+        "result (honoured; plain: on served by a plain backend, no speculative one could "
+        "take it; refused: 400; denied, ignored: routing.speculation_control).",
+        labels=("value", "result"),
+    )
+    for (value, result), count in stats.speculation.items():
+        control.add_metric([value, result], count)
+    yield control

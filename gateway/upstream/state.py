@@ -112,12 +112,14 @@ class DecisionStats:
     """Counts of routing outcomes since start: per rule, per task, per serving backend;
     ``last_resort``: answers from a backend outside the request's rule's pools, every
     backend of those being out or failing (:class:`~gateway.routing.policy.RoutingPolicy`
-    step 7)."""
+    step 7); ``speculation``: requests carrying ``X-Specgate-Speculation`` per (value,
+    result), see :meth:`gateway.service.Gateway.control`."""
 
     by_rule: Counter[str] = field(default_factory=Counter)
     by_task: Counter[str] = field(default_factory=Counter)
     by_backend: Counter[str] = field(default_factory=Counter)
     guarded: Counter[str] = field(default_factory=Counter)  # requests per guard that hit
+    speculation: Counter[tuple[str, str]] = field(default_factory=Counter)
     failovers: int = 0
     rejected: int = 0
     last_resort: int = 0
