@@ -120,6 +120,19 @@ class Upstream:
         await self.aclose()
 
 
+#: Markers of a stream's terminal event: OpenAI's ``data: [DONE]``, Anthropic's
+#: ``message_stop``, the Responses API's ``response.completed``/``.incomplete``/``.failed``.
+#: A client that closes its connection once it has read one (the OpenAI SDK does, before
+#: vLLM ends the HTTP stream) had its whole answer: the request counts as served, not 499.
+STREAM_END = (
+    b"data: [DONE]",
+    b"event: message_stop",
+    b"event: response.completed",
+    b"event: response.incomplete",
+    b"event: response.failed",
+)
+
+
 async def _relay(
     response: UpstreamResponse,
     chunks: AsyncIterator[bytes],
@@ -131,6 +144,7 @@ async def _relay(
     status, error = response.status, None
     prev = last = b""  # the stream's last two chunks: an error event there may mean a death
     state = attempt.state
+    ended = False  # the stream's terminal event reached the client
     try:
         yield b""  # primed by Forwarder.open: from here aclose() always runs the finally
         async for chunk in _chain(head, chunks) if head else chunks:
@@ -140,6 +154,7 @@ async def _relay(
                 continue
             trace.on_chunk(chunk)
             yield chunk
+            ended = trace.stream and any(m in chunk for m in STREAM_END)
         if tap is not None and (rest := tap.close()):
             trace.on_chunk(rest)
             yield rest
@@ -163,7 +178,11 @@ async def _relay(
         else:
             yield sse_error_event("The backend failed while streaming the response.")
     except BaseException:  # the client went away (cancelled) or the app is shutting down
-        status, error = 499, "client_closed"
+        if ended:  # it had the whole answer and left before the backend closed the stream
+            if tap is not None:
+                tap.close()  # records the usage the tap saw
+        else:
+            status, error = 499, "client_closed"
         raise
     finally:
         attempt.end()  # the backend lease

@@ -163,3 +163,48 @@ def test_tap_passes_each_line_in_the_read_that_completes_it() -> None:
     assert out[4] == b""  # the usage chunk the gateway asked for
     assert out[5] == b"data: [DONE]\n\n" and tap.close() == b""
     assert trace.completion_tokens() == 4
+
+
+async def test_a_client_leaving_after_done_was_served_not_499() -> None:
+    """The OpenAI SDK closes its connection once it has read ``data: [DONE]``, often before
+    vLLM ends the HTTP stream: that request was served (200), not a client that left (499,
+    which the adaptive learner ignores). Here the fake keeps its stream open after [DONE]
+    until the client has gone."""
+    client_gone = threading.Event()
+
+    async def completions(_: Request) -> Response:
+        async def stream() -> AsyncIterator[bytes]:
+            yield b"".join(events(usage=False)) + b"data: [DONE]\n\n"
+            await asyncio.to_thread(client_gone.wait, GATE_S)  # still open after [DONE]
+
+        return StreamingResponse(stream(), media_type="text/event-stream")
+
+    async def health(_: Request) -> Response:
+        return Response()
+
+    backend = Starlette(
+        routes=[Route("/v1/completions", completions, methods=["POST"]), Route("/health", health)]
+    )
+    body = {"model": MODEL, "prompt": ["x", "y"], "max_tokens": 4, "stream": True}
+    with running_server(backend) as backend_url:
+        config = parse_config(
+            {
+                "defaults": {"pool": "p"},
+                "backends": {"plain": {"url": backend_url, "model": MODEL}},
+                "pools": {"p": ["plain"]},
+            }
+        )
+        app = create_app(Settings(health_interval_s=60, state_persist=False), config=config)
+        with running_server(app) as url:
+            async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+                async with client.stream("POST", "/v1/completions", json=body) as resp:
+                    async for line in resp.aiter_lines():
+                        if line == "data: [DONE]":
+                            break  # and leave, as the SDK does
+                await asyncio.sleep(0.5)  # the gateway sees the disconnect
+                client_gone.set()
+                await asyncio.sleep(0.2)
+                metrics = (await client.get("/metrics")).text
+    served = [ln for ln in metrics.splitlines() if ln.startswith("specgate_requests_total{")]
+    assert any('status="200"' in ln for ln in served), served
+    assert not any('status="499"' in ln for ln in served), served
