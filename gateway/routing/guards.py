@@ -151,8 +151,19 @@ def apply_guards(
     reasons = tuple(
         f"{b}: avoided, known engine bug '{g}'{_why(config.guards[g])}" for b, g in hits
     )
+    hit_by = dict(hits)
+    candidates = tuple(
+        replace(c, kept=False, why=f"avoided: known engine bug '{hit_by[c.backend]}'")
+        if c.backend in hit_by
+        else c
+        for c in decision.candidates
+    )
     guarded = replace(
-        decision, backends=tuple(kept), reasons=decision.reasons + reasons, guarded=tuple(hits)
+        decision,
+        backends=tuple(kept),
+        candidates=candidates,
+        reasons=decision.reasons + reasons,
+        guarded=tuple(hits),
     )
     return GuardVerdict(guarded, tuple(hits), refused_by)
 

@@ -289,6 +289,10 @@ async def test_explain_and_counters_say_why(guarded: InProcess) -> None:
     assert explained["rule"] == "code-rag-speculative" and explained["backend"] == "plain"
     assert {g["backend"] for g in explained["guarded"]} == SPECULATIVE
     assert any("samples" in r and SAMPLED_SPECULATION in r for r in explained["reasons"])
+    guarded_candidates = {c["backend"]: c for c in explained["candidates"]}
+    for name in SPECULATIVE:  # not "kept: true, healthy" beside the guard that took it out
+        assert guarded_candidates[name]["kept"] is False
+        assert SAMPLED_SPECULATION in guarded_candidates[name]["why"]
     await gw.client.post("/v1/chat/completions", json=body, headers={"x-task-type": "code"})
     routes = (await gw.client.get("/routes")).json()
     assert routes["decisions"]["guarded"] == {SAMPLED_SPECULATION: 1}
