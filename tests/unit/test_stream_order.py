@@ -14,6 +14,7 @@ import asyncio
 import json
 import threading
 from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -105,10 +106,10 @@ class GatedBackend:
         )
 
 
-@pytest.fixture
-def gated() -> Iterator[tuple[str, GatedBackend]]:
-    backend = GatedBackend()
-    with running_server(backend.app()) as backend_url:
+@contextmanager
+def gateway_before(backend: Starlette) -> Iterator[str]:
+    """A real gateway (its URL) whose one backend, ``plain``, is ``backend`` on a socket."""
+    with running_server(backend) as backend_url:
         config = parse_config(
             {
                 "defaults": {"pool": "p"},
@@ -118,7 +119,14 @@ def gated() -> Iterator[tuple[str, GatedBackend]]:
         )
         app = create_app(Settings(health_interval_s=60, state_persist=False), config=config)
         with running_server(app) as url:
-            yield url, backend
+            yield url
+
+
+@pytest.fixture
+def gated() -> Iterator[tuple[str, GatedBackend]]:
+    backend = GatedBackend()
+    with gateway_before(backend.app()) as url:
+        yield url, backend
 
 
 async def read_gated(url: str, backend: GatedBackend) -> bytes:
@@ -186,25 +194,16 @@ async def test_a_client_leaving_after_done_was_served_not_499() -> None:
         routes=[Route("/v1/completions", completions, methods=["POST"]), Route("/health", health)]
     )
     body = {"model": MODEL, "prompt": ["x", "y"], "max_tokens": 4, "stream": True}
-    with running_server(backend) as backend_url:
-        config = parse_config(
-            {
-                "defaults": {"pool": "p"},
-                "backends": {"plain": {"url": backend_url, "model": MODEL}},
-                "pools": {"p": ["plain"]},
-            }
-        )
-        app = create_app(Settings(health_interval_s=60, state_persist=False), config=config)
-        with running_server(app) as url:
-            async with httpx.AsyncClient(base_url=url, timeout=30) as client:
-                async with client.stream("POST", "/v1/completions", json=body) as resp:
-                    async for line in resp.aiter_lines():
-                        if line == "data: [DONE]":
-                            break  # and leave, as the SDK does
-                await asyncio.sleep(0.5)  # the gateway sees the disconnect
-                client_gone.set()
-                await asyncio.sleep(0.2)
-                metrics = (await client.get("/metrics")).text
+    with gateway_before(backend) as url:
+        async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+            async with client.stream("POST", "/v1/completions", json=body) as resp:
+                async for line in resp.aiter_lines():
+                    if line == "data: [DONE]":
+                        break  # and leave, as the SDK does
+            await asyncio.sleep(0.5)  # the gateway sees the disconnect
+            client_gone.set()
+            await asyncio.sleep(0.2)
+            metrics = (await client.get("/metrics")).text
     served = [ln for ln in metrics.splitlines() if ln.startswith("specgate_requests_total{")]
     assert any('status="200"' in ln for ln in served), served
     assert not any('status="499"' in ln for ln in served), served
