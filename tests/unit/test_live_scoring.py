@@ -128,6 +128,8 @@ async def test_ids_asked_stripped_and_scored_into_the_canarys_test(gw: InProcess
     assert view["live"]["budget"] == {"tokens_per_minute": 2000.0, "queue": 64,
                                       "judge_interval_s": 60.0}  # fmt: skip
     assert view["cost_last_hour"]["live_scored_tokens"] == 34
+    metrics = (await gw.client.get("/metrics")).text
+    assert 'specgate_sample_canary_tokens_last_hour{kind="live_scored"} 34.0' in metrics
 
     kept = (await complete(gw, return_token_ids=True)).json()["choices"][0]
     assert len(kept["token_ids"]) == 32 and len(kept["prompt_token_ids"]) == 2
