@@ -17,10 +17,11 @@ client anyway) decides which requests are read:
 3. Off the request path, :meth:`LiveScorer.run` scores them under the plain twin exactly
    as the canary scores its own samples (:meth:`SampleCanary.score`) and files them in the
    canary's stream of (backend, temperature band of the request); each stream is judged at
-   most once per ``judge_interval_s`` with the canary's test and level
-   (:meth:`SampleCanary.alpha` counts these judgements, so the hourly false-alarm bound
-   holds for both together), and a failing verdict takes the backend off sampled traffic
-   as a round's does (:meth:`SampleCanary.apply_verdicts`).
+   most once per ``judge_interval_s`` with the canary's test, at a level that counts these
+   judgements (:meth:`SampleCanary.alpha`: rounds and live judgements spend half of the
+   hourly false-alarm bound each, so it holds for both together), and a failing verdict
+   takes the backend off sampled traffic as a round's does
+   (:meth:`SampleCanary.apply_verdicts`).
 
 Within a band the analytic null bound holds at any temperature up to 1, and above 1 the
 plain reference sampled at the band's upper edge bounds every lower temperature of the band
@@ -225,7 +226,7 @@ class LiveScorer:
         ]
         if not due:
             return
-        alpha = self.canary.alpha(bands)
+        alpha = self.canary.alpha(bands, live=True)
         for name, band in due:
             self.dirty.discard((name, band))
             self.judged[(name, band.label)] = now

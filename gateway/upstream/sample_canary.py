@@ -112,16 +112,21 @@ class SampleCanary:
         self.rounds += 1
         self.last_round = now
 
-    def alpha(self, bands: dict[str, list[Band]]) -> float:
-        """The level of every test (a round's and live scoring's, :mod:`gateway.upstream.
-        live_scoring`), so that all the tests of an hour together raise a false alarm with
-        probability at most ``alpha_hour`` (Bonferroni, :func:`per_test_alpha`): a round tests
-        at most ``S`` streams (the largest band's set) and there are at most ``max(R, 1)``
-        rounds an hour; live scoring judges each of the ``N`` streams at most
-        ``live_judgements_per_hour`` times an hour."""
+    def alpha(self, bands: dict[str, list[Band]], *, live: bool = False) -> float:
+        """The level of one test, a round's or (``live``) one of live scoring's
+        (:mod:`gateway.upstream.live_scoring`), so that all the tests of an hour together
+        raise a false alarm with probability at most ``alpha_hour`` (Bonferroni,
+        :func:`per_test_alpha`). A round tests at most ``S`` streams (the largest band's
+        set) and there are at most ``max(R, 1)`` rounds an hour; live scoring judges each of
+        the ``N`` streams at most ``live_judgements_per_hour`` times an hour. With live
+        scoring on, each side spends half of ``alpha_hour`` (so the rounds' own level only
+        halves, however often live scoring judges)."""
+        per_hour = self.live_judgements_per_hour
+        spend = self.budget.alpha_hour / (2.0 if per_hour > 0 else 1.0)
+        if live:
+            return per_test_alpha(spend, 1, per_hour * sum(len(bs) for bs in bands.values()))
         rounds = max(self.budget.rounds_per_hour(), 1.0) * self._tests_per_round(bands)
-        live = self.live_judgements_per_hour * sum(len(bs) for bs in bands.values())
-        return per_test_alpha(self.budget.alpha_hour, 1, rounds + live)
+        return per_test_alpha(spend, 1, rounds)
 
     @staticmethod
     def _tests_per_round(bands: dict[str, list[Band]]) -> int:

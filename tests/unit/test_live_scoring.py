@@ -122,7 +122,7 @@ async def test_ids_asked_stripped_and_scored_into_the_canarys_test(gw: InProcess
     assert len(scored[0]["prompt"]) == 2 + 32  # the toy's prompt ids + the sampled ids
     stream = canary.streams[(backend, "(0, 0.6]")]
     assert stream.counts() == (32, 0) and stream.verdict == "pass"
-    assert stream.alpha == canary.alpha(scorer.bands())
+    assert stream.alpha == canary.alpha(scorer.bands(), live=True)
     view = (await gw.client.get("/routes")).json()["sample_canary"]
     assert view["live"]["counts"]["scored"] == 1
     assert view["live"]["budget"] == {"tokens_per_minute": 2000.0, "queue": 64,
@@ -146,8 +146,11 @@ def test_live_judgements_are_counted_in_the_level(gw: InProcess) -> None:
     bands = scorer.bands()
     streams = sum(len(b) for b in bands.values())
     per_round = max(sum(band in bs for bs in bands.values()) for band in bands["ngram"])
-    hourly = 12 * per_round + 60 * streams
-    assert canary.alpha(bands) == pytest.approx(1e-3 / (2 * hourly))
+    # rounds and live judgements spend half of alpha_hour each, both tested with the plain bound
+    assert canary.alpha(bands) == pytest.approx(1e-3 / 2 / (2 * 12 * per_round))
+    assert canary.alpha(bands, live=True) == pytest.approx(1e-3 / 2 / (2 * 60 * streams))
+    canary.live_judgements_per_hour = 0.0  # live scoring off: the rounds spend it all
+    assert canary.alpha(bands) == pytest.approx(1e-3 / (2 * 12 * per_round))
 
 
 async def test_faulty_backend_taken_off_sampled_traffic(gw: InProcess) -> None:
