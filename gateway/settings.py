@@ -107,7 +107,7 @@ class Settings(BaseSettings):
     sample_canary_alpha_hour: float = Field(default=1e-3, gt=0, lt=1)
     sample_canary_window_s: float = Field(default=3600.0, gt=0)
     # live scoring (gateway/upstream/live_scoring.py): the canary also scores the sampled
-    # tokens of live non-streamed requests sent to speculative backends, within a budget of
+    # tokens of live requests (JSON or stream) sent to speculative backends, within a budget of
     # scored tokens (prompt + sampled, prefilled by the plain twin; the sampled ones were
     # decoded for the client anyway) per speculative backend and minute (0 = off); samples
     # waiting to be scored (more are dropped and counted); the least seconds between two

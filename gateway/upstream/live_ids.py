@@ -6,10 +6,12 @@ vLLM's ``return_token_ids`` (a vLLM extension of ``/v1/completions`` and
 ``choices[i].token_ids`` and the prompt's as ``prompt_token_ids`` (per choice on completions,
 top-level on chat). A non-streamed answer is ``JSONResponse(content=response.model_dump())``:
 without the flag both fields are there as ``null``, so :func:`strip_token_ids` writes
-``null`` back and the client gets the bytes it would have had. Streams are not taken: with
-the flag vLLM's chat stream also sends chunks it would otherwise skip (an empty ``delta``
-whose text the detokenizer holds back, ``chat_completion/serving.py``), so the client's
-stream would change.
+``null`` back and the client gets the bytes it would have had. A stream's chunks are
+``model_dump_json(exclude_unset=True)`` of choices built with ``token_ids=None`` (and, on the
+first chunk, ``prompt_token_ids=None``) without the flag, so there too ``null`` is what the
+client would have had; but vLLM's chat stream also sends, with the flag, chunks it would
+otherwise skip (an empty ``delta`` whose text the detokenizer holds back,
+``chat_completion/serving.py``): :class:`IdsTap` drops those (:func:`skipped_unasked`).
 
 Only plain temperature sampling qualifies (:func:`qualifies`), optionally truncated by
 ``top_k``/``top_p``/``min_p``: the distribution canary's null bound holds for it (a kept
@@ -41,12 +43,11 @@ HARMLESS = frozenset(
         "metadata", "request_id", "priority", "cache_salt", "echo", "presence_penalty",
         "frequency_penalty", "repetition_penalty", "min_tokens", "response_format",
         "prompt_logprobs", "return_tokens_as_token_ids", "store", "service_tier",
-        "reasoning_effort", "include_reasoning",
+        "reasoning_effort", "include_reasoning", "stream_options",
     }
 )  # fmt: skip
 #: Fields whose value must be one of these (absent and null always do).
 NEUTRAL: dict[str, tuple[Any, ...]] = {
-    "stream": (False,),
     "n": (1,),
     "best_of": (1,),
     "echo": (False,),
@@ -65,7 +66,7 @@ _IDS = re.compile(rb'"(prompt_token_ids|token_ids)":(\[[0-9,\s]*\])')
 
 
 def qualifies(body: Mapping[str, Any]) -> bool:
-    """Whether a non-streamed ``/v1/completions`` or ``/v1/chat/completions`` body asks for
+    """Whether a ``/v1/completions`` or ``/v1/chat/completions`` body asks for
     one sequence of plain temperature sampling (module docstring) on a text prompt: only
     :data:`HARMLESS` fields, :data:`NEUTRAL` ones at their neutral value, a prompt that is a
     string or one list of token ids, chat messages of text only."""
@@ -130,16 +131,38 @@ def strip_token_ids(body: bytes, *, keep: bool) -> tuple[bytes, list[int] | None
 Sink = Callable[[RequestTrace, list[int], list[int]], None]
 
 
+def skipped_unasked(line: bytes) -> bool:
+    """Whether an SSE ``data:`` line (ids already stripped) is a chat chunk vLLM sends only
+    because token ids were asked for: one choice with an empty ``delta``, no
+    ``finish_reason`` and no ``logprobs`` (``chat_completion/serving.py``: a step whose text
+    the detokenizer or a parser holds back is skipped unless ``return_token_ids``)."""
+    try:
+        data = json.loads(line.removeprefix(b"data:").strip())
+        (choice,) = data["choices"]
+        return bool(
+            choice["delta"] == {}
+            and choice.get("finish_reason") is None
+            and choice.get("logprobs") is None
+        )
+    except (ValueError, KeyError, TypeError):
+        return False
+
+
 class IdsTap(ResponseTap):
     """The tap of an answer whose token ids were asked for: a
     :class:`~gateway.upstream.feedback.ResponseTap` to the forwarder, so it takes it as is,
-    that does no feedback of its own. It holds the (non-streamed) answer, strips the ids at
-    its end (:func:`strip_token_ids`), hands them to ``sink`` with the trace (whose
-    ``backend`` is the one that answered) and passes the client's bytes through ``inner``
-    (the feedback tap, or None). A JSON answer is read whole before it is sent anyway
-    (:func:`gateway.api.relay.send_answer`), so holding it costs the client nothing."""
+    that does no feedback of its own. It reads the sampled and prompt ids, and unless
+    ``keep`` (the client asked for them) writes them back as ``null``, then passes the
+    client's bytes through ``inner`` (the feedback tap, or None); at the end it hands the
+    ids to ``sink`` with the trace (whose ``backend`` is the one that answered).
 
-    __slots__ = ("inner", "keep", "sink", "_held")
+    A JSON answer is held and stripped at its end (:func:`strip_token_ids`): it is read
+    whole before it is sent anyway (:func:`gateway.api.relay.send_answer`), so that costs
+    the client nothing. A stream is stripped line by line as it passes (a partial line
+    waits for its end, as in the feedback tap), and a chat chunk that vLLM sends only
+    because ids were asked for (:func:`skipped_unasked`) is dropped with its blank line."""
+
+    __slots__ = ("inner", "keep", "sink", "_held", "_prompt", "_ids")
 
     def __init__(
         self, trace: RequestTrace, inner: ResponseTap | None, *, keep: bool, sink: Sink
@@ -147,19 +170,70 @@ class IdsTap(ResponseTap):
         super().__init__(trace, strip=False)
         self.inner, self.keep, self.sink = inner, keep, sink
         self._held: list[bytes] = []
+        self._prompt: list[bytes] = []
+        self._ids: list[bytes] = []
 
     def feed(self, chunk: bytes) -> bytes:
-        """Hold ``chunk``; nothing is relayed before the answer ends."""
-        self._held.append(chunk)
-        return b""
+        """Take one upstream chunk; return the bytes to relay now (a JSON answer: none
+        before its end)."""
+        if not self.trace.stream:
+            self._held.append(chunk)
+            return b""
+        if self._pending:
+            chunk, self._pending = self._pending + chunk, b""
+        if not chunk.endswith(b"\n"):
+            end = chunk.rfind(b"\n") + 1
+            chunk, self._pending = chunk[:end], chunk[end:]
+        if self._eat_blank and chunk:
+            chunk = self._skip_blank(chunk)
+        if b'token_ids":[' in chunk:
+            chunk = self._lines(chunk)
+        return chunk if self.inner is None else self.inner.feed(chunk)
+
+    def _lines(self, buf: bytes) -> bytes:
+        """Complete lines with their ids read (and stripped, chunks only sent for the ids
+        dropped, unless kept)."""
+        lines, out, blank = buf.split(b"\n"), list[bytes](), False
+        for line in lines[:-1]:
+            if blank:
+                blank = False
+                if line in (b"", b"\r"):
+                    continue
+            if b'token_ids":[' in line:
+                line = _IDS.sub(self._cut, line)
+                if not self.keep and b'"delta":{}' in line and skipped_unasked(line):
+                    blank = True
+                    continue
+            out.append(line)
+        self._eat_blank = blank  # the dropped event's blank line is in the next chunk
+        out.append(lines[-1])
+        return b"\n".join(out)
+
+    def _cut(self, match: re.Match[bytes]) -> bytes:
+        (self._prompt if match[1] == b"prompt_token_ids" else self._ids).append(match[2])
+        return match[0] if self.keep else b'"' + match[1] + b'":null'
 
     def close(self) -> bytes:
-        """The answer ended: the client's bytes (ids stripped unless kept), after the inner
-        tap read them; the ids go to the sink."""
-        body, prompt_ids, ids = strip_token_ids(b"".join(self._held), keep=self.keep)
-        self._held = []
+        """The answer ended: the client's last bytes (ids stripped unless kept), after the
+        inner tap read them; the ids go to the sink."""
+        if not self.trace.stream:
+            body, prompt_ids, ids = strip_token_ids(b"".join(self._held), keep=self.keep)
+            self._held = []
+        else:
+            body, self._pending = self._pending, b""
+            if b'token_ids":[' in body:
+                body = self._lines(body + b"\n")[:-1]
+            prompt_ids, ids = self._stream_ids()
         if prompt_ids is not None and ids is not None:
             self.sink(self.trace, prompt_ids, ids)
         if self.inner is None:
             return body
         return self.inner.feed(body) + self.inner.close()
+
+    def _stream_ids(self) -> tuple[list[int] | None, list[int] | None]:
+        """The prompt ids (one list) and the sampled ids (every chunk's, in order) of a
+        stream, or None when it had not exactly one prompt list."""
+        if len(self._prompt) != 1 or not self._ids:
+            return None, None
+        ids = [t for part in self._ids for t in json.loads(part)]
+        return json.loads(self._prompt[0]), ids

@@ -8,7 +8,7 @@ plain twin prefills prompt + sampled ids; the sampled ids themselves were decode
 client anyway) decides which requests are read:
 
 1. On the request path (:func:`attach_live`, one call from the routed endpoint): a
-   non-streamed request that samples, qualifies (:func:`~gateway.upstream.live_ids.
+   request (JSON or stream) that samples, qualifies (:func:`~gateway.upstream.live_ids.
    qualifies`), goes first to a speculative backend whose bucket is not empty, is sent
    with ``return_token_ids: true`` spliced in; an :class:`~gateway.upstream.live_ids.
    IdsTap` takes the ids out of the answer again, unless the client asked for them itself.

@@ -6,7 +6,8 @@ engine faults"). The gateway asks them for the token ids, the client's answer ca
 ``token_ids``/``prompt_token_ids`` as null (as vLLM sends them unasked) unless the client
 asked, and the scorer's evidence from live requests (prompt -1) takes a server off sampled
 traffic. The canary's own first round comes 60 s after start and may add evidence; the test
-asks for live evidence in the failing stream.
+asks for live evidence in the failing stream. Then a streamed chat and a streamed completion:
+no ids reach the client, no chunk vLLM sends only for the ids, and their ids are scored.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import pytest
 from contracts.config import GatewayConfig
 from gateway.app import create_app
 from gateway.settings import Settings
+from gateway.upstream.live_ids import skipped_unasked
 from tests.fakes.servers import running_server
 from tests.integration.conftest import MODEL
 
@@ -87,6 +89,16 @@ async def test_live_traffic_takes_a_corrupting_server_off_sampled_traffic(
             if failing:
                 break
         kept = (await ask(0, return_token_ids=True)).json()["choices"][0]
+        routes = f"{live_gateway}/routes"
+        before = (await c.get(routes)).json()["sample_canary"]["live"]["counts"]["queued"]
+        streamed = [await stream_once(c, live_gateway, chat) for chat in (True, False)]
+        wanted = before + sum(backend in SPECULATIVE for backend in streamed)
+        for _ in range(60):  # the worker scores one at a time on the busy CPU stack
+            after = (await c.get(routes)).json()["sample_canary"]["live"]
+            counts = after["counts"]
+            if counts["queued"] >= wanted and counts.get("scored", 0) >= counts["queued"]:
+                break
+            await asyncio.sleep(2)
     live = view["sample_canary"]["live"]
     print(json.dumps({"served": served, "live": live, "failing": failing}, indent=1))
     assert live["counts"]["scored"] > 0 and live["cost_last_hour"]["live_scored_tokens"] > 0
@@ -96,3 +108,26 @@ async def test_live_traffic_takes_a_corrupting_server_off_sampled_traffic(
         assert suspects[name] and f"at temperature {BAND}" in suspects[name]
         assert all(e["logprob"] < -25 for e in stream["evidence"])
     assert kept["token_ids"] and kept["prompt_token_ids"]  # asked for: kept
+    # streams: ids read (scored when a speculative server answered), none reach the client
+    print(json.dumps({"streamed": streamed, "live_after": after["counts"]}))
+    assert counts["queued"] == wanted and counts.get("scored", 0) == counts["queued"]
+
+
+async def stream_once(c: httpx.AsyncClient, url: str, chat: bool) -> str:
+    """One sampled stream through the gateway; checks what the client got; its backend."""
+    body: dict[str, Any] = {"model": MODEL, "max_tokens": 32, "temperature": 0.5,
+                            "stream": True}  # fmt: skip
+    if chat:
+        body["messages"] = [{"role": "user", "content": PROMPTS[0]}]
+    else:
+        body["prompt"] = PROMPTS[1]
+    path = "/v1/chat/completions" if chat else "/v1/completions"
+    async with c.stream("POST", url + path, json=body, headers={"x-task-type": "code"}) as r:
+        assert r.status_code == 200
+        lines = [line async for line in r.aiter_lines() if line.startswith("data: {")]
+        backend = r.headers["x-specgate-backend"]
+    for line in lines:
+        assert '"token_ids":[' not in line
+        assert not skipped_unasked(line.encode())
+    assert lines
+    return backend

@@ -14,7 +14,7 @@ import pytest
 
 from bench.toy_lm import ToyLM
 from gateway.trace import RequestTrace
-from gateway.upstream.live_ids import qualifies, strip_token_ids, with_token_ids
+from gateway.upstream.live_ids import IdsTap, qualifies, strip_token_ids, with_token_ids
 from gateway.upstream.live_scoring import LiveScorer, LiveScoringBudget
 from gateway.upstream.sample_canary import SampleCanary
 from tests.unit.conftest import MODEL, InProcess, static_config
@@ -51,6 +51,64 @@ def test_flag_spliced_into_the_clients_bytes() -> None:
     assert with_token_ids('{"a": 1}'.encode("utf-16")) is None
 
 
+def sse(events: list[Any]) -> bytes:
+    """A vLLM event stream: ``data: <compact JSON>`` events, then ``[DONE]``."""
+    return b"".join(b"data: " + compact(e) + b"\n\n" for e in events) + b"data: [DONE]\n\n"
+
+
+def chat_stream(asked: bool) -> bytes:
+    """A chat stream as vLLM sends it with and without ``return_token_ids``: the role
+    chunk (prompt ids top-level), content chunks, one step whose text the detokenizer held
+    back (sent only when ids are asked for), the terminal chunk, usage."""
+    head = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": "m"}
+
+    def step(delta: dict[str, Any], ids: list[int], finish: str | None = None) -> Any:
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        return head | {"choices": [choice | {"token_ids": ids if asked else None}]}
+
+    role = {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+            "finish_reason": None}  # fmt: skip
+    events = [head | {"choices": [role], "prompt_token_ids": [1, 2, 3] if asked else None}]
+    events += [step({"content": "caf"}, [7])]
+    if asked:
+        events += [step({}, [8])]  # "é" split over two tokens: held back
+    events += [step({"content": "é!"}, [9]), step({}, [10], "stop") | {"usage": None}]
+    events += [head | {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 4}}]
+    return sse(events)
+
+
+def completion_stream(asked: bool) -> bytes:
+    head = {"id": "cmpl-1", "object": "text_completion", "created": 1, "model": "m"}
+    events = []
+    for i, (text, ids) in enumerate([("a", [7]), (" b", [8, 9]), (" c", [10])]):
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": None,
+                  "prompt_token_ids": [1, 2] if asked and i == 0 else None,
+                  "token_ids": ids if asked else None}  # fmt: skip
+        events.append(head | {"choices": [choice]})
+    return sse(events)
+
+
+@pytest.mark.parametrize(
+    ("stream", "path", "prompt", "ids"),
+    [
+        (chat_stream, "/v1/chat/completions", [1, 2, 3], [7, 8, 9, 10]),
+        (completion_stream, "/v1/completions", [1, 2], [7, 8, 9, 10]),
+    ],
+)
+@pytest.mark.parametrize("cut", [1, 7, 64, 10_000])
+def test_stream_ids_read_and_the_client_gets_the_unasked_stream(
+    stream: Callable[[bool], bytes], path: str, prompt: list[int], ids: list[int], cut: int
+) -> None:
+    got: list[tuple[list[int], list[int]]] = []
+    trace = RequestTrace("r", path, True)
+    flagged = stream(True)
+    for keep, expected in ((False, stream(False)), (True, flagged)):
+        tap = IdsTap(trace, None, keep=keep, sink=lambda _t, p, i: got.append((p, i)))
+        out = b"".join(tap.feed(flagged[i : i + cut]) for i in range(0, len(flagged), cut))
+        assert out + tap.close() == expected
+    assert got == [(prompt, ids), (prompt, ids)]
+
+
 @pytest.mark.parametrize(
     ("extra", "ok"),
     [
@@ -59,7 +117,7 @@ def test_flag_spliced_into_the_clients_bytes() -> None:
         ({"presence_penalty": 0, "repetition_penalty": 1.0, "n": 1}, True),
         ({"return_token_ids": True}, True),
         ({"return_token_ids": False}, False),
-        ({"stream": True}, False),
+        ({"stream": True, "stream_options": {"include_usage": True}}, True),
         ({"n": 2}, False),
         ({"presence_penalty": 0.5}, False),
         ({"repetition_penalty": 1.1}, False),
@@ -208,3 +266,14 @@ async def test_budget_and_queue_respected(gw: InProcess) -> None:
     full.offer(trace_on("plain"), 0.5, [1], [2, 3])
     assert full.counts["dropped_queue_full"] == 3 and full.counts["not_speculative"] == 1
     assert scorer.attach("/v1/completions", body, b"{}", "plain", trace_on("plain")) is None
+
+
+async def test_a_sampled_stream_is_asked_for_its_ids(gw: InProcess) -> None:
+    scorer, _, _ = scorer_of(gw)
+    body = {"model": MODEL, "prompt": "def f():", "max_tokens": 4, "temperature": 0.5,
+            "stream": True}  # fmt: skip
+    resp = await gw.client.post("/v1/completions", json=body, headers=CODE)
+    assert resp.status_code == 200 and resp.text.rstrip().endswith("data: [DONE]")
+    sent = json.loads(gw.fakes[resp.headers["x-specgate-backend"]].received[-1]["body"])
+    assert sent["return_token_ids"] is True and sent["stream"] is True
+    assert scorer.counts["asked"] == 1  # this fake sends no ids: nothing to score
