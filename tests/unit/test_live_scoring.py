@@ -229,6 +229,9 @@ async def test_faulty_backend_taken_off_sampled_traffic(gw: InProcess) -> None:
     assert evidence.temperature == 0.5
     served = {(await complete(gw)).headers["x-specgate-backend"] for _ in range(8)}
     assert served == {"draft", "eagle3"}
+    page = (await gw.client.get("/status")).text
+    assert f"live request {evidence.request}" in page
+    assert "Live traffic: up to 2000 scored tokens a minute per speculative backend" in page
 
 
 def trace_on(backend: str) -> RequestTrace:
