@@ -52,6 +52,7 @@ from gateway.service import Gateway
 from gateway.trace import RequestTrace
 from gateway.upstream.catalog import merge_cards
 from gateway.upstream.feedback import ResponseTap, fingerprints_known, with_usage
+from gateway.upstream.live_scoring import attach_live
 from gateway.upstream.quarantine import QuarantineTable, fingerprint
 from gateway.upstream.tokens import count_prompt_tokens
 
@@ -264,13 +265,19 @@ class ProxyEndpoint:
                 raw, headers["accept-encoding"] = forced, "identity"
             strip = forced is not None
             tap = ResponseTap(trace, strip=strip, registry=registry)
+        # the distribution canary may score this answer's sampled tokens (live scoring)
+        raw, live = attach_live(
+            state.live_scoring, self.path, body, raw, decision.backends, trace, headers
+        )
         settle = Settle(
             gateway,
             self.kind,
             body,
             features,
             trace,
-            lambda: None if tap is None else ResponseTap(trace, strip=strip, registry=registry),
+            lambda: live(
+                None if tap is None else ResponseTap(trace, strip=strip, registry=registry)
+            ),
             affinity,
         )
         work = relay(
@@ -281,7 +288,7 @@ class ProxyEndpoint:
             (raw, body),
             headers,
             trace,
-            tap,
+            live(tap),
             send,
             settle,
         )
