@@ -114,9 +114,6 @@ class SpecgateApp(FastAPI):
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         """ASGI entry point."""
-        if scope["type"] == "http" and scope["path"] == "/health" and scope["method"] == "GET":
-            await health.answer_liveness(send)  # before every layer: a probe never queues
-            return
         if scope["type"] == "http" and scope["method"] == "POST":
             endpoint = self.proxy_endpoints.get(scope["path"])
             if endpoint is not None:

@@ -1,15 +1,6 @@
-"""Liveness and readiness probes.
-
-``GET /health`` is answered by :func:`answer_liveness`, called by the app before any
-middleware or routing (:class:`gateway.app.SpecgateApp`): a probe then costs a few
-microseconds of the event loop, however busy FastAPI's stack is. The route below stays for
-the OpenAPI schema and other methods.
-"""
+"""Liveness and readiness probes."""
 
 from __future__ import annotations
-
-from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
 
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
@@ -18,24 +9,6 @@ from gateway.api.deps import GatewayDep
 from gateway.errors import no_backend
 
 router = APIRouter(tags=["health"])
-
-#: ``GET /health``'s answer, as the route below gives it.
-LIVENESS_BODY = b'{"status":"ok"}'
-_LIVENESS_HEAD = {
-    "type": "http.response.start",
-    "status": 200,
-    "headers": [
-        (b"content-type", b"application/json"),
-        (b"content-length", str(len(LIVENESS_BODY)).encode()),
-    ],
-}
-
-
-async def answer_liveness(send: Callable[[MutableMapping[str, Any]], Awaitable[None]]) -> None:
-    """Send ``GET /health``'s 200 ``{"status":"ok"}`` over raw ASGI ``send``: the process
-    and its event loop are alive (says nothing about backends; ``/ready`` does)."""
-    await send(dict(_LIVENESS_HEAD))
-    await send({"type": "http.response.body", "body": LIVENESS_BODY})
 
 
 @router.get("/health")
