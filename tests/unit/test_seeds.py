@@ -90,7 +90,9 @@ def test_seeded_requests_spread_over_replicas_of_the_same_decode() -> None:
         for i in range(40)
     }
     assert firsts == {"eagle3", "eagle3-b"}  # rendezvous hashing over the replicas
-    again = {pin_seeded(config, decision_for(config, order), body, "key-7").backends[0] for _ in "ab"}
+    again = {
+        pin_seeded(config, decision_for(config, order), body, "key-7").backends[0] for _ in "ab"
+    }
     assert len(again) == 1  # the same request, the same replica
 
 
