@@ -13,6 +13,7 @@ closes the upstream connection and vLLM aborts.
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 import time
@@ -76,13 +77,18 @@ def upstream_headers(client_headers: Mapping[str, str], backend: BackendConfig) 
     out = {
         k: v
         for k, v in client_headers.items()
-        if k.lower() not in _NOT_FORWARDED
-        and _TOKEN.fullmatch(k)
-        and (v.isprintable() or not _UNSAFE.search(v))  # the cheap test first (hot path)
+        if _forwarded(k) and (v.isprintable() or not _UNSAFE.search(v))  # cheap test first
     }
     if backend.api_key:
         out["authorization"] = f"Bearer {backend.api_key}"
     return out
+
+
+@functools.lru_cache(maxsize=1024)
+def _forwarded(name: str) -> bool:
+    """Whether a client header named ``name`` goes to the backend (an RFC 9110 token, not
+    hop-by-hop, not a credential); cached: clients send the same few names again and again."""
+    return name.lower() not in _NOT_FORWARDED and _TOKEN.fullmatch(name) is not None
 
 
 def client_headers(raw: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
