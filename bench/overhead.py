@@ -3,6 +3,7 @@
     python -m bench.overhead [--duration 4] [--rounds 3] [--out bench/out/overhead]
                              [--targets direct,specgate,vllm-router,litellm,bare-proxy]
                              [--specgate-variant LABEL:SPECGATE_X=V[,SPECGATE_Y=W]]
+                             [--specgate-variant LABEL:tree=/path/to/other/checkout]
 
 A fake vLLM upstream (:mod:`bench.fake_upstream`: no token delay, 64-token answers) listens
 on three ports; every gateway fronts all three. Scenarios: non-streamed chat completions at
@@ -93,8 +94,9 @@ Variant = tuple[dict[str, str], list[str]]  # (SPECGATE_* env, bench.variants fl
 
 def parse_variants(values: Sequence[str]) -> dict[str, Variant]:
     """``LABEL:ITEM,ITEM`` -> ``{"specgate[LABEL]": (env, flags)}``. An item
-    ``SPECGATE_X=V`` is an environment setting; ``server=granian`` becomes the
-    :mod:`bench.variants` flag ``--server granian``."""
+    ``SPECGATE_X=V`` is an environment setting; ``tree=PATH`` runs the code of another
+    checkout (e.g. ``git archive BASE | tar -x -C PATH``: an A/B of two commits in one run);
+    ``server=granian`` becomes the :mod:`bench.variants` flag ``--server granian``."""
     out: dict[str, Variant] = {}
     for value in values:
         label, _, items = value.partition(":")
@@ -104,6 +106,8 @@ def parse_variants(values: Sequence[str]) -> dict[str, Variant]:
             key, eq, val = item.partition("=")
             if key.startswith("SPECGATE_"):
                 env[key] = val
+            elif key == "tree":  # that checkout's packages first, not the working directory's
+                env |= {"PYTHONPATH": val, "PYTHONSAFEPATH": "1"}
             else:
                 flags += [f"--{key}", val] if eq else [f"--{key}"]
         out[f"specgate[{label}]"] = (env, flags)
