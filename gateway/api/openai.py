@@ -43,7 +43,16 @@ from gateway.classify.protocol import (
     openapi_body,
     read_fields,
 )
-from gateway.errors import GatewayError, bad_request, guarded, no_backend, quarantined, too_busy
+from gateway.errors import (
+    GatewayError,
+    bad_request,
+    from_upstream,
+    guarded,
+    no_backend,
+    quarantined,
+    too_busy,
+)
+from gateway.failures import UpstreamFailure
 from gateway.routing import control
 from gateway.routing.guards import needs_token_count
 from gateway.routing.policy import RouteDecision
@@ -170,9 +179,10 @@ class ProxyEndpoint:
         try:
             check_client_key(state.auth, headers.get("authorization"))
             await self._serve(scope, receive, send, state, headers, trace)
-        except GatewayError as exc:
-            trace.finish(exc.status, exc.code)
-            await send_error(send, exc)
+        except (GatewayError, UpstreamFailure) as exc:
+            error = exc if isinstance(exc, GatewayError) else from_upstream(exc)
+            trace.finish(error.status, error.code)
+            await send_error(send, error)
         except ClientGone:
             trace.finish(499, "client_closed")
         except asyncio.CancelledError:  # the app is shutting down
