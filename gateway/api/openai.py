@@ -24,6 +24,7 @@ import json
 import logging
 import os
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import httpx
@@ -31,8 +32,7 @@ from fastapi import APIRouter, Request
 from starlette.routing import Route
 
 from gateway.api.deps import GatewayDep
-from gateway.api.relay import Send, relay, until_disconnect
-from gateway.api.settle import Settle, pin
+from gateway.api.relay import Send, send_answer, until_disconnect
 from gateway.auth import check_client_key, header_text
 from gateway.classify.protocol import (
     ChatCompletionFields,
@@ -53,12 +53,15 @@ from gateway.errors import (
     too_busy,
 )
 from gateway.failures import UpstreamFailure
+from gateway.pipeline import open_routed
 from gateway.routing import control
 from gateway.routing.guards import needs_token_count
 from gateway.routing.policy import RouteDecision
 from gateway.runtime import Runtime, runtime_of
 from gateway.service import Gateway
+from gateway.settle import Settle, pin
 from gateway.trace import RequestTrace
+from gateway.upstream.answer import Upstream
 from gateway.upstream.catalog import merge_cards
 from gateway.upstream.feedback import ResponseTap, fingerprints_known, with_usage
 from gateway.upstream.quarantine import QuarantineTable, fingerprint
@@ -283,20 +286,22 @@ class ProxyEndpoint:
             lambda: None if tap is None else ResponseTap(trace, strip=strip, registry=registry),
             affinity,
         )
-        work = relay(
-            gateway,
-            state.forwarder,
-            decision,
-            self.path,
-            (raw, body),
-            headers,
-            trace,
-            tap,
-            send,
-            settle,
-        )
-        if not await until_disconnect(receive, work):
+        request = (self.path, raw, body, headers)
+        opened = open_routed(gateway, state.forwarder, decision, request, trace, tap, settle)
+        if not await until_disconnect(receive, send_opened(opened, send, stream=trace.stream)):
             trace.finish(499, "client_closed")
+
+
+async def send_opened(
+    opened: AbstractAsyncContextManager[tuple[Upstream, list[tuple[bytes, bytes]]]],
+    send: Send,
+    *,
+    stream: bool,
+) -> None:
+    """Send the answer ``opened`` yields (:func:`gateway.pipeline.open_routed`) with its
+    headers, then close it."""
+    async with opened as (upstream, headers):
+        await send_answer(upstream, headers, send, stream=stream)
 
 
 async def guard_decision(

@@ -29,6 +29,7 @@ from gateway.failures import (
     StreamFailureRenderer,
 )
 from gateway.trace import RequestTrace
+from gateway.upstream.answer import Upstream
 from gateway.upstream.attempt import Attempt, read_head
 from gateway.upstream.client import (
     UpstreamBroken,
@@ -100,35 +101,6 @@ def client_headers(raw: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
     """Headers returned to the client from a backend's response (ASGI form: lower-case byte
     pairs), minus hop-by-hop ones."""
     return [(k, v) for k, v in raw if k.decode("latin-1") not in _NOT_RETURNED]
-
-
-@dataclass(slots=True)
-class Upstream:
-    """An open backend response whose status and headers are settled.
-
-    ``headers`` are ASGI byte pairs (lower-case names). ``body`` yields the raw bytes and
-    closes the response (and the in-flight count) when it ends, fails, or is closed early
-    because the client left; for a JSON answer a failure part-way raises
-    :class:`~gateway.failures.AnswerBroken`, a stream ends with an SSE error event.
-    """
-
-    backend: str
-    status: int
-    headers: list[tuple[bytes, bytes]]
-    body: AsyncGenerator[bytes, None]
-    attempts: int
-
-    async def aclose(self) -> None:
-        """Close the response and end the backend lease (idempotent: a body already ended
-        or closed does nothing)."""
-        await self.body.aclose()
-
-    async def __aenter__(self) -> Upstream:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        """Leaving ``async with`` closes the answer (:meth:`aclose`) however it is left."""
-        await self.aclose()
 
 
 #: Markers of a stream's terminal event: OpenAI's ``data: [DONE]``, Anthropic's
@@ -370,9 +342,3 @@ def _report(on_failure: Callable[[str, str], None] | None, name: str, why: str) 
     logger.info("failing over from %s", why)
     if on_failure is not None:
         on_failure(name, why)
-
-
-async def read_all(upstream: Upstream) -> bytes:
-    """Read a non-streamed answer whole; raises :class:`AnswerBroken` (or
-    :class:`~gateway.failures.BackendDied`) when the backend fails part-way."""
-    return b"".join([chunk async for chunk in upstream.body])

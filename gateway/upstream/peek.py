@@ -17,7 +17,7 @@ from collections.abc import AsyncGenerator
 import httpx
 from httpx_sse import EventSource, ServerSentEvent, SSEError
 
-from gateway.upstream.forward import Upstream, read_all
+from gateway.upstream.answer import Upstream, read_all
 
 
 async def _replay(first: bytes, rest: AsyncGenerator[bytes, None]) -> AsyncGenerator[bytes, None]:

@@ -30,8 +30,8 @@ from gateway.service import Gateway
 from gateway.speculation.spec_params import names_speculation
 from gateway.trace import RequestTrace
 from gateway.upstream.affinity import ResponseAffinity, response_id
+from gateway.upstream.answer import Upstream
 from gateway.upstream.feedback import ResponseTap
-from gateway.upstream.forward import Upstream
 from gateway.upstream.peek import is_event_stream, peek_body, peek_event
 
 logger = logging.getLogger(__name__)
