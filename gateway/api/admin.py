@@ -11,8 +11,9 @@ from contracts.acceptance import AcceptanceWindow
 from contracts.config import ConfigError
 from contracts.launch_profile import Speculation
 from gateway.api.deps import GatewayDep, SettingsDep
-from gateway.api.openai import parse_json, read_body
+from gateway.api.openai import read_body
 from gateway.errors import config_invalid
+from gateway.pipeline import parse_json
 from gateway.runtime import runtime_of
 from gateway.speculation.advisor import advise_window
 from gateway.upstream.deaths import DeathWatch

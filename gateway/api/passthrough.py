@@ -32,17 +32,13 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from gateway.api.deps import GatewayDep, SettingsDep
-from gateway.api.openai import (
-    ClientGone,
-    guard_decision,
-    read_body_within,
-    refuse_quarantined,
-)
+from gateway.api.openai import ClientGone, read_body_within
 from gateway.api.relay import Receive, Send, send_answer, until_disconnect
 from gateway.auth import header_text
 from gateway.classify.features import RequestFeatures
 from gateway.classify.protocol import ROUTED
 from gateway.errors import GatewayError, model_not_found, too_busy
+from gateway.pipeline import guard_decision, refuse_quarantined
 from gateway.routing.policy import RouteDecision
 from gateway.runtime import Runtime, runtime_of
 from gateway.service import Admission, Gateway
