@@ -227,9 +227,13 @@ async def open_routed(
             request=request.body,
         )
 
+    async def reopen_on(order: tuple[str, ...], tap: ResponseTap | None) -> Upstream:
+        gateway.stats.failovers += 1  # a refusal routed again
+        return await open_on(order, tap)
+
     async with contextlib.AsyncExitStack() as answers:  # each answer closed on every way out
         first = await answers.enter_async_context(await open_on(decision.backends, request.tap))
-        upstream = await answers.enter_async_context(await settle.settle(first, open_on))
+        upstream = await answers.enter_async_context(await settle.settle(first, reopen_on))
         yield upstream, answer_headers(gateway, decision, upstream, request.trace.request_id)
 
 
