@@ -14,6 +14,9 @@
 #                         PER_TASK; direct, static, adaptive)
 #   stack.sh sampled OUT  bench.sampled_scores (sampled tokens scored by plain's prompt_logprobs)
 #
+# DRAFT_CONFIG (e.g. config/gpu-twin-draft.yaml): `up` also starts that stack (gateway :8020)
+# and `sampled` scores its backends too (into OUT/draft).
+#
 # CONFIG defaults to config/gpu-single.yaml; CONFIG=config/gpu-twin.yaml TWIN=1 gives the cost
 # twin's stack (docs/benchmarks.md, section 7).
 set -euo pipefail
@@ -74,6 +77,12 @@ up)
     setsid nohup "$PY" -m gateway up --config "$CONFIG" \
         > "$ROOT/up.log" 2>&1 < /dev/null &
     say "specgate up started (log $ROOT/up.log)"
+    if [ -n "${DRAFT_CONFIG:-}" ]; then
+        # the draft-model twin for the sampled check only (its own gateway on :8020, no canary)
+        SPECGATE_PORT=8020 SPECGATE_SAMPLE_CANARY_INTERVAL_S=0 SPECGATE_STATE_PERSIST=false setsid nohup "$PY" -m gateway up \
+            --config "$DRAFT_CONFIG" > "$ROOT/up-draft.log" 2>&1 < /dev/null &
+        say "draft stack started (log $ROOT/up-draft.log)"
+    fi
     ;;
 wait)
     deadline=$((SECONDS + ${2:-480}))
@@ -83,7 +92,8 @@ wait)
         tail -1 "$ROOT/up.log"
     done
     if ! curl -sf localhost:8010/ready > /dev/null; then
-        SPECGATE_PORT=8010 setsid nohup "$PY" -m gateway serve \
+        SPECGATE_PORT=8010 SPECGATE_SAMPLE_CANARY_INTERVAL_S=0 SPECGATE_STATE_PERSIST=false \
+            setsid nohup "$PY" -m gateway serve \
             --config "$ROOT/gpu-static.yaml" > "$ROOT/static.log" 2>&1 < /dev/null &
         for _ in $(seq 60); do curl -sf localhost:8010/ready > /dev/null && break; sleep 1; done
     fi
@@ -110,6 +120,11 @@ bench)
     ;;
 sampled)
     "$PY" -m bench.sampled_scores --config "$CONFIG" --prompts .gpu/prompts --out "${2:?sampled OUT}"
+    if [ -n "${DRAFT_CONFIG:-}" ]; then
+        for _ in $(seq 120); do curl -sf localhost:8020/ready > /dev/null && break; sleep 2; done
+        "$PY" -m bench.sampled_scores --config "$DRAFT_CONFIG" --prompts .gpu/prompts \
+            --out "$2/draft" || tail -30 "$ROOT/up-draft.log"
+    fi
     ;;
 *)
     sed -n 2,19p "$0"

@@ -7,16 +7,19 @@
 #
 # specgate up (adaptive :8000) + a static gateway (:8010) on the three twin servers, then
 # repeat 1 (plan, bench.gpu_checks, bench.speedup at c = 1..64), bench.sampled_scores,
-# repeats 2 and 3; OUT/tN holds the epoch seconds at which step N ended.
+# repeats 2 and 3; OUT/tN holds the epoch seconds at which step N ended. DRAFT_CONFIG
+# (default config/gpu-twin-draft.yaml, "" for none) adds the draft-model twin to `sampled`.
+# CHECKS=0 skips bench.gpu_checks in repeat 1.
 set -uo pipefail
 OUT=${1:?OUT}
 export CONFIG=${CONFIG:-config/gpu-twin.yaml} PER_TASK=${PER_TASK:-16}
 export CONCURRENCY=${CONCURRENCY:-1,4,8,16,32,64}
+export DRAFT_CONFIG=${DRAFT_CONFIG-config/gpu-twin-draft.yaml}
 mkdir -p "$OUT"
 bash scripts/gpu/stack.sh up > "$OUT/up.log" 2>&1 || exit 1
 bash scripts/gpu/stack.sh wait 480 > "$OUT/wait.log" 2>&1 || exit 1
 date +%s > "$OUT/t0"
-CHECKS=1 bash scripts/gpu/stack.sh bench "$OUT/r1" > "$OUT/r1.log" 2>&1
+CHECKS=${CHECKS:-1} bash scripts/gpu/stack.sh bench "$OUT/r1" > "$OUT/r1.log" 2>&1
 date +%s > "$OUT/t1"
 bash scripts/gpu/stack.sh sampled "$OUT/sampled" > "$OUT/sampled.log" 2>&1
 date +%s > "$OUT/t2"

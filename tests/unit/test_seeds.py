@@ -58,18 +58,40 @@ def test_the_choice_ignores_the_try_lists_order() -> None:
         firsts.add(pinned.backends[0])
         assert set(pinned.backends) == set(order)  # nothing lost for failover
         assert "pinned to" in pinned.reasons[-1]
-    assert len(firsts) == 1 and firsts <= set(SPECULATIVE)  # the rule's own pool first
-    # different requests spread over the pool (rendezvous hashing)
+    assert firsts == {"eagle3"}  # the rule's own pool first, its first decode
+    # different requests all go to that decode: hashing over eagle3, ngram and draft would
+    # send seeded traffic to whichever method hashes highest, however slow
     spread = {
         pin_seeded(config, decision_for(config, SPECULATIVE), body, f"key-{i}").backends[0]
         for i in range(40)
     }
-    assert spread == set(SPECULATIVE)
+    assert spread == {"eagle3"}
+    # with eagle3 out, the pool's next decode takes it
+    assert pin_seeded(config, decision_for(config, ("ngram", "draft")), body, "k").backends[0] == (
+        "ngram"
+    )
     # the pool's backends are all out: the next pool of the rule (plain) takes it
     only_plain = pin_seeded(config, decision_for(config, ("plain",)), body, "key-1")
     assert only_plain.backends == ("plain",)
     greedy = decision_for(config, SPECULATIVE)
     assert pin_seeded(config, greedy, {"seed": 3, "temperature": 0}, "key-1") is greedy
+
+
+def test_seeded_requests_spread_over_replicas_of_the_same_decode() -> None:
+    base = remote_config()
+    twin = base.backends["eagle3"].model_copy(update={"url": "http://127.0.0.1:9104"})
+    backends = {**base.backends, "eagle3-b": twin}
+    pools = {**base.pools, "speculative": ["eagle3", "eagle3-b", "ngram", "draft"]}
+    config = base.model_copy(update={"backends": backends, "pools": pools})
+    order = ("eagle3", "eagle3-b", "ngram", "draft", "plain")
+    body = {"seed": 3, "temperature": 0.5}
+    firsts = {
+        pin_seeded(config, decision_for(config, order), body, f"key-{i}").backends[0]
+        for i in range(40)
+    }
+    assert firsts == {"eagle3", "eagle3-b"}  # rendezvous hashing over the replicas
+    again = {pin_seeded(config, decision_for(config, order), body, "key-7").backends[0] for _ in "ab"}
+    assert len(again) == 1  # the same request, the same replica
 
 
 @pytest.fixture
@@ -138,4 +160,10 @@ def test_a_backend_that_refuses_a_parameter_of_the_request_is_not_pinned() -> No
             decision, features=replace(decision.features, spec_refused={"ngram": ("min_p",)})
         )
         firsts.add(pin_seeded(config, refusing, body, f"key-{i}").backends[0])
-    assert firsts == {"eagle3", "draft"}
+    assert firsts == {"eagle3"}
+    # ngram first in the pool and refusing: the next decode that accepts the request
+    decision = decision_for(config, ("ngram", "draft", "plain"))
+    refusing = replace(
+        decision, features=replace(decision.features, spec_refused={"ngram": ("min_p",)})
+    )
+    assert pin_seeded(config, refusing, body, "key-1").backends[0] == "draft"

@@ -1,0 +1,64 @@
+"""``python -m bench.twin_repeats DIR [DIR ...]``: bench.speedup repeats, median and spread.
+
+Each ``DIR`` is one repeat's ``bench.speedup --out`` folder (its ``results.json``; e.g. the
+GPU twin run's ``r1/speedup r2/speedup r3/speedup``, ``scripts/gpu/twin-run.sh``). Prints a
+Markdown table per (concurrency, task): the median output tokens/s per request (sum of tokens
+over sum of end-to-end seconds) of every target over the repeats, the oracle (the single
+backend with the best median), and adaptive's ratio to the oracle and to plain as
+``median (min-max)`` over the repeats, each ratio taken within one repeat (the oracle of that
+repeat), so a busy host moves both sides (issue #25 item 3).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from pathlib import Path
+
+SINGLES = ("plain", "ngram", "eagle3")
+TASKS = ("code", "rag", "chat", "creative", "all")
+
+
+def load(folder: Path) -> dict[tuple[int, str, str], float]:
+    """``{(concurrency, task, target): tokens/s}`` of one repeat's ``results.json``."""
+    rows = json.loads((folder / "results.json").read_text())["rows"]
+    return {(r["concurrency"], r["task"], r["target"]): float(r["tok_s"]) for r in rows}
+
+
+def _spread(values: list[float]) -> str:
+    return f"{statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})"
+
+
+def table(repeats: list[dict[tuple[int, str, str], float]]) -> list[str]:
+    """The Markdown lines (header first); raises KeyError when a repeat lacks a cell."""
+    singles = [s for s in SINGLES if (1, "all", s) in repeats[0]]
+    targets = [*singles, "specgate", "adaptive"]
+    head = ["c", "task", *targets, "oracle", "adaptive / oracle", "adaptive / plain"]
+    lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
+    for c in sorted({k[0] for k in repeats[0]}):
+        for task in TASKS:
+            median = {t: statistics.median(r[(c, task, t)] for r in repeats) for t in targets}
+            to_oracle = [
+                r[(c, task, "adaptive")] / max(r[(c, task, s)] for s in singles) for r in repeats
+            ]
+            to_plain = [r[(c, task, "adaptive")] / r[(c, task, "plain")] for r in repeats]
+            oracle = max(singles, key=lambda s: median[s])
+            cells = " | ".join(f"{median[t]:.0f}" for t in targets)
+            ratios = f"{_spread(to_oracle)} | {_spread(to_plain)}"
+            lines.append(f"| {c} | {task} | {cells} | {oracle} | {ratios} |")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI entry (see the module doc); exit code 0."""
+    folders = [Path(a) for a in (argv if argv is not None else sys.argv[1:])]
+    if not folders:
+        print(__doc__, file=sys.stderr)
+        return 2
+    print("\n".join(table([load(f) for f in folders])))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

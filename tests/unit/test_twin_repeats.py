@@ -1,0 +1,36 @@
+"""bench.twin_repeats: medians over repeats, ratios taken within each repeat."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from bench.twin_repeats import load, table
+
+TASKS = ("code", "rag", "chat", "creative", "all")
+
+
+def _repeat(folder: Path, speeds: dict[str, float]) -> Path:
+    rows = [
+        {"concurrency": 1, "task": task, "target": target, "tok_s": tok_s}
+        for task in TASKS
+        for target, tok_s in speeds.items()
+    ]
+    folder.mkdir()
+    (folder / "results.json").write_text(json.dumps({"rows": rows}))
+    return folder
+
+
+def test_medians_and_the_spread_of_the_ratios(tmp_path: Path) -> None:
+    base = {"plain": 100.0, "ngram": 50.0, "eagle3": 150.0, "specgate": 120.0}
+    repeats = [
+        load(_repeat(tmp_path / f"r{i}", {**base, "adaptive": adaptive}))
+        for i, adaptive in enumerate((150.0, 120.0, 90.0))
+    ]
+    lines = table(repeats)
+    assert lines[0].startswith("| c | task | plain | ngram | eagle3 | specgate | adaptive |")
+    code = next(line for line in lines if line.startswith("| 1 | code |"))
+    # median adaptive 120; oracle eagle3; 120/150 = 0.80 (0.60-1.00); vs plain 1.20 (0.90-1.50)
+    assert code == (
+        "| 1 | code | 100 | 50 | 150 | 120 | 120 | eagle3 | 0.80 (0.60-1.00) | 1.20 (0.90-1.50) |"
+    )
