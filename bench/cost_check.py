@@ -1,6 +1,7 @@
 """specgate's CPU per request as a multiple of the bare proxy's, measured in one run.
 
     python -m bench.cost_check [--requests 300] [--repeats 8] [--concurrency 4]
+                               [--base /path/to/other/checkout]
 
 Starts the fake upstream (:mod:`bench.fake_upstream`), the bare proxy
 (:mod:`bench.bare_proxy`: uvicorn and aiohttp with no routing, the cheapest gateway on
@@ -38,16 +39,23 @@ from bench.targets import PATH, request_body, specgate_config
 
 @dataclass(frozen=True)
 class Cost:
-    """One run's figures: per repeat, CPU milliseconds per request of specgate and of the
-    bare proxy over the same moments."""
+    """One run's figures: per repeat, CPU milliseconds per request of specgate, of the
+    bare proxy and (when measured) of another checkout's specgate, over the same moments."""
 
-    repeats: tuple[tuple[float, float], ...]
+    repeats: tuple[tuple[float, ...], ...]
 
     @property
     def ratio(self) -> float:
         """specgate's CPU per request over the bare proxy's: the median of the repeats'
-        ratios (each repeat's two figures share the machine's state of that moment)."""
-        return statistics.median(g / b for g, b in self.repeats)
+        ratios (each repeat's figures share the machine's state of that moment)."""
+        return statistics.median(r[0] / r[1] for r in self.repeats)
+
+    @property
+    def base_ratio(self) -> float | None:
+        """The other checkout's specgate over the bare proxy, likewise (None: not run)."""
+        if len(self.repeats[0]) < 3:
+            return None
+        return statistics.median(r[2] / r[1] for r in self.repeats)
 
 
 async def _send(urls: Sequence[str], body: bytes, requests: int, concurrency: int) -> int:
@@ -97,11 +105,18 @@ def cpu_ms_per_request(
 
 
 def measure(
-    *, requests: int = 300, repeats: int = 8, concurrency: int = 4, logs: Path | None = None
+    *,
+    requests: int = 300,
+    repeats: int = 8,
+    concurrency: int = 4,
+    logs: Path | None = None,
+    base: Path | None = None,
 ) -> Cost:
     """Start the three servers, warm both gateways up, then measure ``repeats`` times (see
     the module docstring); ``logs``: where the servers' logs go (default: a temporary
-    folder). Every server is stopped on the way out."""
+    folder); ``base``: another checkout (e.g. ``git archive BASE | tar -x -C DIR``) whose
+    specgate is loaded in the same moments too (an A/B of two commits). Every server is
+    stopped on the way out."""
     with tempfile.TemporaryDirectory(prefix="specgate-cost-") as tmp:
         work = logs or Path(tmp)
         ports = [free_port() for _ in range(3)]
@@ -131,13 +146,30 @@ def measure(
             log_path=work / "specgate.log",
             env=state,
         )
-        with fake, bare, gate:
-            servers, urls = (gate, bare), (gate_url + PATH, bare_url + PATH)
+        servers, urls = [gate, bare], [gate_url + PATH, bare_url + PATH]
+        if base is not None:
+            base_port = free_port()
+            env = state | {"PYTHONPATH": str(base), "PYTHONSAFEPATH": "1"}
+            env["SPECGATE_STATE_FILE"] = str(Path(tmp) / "base-state.json")
+            base_url = f"http://127.0.0.1:{base_port}"
+            servers.append(
+                Server(
+                    "specgate-base",
+                    [*gate_argv, "--port", str(base_port)],
+                    ready_url=base_url + "/ready",
+                    log_path=work / "specgate-base.log",
+                    env=env,
+                )
+            )
+            urls.append(base_url + PATH)
+        with contextlib.ExitStack() as running:
+            for server in (fake, *servers):
+                running.enter_context(server)
             cpu_ms_per_request(servers, urls, max(requests // 4, 50), concurrency)  # warm-up
-            runs = []
-            for _ in range(repeats):
-                gate_ms, bare_ms = cpu_ms_per_request(servers, urls, requests, concurrency)
-                runs.append((gate_ms, bare_ms))
+            runs = [
+                tuple(cpu_ms_per_request(servers, urls, requests, concurrency))
+                for _ in range(repeats)
+            ]
     return Cost(tuple(runs))
 
 
@@ -147,11 +179,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=300)
     parser.add_argument("--repeats", type=int, default=8)
     parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--base", type=Path, help="another checkout, measured alongside")
     args = parser.parse_args(argv)
-    cost = measure(requests=args.requests, repeats=args.repeats, concurrency=args.concurrency)
-    for gate_ms, bare_ms in cost.repeats:
-        print(f"specgate {gate_ms:.3f} ms  bare proxy {bare_ms:.3f} ms  ({gate_ms / bare_ms:.2f}x)")
+    cost = measure(
+        requests=args.requests,
+        repeats=args.repeats,
+        concurrency=args.concurrency,
+        base=args.base,
+    )
+    for gate_ms, bare_ms, *base_ms in cost.repeats:
+        line = f"specgate {gate_ms:.3f} ms  bare proxy {bare_ms:.3f} ms  ({gate_ms / bare_ms:.2f}x)"
+        if base_ms:
+            line += f"  base {base_ms[0]:.3f} ms ({base_ms[0] / bare_ms:.2f}x)"
+        print(line)
     print(f"median ratio: {cost.ratio:.2f}x")
+    if cost.base_ratio is not None:
+        print(f"base median ratio: {cost.base_ratio:.2f}x")
     return 0
 
 
