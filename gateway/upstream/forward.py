@@ -117,14 +117,13 @@ STREAM_END = (
 
 
 async def _relay(
-    response: UpstreamResponse,
-    chunks: AsyncIterator[bytes],
-    head: list[bytes],
+    settled: _Settled,
     attempt: Attempt,
     trace: RequestTrace,
     tap: ResponseTap | None,
     render: StreamFailureRenderer,
 ) -> AsyncGenerator[bytes, None]:
+    response, chunks, head = settled.response, settled.chunks, settled.head
     status, error = response.status, None
     prev = last = b""  # the stream's last two chunks: an error event there may mean a death
     state = attempt.state
@@ -254,9 +253,7 @@ class Forwarder:
                 await response.aclose()
                 continue
             tapped = tap if response.status == 200 else None
-            relay = _relay(
-                response, outcome.chunks, outcome.head, attempt, trace, tapped, self.stream_failure
-            )
+            relay = _relay(outcome, attempt, trace, tapped, self.stream_failure)
             await anext(relay)  # the primer: the relay now owns the response and the lease
             return Upstream(
                 backend=name,
