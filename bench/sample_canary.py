@@ -10,9 +10,20 @@ interval per round, so hours take seconds.
 
 Targets (issue #24): the faulty backend is taken off sampled traffic (``sample_suspect``)
 within 10 minutes; no false alarm on a healthy backend over an hour. Reported per budget:
-detection times over ``--trials`` runs (median, 90th percentile, share within 10 min),
-false alarms over ``--hours`` simulated healthy hours, and the budget's sampled tokens per
-hour. Results go to stdout as JSON and (``--out``) a file; nothing is asserted.
+detection times over ``--trials`` runs (median, 90th and 95th percentile, share within 10
+min), false alarms over ``--hours`` simulated healthy hours, and the budget's sampled tokens
+per hour. Results go to stdout as JSON and (``--out``) a file; nothing is asserted.
+
+``--live RATE`` (repeatable) adds runs with **live scoring**
+(:mod:`gateway.upstream.live_scoring`) at its default budget beside the canary's default
+rounds, under an assumed ordinary traffic: each speculative backend gets RATE non-streamed
+sampled requests a minute, evenly spaced, each a prompt of ``--prompt-words`` random words
+(one toy token each) and ``--tokens`` sampled tokens, its temperature uniform in [0.1, 1.0]
+(the issue's range for sampled traffic); every request goes through the scorer as on the
+request path (asked for its ids within the budget, its answer's ids stripped and queued),
+and the queue is drained after each wave, the scorer judging each stream at most once a
+minute. Until the alarm the faulty backend keeps its traffic. ``--live 0``: live scoring on
+but no such traffic (the canary's rounds alone, at the level they keep beside live scoring).
 """
 
 from __future__ import annotations
@@ -24,7 +35,7 @@ import random
 import statistics
 import sys
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +43,8 @@ import httpx
 
 from bench.toy_lm import ToyLM, completion_answer
 from contracts.config import GatewayConfig, load_config
+from gateway.trace import RequestTrace
+from gateway.upstream.live_scoring import LiveScorer, LiveScoringBudget
 from gateway.upstream.sample_canary import SampleCanary, SampleCanaryBudget
 from gateway.upstream.state import BackendRegistry
 
@@ -56,6 +69,143 @@ def transport(config: GatewayConfig, faults: dict[str, float], seed: int) -> htt
         return httpx.Response(200, json=completion_answer(lm, body, rng, faults.get(name, 0.0)))
 
     return httpx.MockTransport(handle)
+
+
+@dataclass(frozen=True, slots=True)
+class Traffic:
+    """The assumed ordinary traffic to each speculative backend (module docstring):
+    ``rate`` sampled requests a minute of ``tokens`` sampled tokens after a prompt of
+    ``prompt_words`` words, temperatures uniform in [``t_low``, ``t_high``]."""
+
+    rate: float
+    tokens: int = 128
+    prompt_words: int = 100
+    t_low: float = 0.1
+    t_high: float = 1.0
+
+
+async def live_request(
+    scorer: LiveScorer,
+    client: httpx.AsyncClient,
+    config: GatewayConfig,
+    name: str,
+    traffic: Traffic,
+    rng: random.Random,
+) -> None:
+    """One ordinary sampled request answered by ``name``, through the scorer as the
+    routed endpoint does it (:func:`gateway.upstream.live_scoring.attach_live`)."""
+    backend = config.backends[name]
+    words = " ".join(f"w{rng.randrange(50_000)}" for _ in range(traffic.prompt_words))
+    body = {
+        "model": backend.served_model,
+        "prompt": words,
+        "max_tokens": traffic.tokens,
+        "temperature": round(rng.uniform(traffic.t_low, traffic.t_high), 3),
+    }
+    trace = RequestTrace(f"r{rng.getrandbits(32):08x}", "/v1/completions", False)
+    trace.backend = name
+    taken = scorer.attach("/v1/completions", body, json.dumps(body).encode(), name, trace)
+    if taken is None:
+        return
+    sent, wrap = taken
+    resp = await client.post(f"{backend.base_url}/v1/completions", content=sent)
+    tap = wrap(None)
+    assert tap is not None
+    tap.feed(resp.content)
+    tap.close()
+
+
+async def run_live(
+    budget: SampleCanaryBudget,
+    live: LiveScoringBudget,
+    traffic: Traffic,
+    faults: dict[str, float],
+    seed: int,
+    until_s: float,
+) -> tuple[float | None, dict[str, int], dict[str, int]]:
+    """The canary's rounds plus live scoring of ``traffic`` until ``until_s`` simulated
+    seconds or the faulty backend's first alarm: ``(seconds to that alarm or None, alarms
+    raised on each healthy speculative backend, the scorer's counters)``."""
+    config = load_config(ROOT / "config" / "local.yaml")
+    registry = BackendRegistry(config.backends)
+    for state in registry.states.values():
+        state.healthy = True
+    now, rng = [0.0], random.Random(seed)
+    speculative = [n for n, b in config.backends.items() if b.spec.speculative]
+    false = dict.fromkeys((n for n in speculative if n not in faults), 0)
+
+    def alarmed() -> bool:
+        for name in false:
+            was = name in suspect
+            if registry.states[name].sample_suspect is not None:
+                suspect.add(name)
+                false[name] += not was
+            else:
+                suspect.discard(name)
+        return any(registry.states[n].sample_suspect for n in faults)
+
+    suspect: set[str] = set()
+    async with httpx.AsyncClient(transport=transport(config, faults, seed)) as client:
+        canary = SampleCanary(
+            client, lambda: config, registry, budget, timeout_s=5, clock=lambda: now[0]
+        )
+        scorer = LiveScorer(canary, live, clock=lambda: now[0], monotonic=lambda: now[0])
+        t, next_round = 0.0, budget.interval_s
+        step = 60.0 / traffic.rate if traffic.rate > 0 else budget.interval_s  # 0: no traffic
+        while t < until_s:
+            t += step
+            while next_round <= t:
+                now[0] = next_round
+                await canary.run_round()
+                next_round += budget.interval_s
+                if alarmed():
+                    return now[0], false, dict(scorer.counts)
+            now[0] = t
+            for name in speculative if traffic.rate > 0 else ():
+                await live_request(scorer, client, config, name, traffic, rng)
+            await scorer.drain()
+            if alarmed():
+                return t, false, dict(scorer.counts)
+    return None, false, dict(scorer.counts)
+
+
+async def measure_live(traffic: Traffic, fault: float, trials: int, hours: float) -> dict[str, Any]:
+    """Detection times over ``trials`` faulty runs (capped at 24 h) and false alarms over
+    ``hours`` healthy hours, with live scoring at its default budget beside the canary's
+    default rounds."""
+    budget, live = SampleCanaryBudget(), LiveScoringBudget()
+    times = []
+    for t in range(trials):
+        found, _, _ = await run_live(budget, live, traffic, {FAULTY: fault}, 1000 + t, 24 * 3600.0)
+        times.append(found)
+    _, false, counts = await run_live(budget, live, traffic, {}, 7, hours * 3600.0)
+    report = summary(times, trials)
+    return {
+        "budget": "default + live",
+        "live": asdict(live),
+        "traffic": asdict(traffic),
+        "fault_rate": fault,
+        **report,
+        "healthy_hours": hours,
+        "false_alarms": false,
+        "healthy_run_counts": counts,
+    }
+
+
+def summary(times: list[float | None], trials: int) -> dict[str, Any]:
+    """Median, 90th/95th percentiles (undetected runs count as the cap) and the share
+    within 10 minutes of detection ``times``."""
+    detected = sorted(x for x in times if x is not None)
+    capped = [24 * 3600.0 if x is None else x for x in times]
+    cuts = statistics.quantiles(capped, n=20, method="inclusive") if trials > 1 else None
+    return {
+        "trials": trials,
+        "detected": len(detected),
+        "median_s": statistics.median(detected) if detected else None,
+        "p90_s": cuts[17] if cuts else None,
+        "p95_s": cuts[18] if cuts else None,
+        "within_10_min": sum(x <= TEN_MINUTES for x in detected) / max(trials, 1),
+    }
 
 
 async def run(
@@ -119,12 +269,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--trials", type=int, default=20)
     parser.add_argument("--hours", type=float, default=10.0)
     parser.add_argument("--budget", choices=sorted(BUDGETS), action="append")
+    parser.add_argument("--live", type=float, action="append", metavar="RATE")
+    parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--prompt-words", type=int, default=100)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
     report = [
         asyncio.run(measure(n, BUDGETS[n], args.fault, args.trials, args.hours))
-        for n in args.budget or sorted(BUDGETS)
+        for n in args.budget or ([] if args.live else sorted(BUDGETS))
     ]
+    for rate in args.live or []:
+        traffic = Traffic(rate, args.tokens, args.prompt_words)
+        report.append(asyncio.run(measure_live(traffic, args.fault, args.trials, args.hours)))
     text = json.dumps(report, indent=2)
     print(text)
     if args.out:

@@ -100,7 +100,8 @@ def completion_answer(
     lm: ToyLM, body: dict[str, Any], rng: random.Random, fault_rate: float = 0.0
 ) -> dict[str, Any]:
     """vLLM's non-streamed ``/v1/completions`` answer from ``lm``: sampled at the request's
-    temperature (absent: 1.0), ``token_ids``/``prompt_token_ids`` with ``return_token_ids``,
+    temperature (absent: 1.0), ``token_ids``/``prompt_token_ids`` with ``return_token_ids``
+    (else null),
     ``prompt_logprobs`` (per position None for the first, else ``{"<id>": {"logprob",
     "rank", "decoded_token"}}``) when asked; ``fault_rate`` of sampled tokens made random."""
     prompt = body.get("prompt")
@@ -114,9 +115,9 @@ def completion_answer(
         "finish_reason": "length",
         "logprobs": None,
     }
-    if body.get("return_token_ids"):
-        choice["token_ids"] = out
-        choice["prompt_token_ids"] = ids
+    asked = bool(body.get("return_token_ids"))  # vLLM sends both as null otherwise
+    choice["token_ids"] = out if asked else None
+    choice["prompt_token_ids"] = ids if asked else None
     if body.get("prompt_logprobs") is not None:
         steps: list[dict[str, Any] | None] = [None]
         for i in range(1, len(ids)):

@@ -39,6 +39,7 @@ from gateway.settle import Settle, pin
 from gateway.trace import RequestTrace
 from gateway.upstream.answer import Upstream
 from gateway.upstream.feedback import ResponseTap, fingerprints_known, with_usage
+from gateway.upstream.live_scoring import attach_live
 from gateway.upstream.quarantine import QuarantineTable, fingerprint
 from gateway.upstream.tokens import count_prompt_tokens
 
@@ -133,9 +134,10 @@ async def _guarded_and_pinned(
 
 
 def _ask_for_feedback(runtime: Runtime, request: RoutedRequest) -> None:
-    """Set ``request``'s feedback tap and its :class:`Settle`. A stream ends with the usage
-    chunk (and vLLM's per-request acceptance) only if asked for: ask, uncompressed, and the
-    tap removes it again, once the first choice's fingerprint is known
+    """Set ``request``'s feedback tap (wrapped for live scoring,
+    :func:`~gateway.upstream.live_scoring.attach_live`) and its :class:`Settle`. A stream
+    ends with the usage chunk (and vLLM's per-request acceptance) only if asked for: ask,
+    uncompressed, and the tap removes it again, once the first choice's fingerprint is known
     (:mod:`gateway.upstream.feedback`). Not every backend's: the try list ends with every
     backend of the model (last-resort failover targets), so a stream's feedback would wait
     until each had answered once."""
@@ -151,13 +153,24 @@ def _ask_for_feedback(runtime: Runtime, request: RoutedRequest) -> None:
         strip = forced is not None
         request.tap = ResponseTap(trace, strip=strip, registry=registry)
     tapped = request.tap is not None
+    # the distribution canary may score this answer's sampled tokens (live scoring)
+    request.raw, live = attach_live(
+        runtime.live_scoring,
+        request.path,
+        request.body,
+        request.raw,
+        decision.backends,
+        trace,
+        request.headers,
+    )
+    request.tap = live(request.tap)
     request.settle = Settle(
         gateway,
         request.kind,
         request.body,
         decision.features,
         trace,
-        lambda: ResponseTap(trace, strip=strip, registry=registry) if tapped else None,
+        lambda: live(ResponseTap(trace, strip=strip, registry=registry) if tapped else None),
         runtime.affinity,
     )
 

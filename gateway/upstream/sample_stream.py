@@ -19,20 +19,23 @@ EVIDENCE_KEPT = 5
 @dataclass(frozen=True, slots=True)
 class Scored:
     """One sampled completion scored under the target: ``prompt`` (index into the canary's
-    prompts), the sampled ``token_ids``, each one's log-probability under the target
-    (``logprobs``, nats) and decoded text (``texts``, None where the scorer gave none)."""
+    prompts; -1 for a live request), the sampled ``token_ids``, each one's log-probability
+    under the target (``logprobs``, nats) and decoded text (``texts``, None where the scorer
+    gave none); ``request``: the live request's id (None for the canary's own samples)."""
 
     prompt: int
     token_ids: tuple[int, ...]
     logprobs: tuple[float, ...]
     texts: tuple[str | None, ...]
+    request: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class Evidence:
     """A tail token: where (``prompt`` id, 0-based ``position`` among the sampled tokens),
     what (``token_id``, ``token`` text), its ``logprob`` under the target, the ``band``
-    and the ``temperature`` it was sampled at, and when (unix ``time``)."""
+    and the ``temperature`` it was sampled at, when (unix ``time``) and, for a live
+    request's token (``prompt`` -1), the request's id (``x-request-id``)."""
 
     prompt: int
     position: int
@@ -42,6 +45,7 @@ class Evidence:
     band: str
     temperature: float
     time: float
+    request: str | None = None
 
 
 def parse_prompt_logprobs(body: Any, ids: Sequence[int]) -> tuple[list[float], list[str | None]]:
@@ -99,7 +103,7 @@ class Stream:
                 if lp < floor:
                     k += 1
                     self.evidence.append(
-                        Evidence(s.prompt, pos, tid, text, lp, band, temperature, now)
+                        Evidence(s.prompt, pos, tid, text, lp, band, temperature, now, s.request)
                     )
         self.rounds.append((now, n, k))
         self.tokens_total += n

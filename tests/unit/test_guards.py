@@ -289,6 +289,8 @@ async def test_explain_and_counters_say_why(guarded: InProcess) -> None:
     assert explained["rule"] == "code-rag-speculative" and explained["backend"] == "plain"
     assert {g["backend"] for g in explained["guarded"]} == SPECULATIVE
     assert any("samples" in r and SAMPLED_SPECULATION in r for r in explained["reasons"])
+    adaptive = explained["adaptive"]  # names the final choice, not the policy's guarded one
+    assert adaptive["chosen"] == "plain" and adaptive["policy_choice"] in SPECULATIVE
     guarded_candidates = {c["backend"]: c for c in explained["candidates"]}
     for name in SPECULATIVE:  # not "kept: true, healthy" beside the guard that took it out
         assert guarded_candidates[name]["kept"] is False
