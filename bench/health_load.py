@@ -9,7 +9,9 @@ A fake vLLM upstream (:mod:`bench.fake_upstream`, three ports, 64-token answers 
 mixed requests (chat and completions, streamed and not, code and chat prompts) in a loop for
 ``--duration`` seconds while a prober asks ``/health`` and ``/ready`` every
 ``--probe-interval-ms`` on a new connection each time (as a Kubernetes or load-balancer
-probe does). With 2+ CPUs the gateway is pinned to the last CPU, the fake and the clients to
+probe does), and beside them ``/health`` of a bare uvicorn app under no load (the
+reference: what the machine and the prober give any server at the gateway's CPU and
+niceness). With 2+ CPUs the gateway is pinned to the last CPU, the fake and the clients to
 the others; the fake and the clients run at the niceness ``specgate up`` gives its backends
 (:data:`backends.launcher.BACKEND_NICENESS`), the gateway at the default. Reports each probe
 path's latency percentiles and the load's throughput to ``results.json`` and
@@ -40,8 +42,10 @@ from bench.overhead import cpu_sets
 from bench.procs import Server, free_port, interrupt_on_sigterm, load_average, machine
 from bench.targets import specgate_target
 
-#: The gateway's own probe endpoints.
-PROBED = ("/health", "/ready")
+#: What the prober asks, by label: the gateway's own probe endpoints, and the reference, a
+#: bare uvicorn app's ``/health`` (:func:`bare_app`) on the gateway's CPU at its niceness but
+#: under no load: the floor that this machine and the prober give any server.
+PROBED = ("/health", "/ready", "bare /health")
 #: Mixed requests: (path, body) in turn per client.
 MIX: list[tuple[str, dict[str, Any]]] = [
     (
@@ -99,18 +103,38 @@ async def _client(
             counts[key] = counts.get(key, 0) + 1
 
 
-def probe(base: str, start_at: float, duration_s: float, interval_s: float) -> dict[str, Any]:
+def bare_app() -> Any:
+    """The reference: an ASGI app answering ``GET /health`` 200 ``{"status":"ok"}`` and
+    nothing else (``uvicorn --factory bench.health_load:bare_app``)."""
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        body = b'{"status":"ok"}'
+        headers = [(b"content-type", b"application/json"), (b"content-length", b"15")]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    return app
+
+
+def probe(
+    base: str, start_at: float, duration_s: float, interval_s: float, bare: str
+) -> dict[str, Any]:
     """From ``start_at`` (``time.time()``) for ``duration_s`` seconds, ``GET /health`` then
-    ``/ready`` every ``interval_s``, each on a new connection (as a Kubernetes or load-balancer
-    probe does); per path the latencies (seconds) and the statuses other than 200 (0: no
-    answer). Run in a process of its own (:func:`start_prober`), so the clients' event loop
-    does not delay it."""
-    host, port = base.removeprefix("http://").split(":")
+    ``/ready`` of ``base`` and ``/health`` of ``bare`` every ``interval_s``, each on a new
+    connection (as a Kubernetes or load-balancer probe does); per :data:`PROBED` label the
+    latencies (seconds) and the statuses other than 200 (0: no answer). Run in a process of
+    its own (:func:`start_prober`), so the clients' event loop does not delay it."""
     out: dict[str, Any] = {p: {"latency": [], "bad": []} for p in PROBED}
+    targets = dict(
+        zip(PROBED, ((base, "/health"), (base, "/ready"), (bare, "/health")), strict=True)
+    )
     time.sleep(max(0.0, start_at - time.time()))
     stop_at = time.perf_counter() + duration_s
     while time.perf_counter() < stop_at:
-        for path in PROBED:
+        for label, (url, path) in targets.items():
+            host, port = url.removeprefix("http://").split(":")
             started = time.perf_counter()
             conn = http.client.HTTPConnection(host, int(port), timeout=30)
             try:
@@ -118,24 +142,22 @@ def probe(base: str, start_at: float, duration_s: float, interval_s: float) -> d
                 response = conn.getresponse()
                 response.read()
                 if response.status != 200:
-                    out[path]["bad"].append(response.status)
+                    out[label]["bad"].append(response.status)
             except OSError:
-                out[path]["bad"].append(0)
+                out[label]["bad"].append(0)
             finally:
                 conn.close()
-            out[path]["latency"].append(time.perf_counter() - started)
+            out[label]["latency"].append(time.perf_counter() - started)
         time.sleep(interval_s)
     return out
 
 
 def start_prober(
-    base: str, start_at: float, duration_s: float, interval_s: float
+    base: str, start_at: float, duration_s: float, interval_s: float, bare: str
 ) -> subprocess.Popen[str]:
     """:func:`probe` in a child process (at this process's priority when started)."""
-    code = (
-        "import json, sys; from bench.health_load import probe; "
-        f"print(json.dumps(probe({base!r}, {start_at!r}, {duration_s!r}, {interval_s!r})))"
-    )
+    call = f"probe({base!r}, {start_at!r}, {duration_s!r}, {interval_s!r}, {bare!r})"
+    code = f"import json, sys; from bench.health_load import probe; print(json.dumps({call}))"
     return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
 
 
@@ -202,12 +224,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         gateway = Server("specgate", spec.argv, ready_url=spec.url + spec.ready_path,
                          log_path=args.out / "specgate.log", env=spec.env,
                          cpus=gateway_cpus, niceness=args.gateway_niceness)  # fmt: skip
+        bare_port = free_port()
+        bare_argv = [sys.executable, "-m", "uvicorn", "--factory", "bench.health_load:bare_app"]
+        bare_argv += ["--port", str(bare_port), "--loop", "uvloop", "--http", "httptools"]
+        bare_url = f"http://127.0.0.1:{bare_port}"
+        bare = Server("bare", bare_argv, ready_url=bare_url + "/health", log_path=work / "bare.log",
+                      cpus=gateway_cpus, niceness=args.gateway_niceness)  # fmt: skip
         load_before = load_average()
-        with fake, gateway:
+        with fake, gateway, bare:
             asyncio.run(run(spec.url, 16, 2.0))  # warm-up
             start_at = time.time() + 1.0
             interval_s = args.probe_interval_ms / 1000
-            prober = start_prober(spec.url, start_at, args.duration, interval_s)
+            prober = start_prober(spec.url, start_at, args.duration, interval_s, bare_url)
             os.nice(BACKEND_NICENESS)  # the clients, too, stand for other machines
             time.sleep(max(0.0, start_at - time.time()))
             cpu_before, wall_before = gateway.cpu_seconds(), time.perf_counter()

@@ -61,8 +61,10 @@ async def drive(
     rows: list[dict[str, Any]] = []
     start = time.monotonic()
     counter = iter(range(10**9))
-    # a fresh connection per request: with reused connections about 1 request in 2,000 got
-    # a ReadError here, with embedded state too (no Redis), the gateway logging it as 499
+    # a fresh connection per request: with reused ones about 1 request in 2,000 got a
+    # ReadError here, the gateway logging a 499: httpcore's pool, shared by the replicas, can
+    # close a kept-alive connection already handed to a request (encode/httpcore#1110;
+    # python -m bench.keepalive shows it against plain uvicorn servers too)
     limits = httpx.Limits(max_connections=clients, max_keepalive_connections=0)
     async with httpx.AsyncClient(timeout=60, limits=limits) as client:
 

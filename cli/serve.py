@@ -45,6 +45,7 @@ def run_gateway(
         log_level=settings.log_level,
         # uvicorn hints int, but hands the value to asyncio.wait_for: seconds as a float work.
         timeout_graceful_shutdown=settings.shutdown_grace_s,  # type: ignore[arg-type]
+        timeout_keep_alive=settings.keep_alive_s,  # type: ignore[arg-type]
         # uvloop and httptools (both from uvicorn[standard]) named, not left to "auto", so a
         # missing one fails loudly instead of silently halving throughput; uvicorn's own
         # access log off: specgate.access already logs one richer line per request.

@@ -39,7 +39,12 @@ from gateway.telemetry.status import StatusPage
 from gateway.upstream.affinity import ResponseAffinity
 from gateway.upstream.canary import Canary
 from gateway.upstream.catalog import BackendCatalog
-from gateway.upstream.client import AiohttpUpstream, HttpxUpstream, UpstreamClient
+from gateway.upstream.client import (
+    BACKEND_KEEPALIVE_S,
+    AiohttpUpstream,
+    HttpxUpstream,
+    UpstreamClient,
+)
 from gateway.upstream.deaths import DeathWatch
 from gateway.upstream.forward import Forwarder
 from gateway.upstream.health import HealthPoller
@@ -137,9 +142,13 @@ def build_client(
         write=settings.idle_timeout_s,
         pool=settings.connect_timeout_s,
     )
+    # No connection cap of httpcore's own: at its cap, a pool shared by several backends
+    # closes an idle connection of one to open one to another, and can close one already
+    # handed to a queued request, under that request (encode/httpcore#1110, open in 1.0.9;
+    # measured in docs/benchmarks.md, "Keep-alive"). Admission (``max_inflight``) bounds the
+    # requests in flight, and so the connections, instead.
     limits = httpx.Limits(
-        max_connections=settings.max_connections,
-        max_keepalive_connections=settings.max_connections,
+        max_connections=None, max_keepalive_connections=None, keepalive_expiry=BACKEND_KEEPALIVE_S
     )
     return httpx.AsyncClient(timeout=timeout, limits=limits, transport=transport)
 

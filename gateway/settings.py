@@ -56,6 +56,11 @@ class Settings(BaseSettings):
     restart_window_s: float = Field(default=600.0, gt=0)
     engine_dead_after_s: float = Field(default=10.0, gt=0)
     shutdown_grace_s: float = Field(default=30.0, ge=0)
+    # how long an idle client connection stays open (uvicorn's timeout_keep_alive, whose own
+    # default is 5 s): longer than clients' pool idle expiry (httpx and the OpenAI SDK: 5 s),
+    # so a client never reuses a connection this gateway closes at the same moment; 75 s is
+    # nginx's keepalive_timeout (Envoy and AWS ALB: 60 s or more)
+    keep_alive_s: float = Field(default=75.0, gt=0)
     api_keys: SecretStr | None = None
     api_keys_file: Path | None = None
     admin_token: SecretStr | None = None

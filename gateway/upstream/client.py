@@ -31,6 +31,12 @@ from typing import Protocol
 import aiohttp
 import httpx
 
+#: Seconds a pooled connection to a backend may stay idle before it is reused: shorter than
+#: vLLM's own idle timeout (``VLLM_HTTP_TIMEOUT_KEEP_ALIVE``, 5 s by default), so the gateway
+#: never sends a request on a connection the backend is closing at that moment (aiohttp's
+#: default is 15 s; a POST it does not retry).
+BACKEND_KEEPALIVE_S = 4.0
+
 #: Headers an ``httpx.AsyncClient`` adds to every request by default.
 _HTTPX_DEFAULTS = frozenset({"accept", "accept-encoding", "user-agent", "connection"})
 
@@ -138,7 +144,9 @@ class AiohttpUpstream:
         self.connect_timeout_s = connect_timeout_s
         self._timeouts: dict[float, aiohttp.ClientTimeout] = {}  # by first-byte timeout
         self.session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=max_connections, limit_per_host=0),
+            connector=aiohttp.TCPConnector(
+                limit=max_connections, limit_per_host=0, keepalive_timeout=BACKEND_KEEPALIVE_S
+            ),
             auto_decompress=False,
             skip_auto_headers=("Content-Type", "Accept-Encoding", "User-Agent"),
             cookie_jar=aiohttp.DummyCookieJar(),

@@ -136,8 +136,9 @@ async def test_redis_killed_mid_run_fails_nothing_and_state_converges_when_back(
     caplog.set_level(logging.INFO, logger="gateway.state.sync")
     total, concurrent = 400, 200
     statuses: list[int] = []
-    # a fresh connection per request: reused ones saw a rare ReadError under this load with
-    # embedded state too (a keep-alive race between client and server, not Redis's doing)
+    # a fresh connection per request: httpcore's pool, shared by the three replicas, can close
+    # a kept-alive connection already handed to a request, under it (encode/httpcore#1110;
+    # python -m bench.keepalive: plain uvicorn servers see it as often as the gateway)
     limits = httpx.Limits(max_connections=concurrent, max_keepalive_connections=0)
     async with httpx.AsyncClient(timeout=30, limits=limits) as client:
         gate, third = asyncio.Semaphore(concurrent), asyncio.Event()
