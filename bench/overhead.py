@@ -1,8 +1,9 @@
 """Gateway overhead: specgate vs vllm-router vs LiteLLM vs direct, on a fast fake upstream.
 
     python -m bench.overhead [--duration 4] [--rounds 3] [--out bench/out/overhead]
-                             [--targets direct,specgate,vllm-router,litellm]
+                             [--targets direct,specgate,vllm-router,litellm,bare-proxy]
                              [--specgate-variant LABEL:SPECGATE_X=V[,SPECGATE_Y=W]]
+                             [--specgate-variant LABEL:tree=/path/to/other/checkout]
 
 A fake vLLM upstream (:mod:`bench.fake_upstream`: no token delay, 64-token answers) listens
 on three ports; every gateway fronts all three. Scenarios: non-streamed chat completions at
@@ -22,7 +23,6 @@ asserted.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -34,7 +34,6 @@ from typing import Any
 from tqdm import tqdm
 
 from bench import overhead_report
-from bench.fake_upstream import MODEL
 from bench.load import LoadResult, run_streams, run_wrk, wrk_path
 from bench.procs import (
     Server,
@@ -45,17 +44,18 @@ from bench.procs import (
     machine,
     mapped_libraries,
 )
-from bench.targets import TargetSpec, litellm_target, specgate_target, vllm_router_target
+from bench.targets import (
+    PATH,
+    TargetSpec,
+    bare_proxy_target,
+    litellm_target,
+    request_body,
+    specgate_target,
+    vllm_router_target,
+)
 
-PATH = "/v1/chat/completions"
 #: Shared objects whose presence tells which event loop, HTTP parser or client a server uses.
 LIBRARIES = ["uvloop", "httptools", "granian", "aiohttp"]
-PROMPT = (
-    "Write a Python function `merge_intervals(intervals: list[tuple[int, int]]) -> "
-    "list[tuple[int, int]]` that merges overlapping closed intervals and returns them "
-    "sorted by start. Include a docstring, type hints and three doctest examples, and "
-    "explain its time complexity in one sentence."
-)
 
 
 @dataclass(frozen=True)
@@ -73,19 +73,6 @@ class Scenario:
 
 SCENARIOS = (Scenario(False, 1), Scenario(False, 32), Scenario(False, 64))
 SCENARIOS += (Scenario(True, 1), Scenario(True, 32))
-
-
-def request_body(stream: bool) -> bytes:
-    """A realistic routed request: a code question at temperature 0.2, 64 tokens."""
-    body: dict[str, Any] = {
-        "model": MODEL,
-        "messages": [{"role": "user", "content": PROMPT}],
-        "temperature": 0.2,
-        "max_tokens": 64,
-    }
-    if stream:
-        body["stream"] = True
-    return json.dumps(body).encode()
 
 
 def run_once(target: TargetSpec, scenario: Scenario, pid: int, duration_s: float) -> dict[str, Any]:
@@ -107,8 +94,9 @@ Variant = tuple[dict[str, str], list[str]]  # (SPECGATE_* env, bench.variants fl
 
 def parse_variants(values: Sequence[str]) -> dict[str, Variant]:
     """``LABEL:ITEM,ITEM`` -> ``{"specgate[LABEL]": (env, flags)}``. An item
-    ``SPECGATE_X=V`` is an environment setting; ``server=granian`` becomes the
-    :mod:`bench.variants` flag ``--server granian``."""
+    ``SPECGATE_X=V`` is an environment setting; ``tree=PATH`` runs the code of another
+    checkout (e.g. ``git archive BASE | tar -x -C PATH``: an A/B of two commits in one run);
+    ``server=granian`` becomes the :mod:`bench.variants` flag ``--server granian``."""
     out: dict[str, Variant] = {}
     for value in values:
         label, _, items = value.partition(":")
@@ -118,6 +106,8 @@ def parse_variants(values: Sequence[str]) -> dict[str, Variant]:
             key, eq, val = item.partition("=")
             if key.startswith("SPECGATE_"):
                 env[key] = val
+            elif key == "tree":  # that checkout's packages first, not the working directory's
+                env |= {"PYTHONPATH": val, "PYTHONSAFEPATH": "1"}
             else:
                 flags += [f"--{key}", val] if eq else [f"--{key}"]
         out[f"specgate[{label}]"] = (env, flags)
@@ -139,6 +129,8 @@ def build_targets(
             specs.append(TargetSpec("direct", int(upstreams[0].rsplit(":", 1)[1])))
         elif name == "specgate":
             specs.append(specgate_target(port, upstreams, work))
+        elif name == "bare-proxy":
+            specs.append(bare_proxy_target(port, upstreams))
         elif name == "vllm-router":
             specs.append(vllm_router_target(port, upstreams, logs / "install-vllm-router.log"))
         elif name == "litellm":

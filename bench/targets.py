@@ -5,23 +5,36 @@
   whose three backends (plain, ngram, draft) and rules are those of ``config/local.yaml``,
   pointed at three ports of the fake: routing, classifier, health polling and metrics
   scraping all on;
+* ``bare-proxy``: :mod:`bench.bare_proxy`, the same stack as specgate with no routing
+  (the floor of a Python gateway on uvicorn and aiohttp);
 * ``vllm-router`` (Rust) and the ``litellm`` proxy, installed from PyPI into virtual
   environments of their own under ``<cache>/bench-venvs/`` on first use.
 """
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import yaml
 
 from bench.fake_upstream import MODEL
 from bench.load import API_KEY
 from contracts.paths import default_cache_dir
+
+PATH = "/v1/chat/completions"
+PROMPT = (
+    "Write a Python function `merge_intervals(intervals: list[tuple[int, int]]) -> "
+    "list[tuple[int, int]]` that merges overlapping closed intervals and returns them "
+    "sorted by start. Include a docstring, type hints and three doctest examples, and "
+    "explain its time complexity in one sentence."
+)
+
 
 #: Peer package requirements, installed into ``<cache>/bench-venvs/<name>``.
 PEERS: dict[str, str] = {"vllm-router": "vllm-router", "litellm": "litellm[proxy]"}
@@ -42,6 +55,19 @@ class TargetSpec:
     def url(self) -> str:
         """Base URL, e.g. ``http://127.0.0.1:9200``."""
         return f"http://127.0.0.1:{self.port}"
+
+
+def request_body(stream: bool) -> bytes:
+    """A realistic routed request: a code question at temperature 0.2, 64 tokens."""
+    body: dict[str, Any] = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": PROMPT}],
+        "temperature": 0.2,
+        "max_tokens": 64,
+    }
+    if stream:
+        body["stream"] = True
+    return json.dumps(body).encode()
 
 
 def venv_root() -> Path:
@@ -154,6 +180,13 @@ def specgate_target(
     # its learnt state in the run's own folder, never the shared cache
     env = {"SPECGATE_STATE_FILE": str(workdir / "specgate-state.json"), **(env or {})}
     return TargetSpec("specgate", port, argv, env, "/ready")
+
+
+def bare_proxy_target(port: int, upstreams: Sequence[str]) -> TargetSpec:
+    """:mod:`bench.bare_proxy` in front of the first upstream: specgate's stack (uvicorn,
+    aiohttp) with no work of its own, the floor a Python gateway on it starts from."""
+    argv = [sys.executable, "-m", "bench.bare_proxy", "--upstream", upstreams[0]]
+    return TargetSpec("bare-proxy", port, [*argv, "--port", str(port)], {}, "/health")
 
 
 def vllm_router_target(port: int, upstreams: Sequence[str], log: Path) -> TargetSpec:

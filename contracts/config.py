@@ -31,6 +31,10 @@ from contracts.engine_faults import builtin_guard, faults_for
 from contracts.launch_profile import BackendProfile, Speculation
 from contracts.tasks import TASKS, Task
 
+#: A plain backend's speculation settings (``method: none``), built once: ``spec`` is read
+#: several times per routed request, and a pydantic model costs microseconds to build.
+PLAIN = Speculation()
+
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -137,7 +141,7 @@ class BackendConfig(_Strict):
         """The backend's speculation settings (``method: none`` for plain)."""
         if self.profile is not None:
             return self.profile.speculation
-        return self.speculation or Speculation()
+        return self.speculation or PLAIN
 
 
 class TemperatureRange(_Strict):

@@ -26,7 +26,8 @@ from contracts.config import GatewayConfig
 from gateway.api import admin, health, metrics, openai, passthrough, quarantine, status
 from gateway.api.slashes import redirect_slash
 from gateway.auth import build_auth, require_admin, require_client_key
-from gateway.errors import GatewayError, error_envelope
+from gateway.errors import GatewayError, error_envelope, from_upstream
+from gateway.failures import UpstreamFailure
 from gateway.runtime import Parts, open_runtime
 from gateway.settings import Settings
 
@@ -134,6 +135,10 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(GatewayError)
     async def _gateway_error(_: Request, exc: GatewayError) -> JSONResponse:
         return JSONResponse(exc.envelope(), status_code=exc.status, headers=exc.headers)
+
+    @app.exception_handler(UpstreamFailure)
+    async def _upstream_failure(request: Request, exc: UpstreamFailure) -> JSONResponse:
+        return await _gateway_error(request, from_upstream(exc))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:

@@ -3,12 +3,22 @@
 OpenAI (and vLLM's server) answer errors as
 ``{"error": {"message": str, "type": str, "param": str | None, "code": str | int | None}}``;
 every error the gateway produces uses that shape, so OpenAI SDKs raise their usual exceptions.
+The upstream layer raises its own failures (:mod:`gateway.failures`):
+:func:`from_upstream` maps them here, :func:`stream_failure_event` renders a stream's.
 """
 
 from __future__ import annotations
 
 import json
 from typing import Any
+
+from gateway.failures import (
+    AnswerBroken,
+    BackendDied,
+    BackendTimedOut,
+    NoBackendAnswered,
+    UpstreamFailure,
+)
 
 
 class GatewayError(Exception):
@@ -56,6 +66,41 @@ def sse_error_event(message: str, code: str = "upstream_error") -> bytes:
     """
     payload = json.dumps(error_envelope(message, "server_error", None, code))
     return f"data: {payload}\n\ndata: [DONE]\n\n".encode()
+
+
+def stream_failure_event(died: BackendDied | None) -> bytes:
+    """The events ending a stream whose backend failed part-way (``died``: the death it
+    failed with, None when it only broke off)."""
+    if died is None:
+        return sse_error_event("The backend failed while streaming the response.")
+    error = from_upstream(died)
+    return sse_error_event(error.message, error.code or "backend_died")
+
+
+def from_upstream(failure: UpstreamFailure) -> GatewayError:
+    """The answer to a request the upstream layer failed: 503 ``no_healthy_backend`` when
+    no backend answered, 504 ``upstream_timeout`` when the chosen one sent no headers in
+    time, 502 ``upstream_error`` when an answer broke off, 500 ``backend_died`` when the
+    backend died with the request in flight."""
+    if isinstance(failure, BackendDied):
+        return backend_died(
+            failure.backend,
+            failure.signal,
+            blame=failure.blame,
+            in_flight=failure.in_flight,
+            ttl_s=failure.ttl_s,
+        )
+    if isinstance(failure, BackendTimedOut):
+        return upstream_timeout()
+    if isinstance(failure, AnswerBroken):
+        return GatewayError(
+            502,
+            "The backend failed while sending its response.",
+            type="server_error",
+            code="upstream_error",
+        )
+    assert isinstance(failure, NoBackendAnswered), failure
+    return no_backend()
 
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> GatewayError:

@@ -25,6 +25,7 @@ from contracts.config import ConfigError, GatewayConfig
 from gateway.auth import Auth
 from gateway.background import BackgroundTasks
 from gateway.classify.embedding_stage import load_stages
+from gateway.errors import stream_failure_event
 from gateway.observability import Observability, observability
 from gateway.persistence import persisted_learning
 from gateway.service import Gateway
@@ -256,6 +257,7 @@ async def open_runtime(parts: Parts) -> AsyncIterator[Runtime]:
             first_byte_timeout_s=settings.first_byte_timeout_s,
             idle_timeout_s=settings.idle_timeout_s,
             watch=deaths,
+            stream_failure=stream_failure_event,
         )
         poller = HealthPoller(
             client,

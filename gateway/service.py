@@ -30,7 +30,7 @@ from gateway.routing.explain import decision_json
 from gateway.routing.guards import apply_guards
 from gateway.routing.load import break_even
 from gateway.routing.policy import RouteDecision, RoutingPolicy
-from gateway.routing.seeds import pin_seeded
+from gateway.routing.seeds import pin_seeded, seeded
 from gateway.speculation.prompt_stats import PromptStats, prompt_stats, stats_of
 from gateway.speculation.spec_params import SpecParams
 from gateway.trace import RequestTrace
@@ -50,6 +50,23 @@ def _served_models(config: GatewayConfig) -> tuple[str, ...]:
     """The distinct model names ``config``'s backends serve, in config order (kept per config
     so the hot path does not rebuild them per request)."""
     return tuple(dict.fromkeys(b.served_model for b in config.backends.values()))
+
+
+@dataclass(frozen=True, slots=True)
+class _Derived:
+    """What the hot path reads from a config, computed once per config (not per request)."""
+
+    config: GatewayConfig
+    wants_prompt_stats: bool  # prompt statistics feed adaptive routing and learning
+    spec_methods: frozenset[str]  # the speculation methods of the configured backends
+
+    @classmethod
+    def of(cls, config: GatewayConfig) -> _Derived:
+        routing = config.routing
+        wants = routing.feedback or routing.policy == "adaptive"
+        wants = wants or any(rule.policy == "adaptive" for rule in config.rules)
+        methods = {b.spec.method or "" for b in config.backends.values() if b.spec.speculative}
+        return cls(config, wants, frozenset(methods))
 
 
 class Admission:
@@ -107,6 +124,7 @@ class Gateway:
         self.classifier = classifier or ClassifierStages(None, "off: not loaded")
         self.policy = RoutingPolicy(config)
         self._models = _served_models(config)
+        self._derived = _Derived.of(config)  # rebuilt when config is swapped
         self.registry = registry or BackendRegistry(config.backends)
         self.inflight = 0
         self.reloads = 0
@@ -140,10 +158,7 @@ class Gateway:
 
     def _wants_prompt_stats(self) -> bool:
         """Prompt statistics feed adaptive routing and learning: off when both are."""
-        routing = self.config.routing
-        if routing.feedback or routing.policy == "adaptive":
-            return True
-        return any(rule.policy == "adaptive" for rule in self.config.rules)
+        return self.derived().wants_prompt_stats
 
     def prompt_stats(self, body: Mapping[str, Any]) -> PromptStats | None:
         """Prompt statistics for adaptive routing and learning (None when both are off)."""
@@ -278,7 +293,13 @@ class Gateway:
 
     def spec_methods(self) -> set[str]:
         """The speculation methods of the configured backends."""
-        return {b.spec.method or "" for b in self.config.backends.values() if b.spec.speculative}
+        return set(self.derived().spec_methods)
+
+    def derived(self) -> _Derived:
+        """What the hot path reads from the current config, computed once per config."""
+        if self._derived.config is not self.config:
+            self._derived = _Derived.of(self.config)
+        return self._derived
 
     def features(
         self,
@@ -419,6 +440,8 @@ class Gateway:
         """A seeded request that samples goes to a backend chosen from the request (for
         ``path``) and the config alone, so the same request gets the same tokens again
         (:func:`gateway.routing.seeds.pin_seeded`); other requests are unchanged."""
+        if not seeded(body, self.config.defaults.temperature):
+            return decision  # most requests: no fingerprint to compute
         return pin_seeded(self.config, decision, body, fingerprint(path, body))
 
     def decide(self, features: RequestFeatures, prompt: PromptStats | None = None) -> RouteDecision:

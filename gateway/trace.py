@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from gateway.speculation.prompt_stats import PromptStats
 
 _USAGE_MARK = b'"completion_tokens"'
+_USAGE_KEY = "completion_tokens"
 logger = logging.getLogger(__name__)
 
 
@@ -123,8 +124,28 @@ class RequestTrace:
             if _USAGE_MARK not in part:
                 continue
             try:
-                usage = json.loads(part).get("usage") or {}
+                usage = _usage_object(part)
+                if usage is None:
+                    usage = json.loads(part).get("usage") or {}
                 return int(usage["completion_tokens"])
             except (ValueError, KeyError, TypeError, AttributeError, OverflowError):
                 return None  # e.g. "completion_tokens": 1e999
         return None
+
+
+_DECODER = json.JSONDecoder()
+
+
+def _usage_object(part: bytes) -> dict[str, Any] | None:
+    """The ``usage`` object of a JSON answer read on its own (the answer's last ``"usage":``
+    key, where vLLM puts it), without decoding the whole answer; None when it is not found
+    that way (the caller then decodes all of it)."""
+    at = part.rfind(b'"usage":')
+    if at <= 0 or part[at - 1 : at] == b"\\":
+        return None
+    text = part[at + 8 :].decode("utf-8", "replace")
+    try:
+        value, _ = _DECODER.raw_decode(text, len(text) - len(text.lstrip()))
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) and _USAGE_KEY in value else None

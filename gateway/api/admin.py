@@ -7,15 +7,18 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
-from contracts.acceptance import AcceptanceWindow
-from contracts.config import ConfigError
+from contracts.acceptance import AcceptanceStats, AcceptanceWindow
+from contracts.config import ConfigError, GatewayConfig
 from contracts.launch_profile import Speculation
 from gateway.api.deps import GatewayDep, SettingsDep
-from gateway.api.openai import parse_json, read_body
+from gateway.api.openai import read_body
 from gateway.errors import config_invalid
+from gateway.pipeline import parse_json
 from gateway.runtime import runtime_of
+from gateway.service import Gateway
 from gateway.speculation.advisor import advise_window
 from gateway.upstream.deaths import DeathWatch
+from gateway.upstream.view import BackendView
 
 router = APIRouter(tags=["admin"])
 
@@ -30,90 +33,119 @@ async def routes(request: Request, gateway: GatewayDep) -> dict[str, Any]:
     what adaptive routing learnt (estimates per task, bucket and backend; the newest
     per-request records), and the quarantine's counts and the task classifier's stages
     (is its embedding stage on?)."""
-    config = gateway.config
-    watch = runtime_of(request.app).deaths
+    config, watch, processes = gateway.config, runtime_of(request.app).deaths, supervised(request)
     death_view = watch.to_json()
-    deaths, last_deaths = death_view["deaths"], death_view["last"]
-    processes = supervised(request)
-    backends = []
-    for view in gateway.backends():
-        name, backend, acceptance = view.name, view.config, view.acceptance
-        backends.append(
-            {
-                "name": name,
-                "url": backend.base_url,
-                "model": backend.served_model,
-                "local": backend.local,
-                "speculation": backend.spec.model_dump(exclude_none=True),
-                "healthy": {"up": True, "down": False, "unknown": None}[view.health],
-                "health": view.health,
-                "last_error": view.last_error,
-                "last_scrape": view.last_scrape,
-                "inflight": view.inflight,
-                "load": {
-                    "running": view.running,
-                    "waiting": view.waiting,
-                    "kv_cache_usage": view.kv_cache_usage,
-                    "max_batch_for_speculation": backend.max_batch_for_speculation,
-                },
-                "acceptance": None
-                if acceptance is None
-                else {
-                    "rate": acceptance.rate,
-                    "mean_length": acceptance.mean_length,
-                    "draft_tokens": acceptance.draft_tokens,
-                    "accepted_tokens": acceptance.accepted_tokens,
-                    "drafts": acceptance.drafts,
-                    "per_position": list(acceptance.per_position),
-                    "window_s": config.routing.acceptance_window_s,
-                },
-                "min_acceptance_rate": backend.acceptance_floor(config.routing.min_acceptance_rate),
-                "circuit": {
-                    "state": view.circuit,
-                    "consecutive_failures": view.breaker.failures,
-                    "opened": view.breaker.opened_count,
-                },
-                "demoted": view.demoted,
-                "demotions": view.demotions,
-                "suspect": view.suspect,
-                "sample_suspect": view.sample_suspect,
-                "requests": view.requests,
-                "advice": _advice(backend.spec, view.window),
-                "guards": backend.guards,
-                "deaths": deaths.get(name, 0),
-                "last_death": last_deaths.get(name),
-                "process": processes.get(name),
-            }
-        )
-    rules = [rule.model_dump(exclude_none=True) for rule in config.rules]
-    rules.append({"name": "default", "match": {}, "pool": config.defaults.pool, "fallbacks": []})
-    stats = gateway.stats
+    backends = [
+        _backend_json(view, config, death_view, processes.get(view.name))
+        for view in gateway.backends()
+    ]
     canary = runtime_of(request.app).canary
     sample_canary = runtime_of(request.app).sample_canary
     return {
         "backends": backends,
-        "pools": config.pools,
-        "rules": rules,
-        "defaults": config.defaults.model_dump(),
-        "routing": config.routing.model_dump(),
+        **_config_json(config),
         "classifier": gateway.classifier.view(),
-        "decisions": {
-            "by_rule": dict(stats.by_rule),
-            "by_task": dict(stats.by_task),
-            "by_backend": dict(stats.by_backend),
-            "failovers": stats.failovers,
-            "rejected": stats.rejected,
-            "last_resort": stats.last_resort,
-            "guarded": dict(stats.guarded),
-            "speculation_control": by_value(stats.speculation),
-            "speculation_refuses": gateway.spec_params.snapshot(),
-        },
+        "decisions": _decisions_json(gateway),
         "guards": {name: g.model_dump() for name, g in config.guards.items()},
         "canary": None if canary is None else canary.to_json(),
         "sample_canary": None if sample_canary is None else sample_canary.to_json(),
         "quarantine": quarantine_summary(watch),
         "state": runtime_of(request.app).state.to_json(),
         "adaptive": gateway.feedback.to_json() | {"break_even": gateway.break_even()},
+    }
+
+
+def _backend_json(
+    view: BackendView, config: GatewayConfig, death_view: dict[str, Any], process: Any
+) -> dict[str, Any]:
+    """One backend as ``GET /routes`` shows it (``death_view``: the death watch's JSON,
+    ``process``: its supervision under ``specgate up``, None otherwise)."""
+    name, backend = view.name, view.config
+    return {
+        "name": name,
+        "url": backend.base_url,
+        "model": backend.served_model,
+        "local": backend.local,
+        "speculation": backend.spec.model_dump(exclude_none=True),
+        "healthy": {"up": True, "down": False, "unknown": None}[view.health],
+        "health": view.health,
+        "last_error": view.last_error,
+        "last_scrape": view.last_scrape,
+        "inflight": view.inflight,
+        "load": {
+            "running": view.running,
+            "waiting": view.waiting,
+            "kv_cache_usage": view.kv_cache_usage,
+            "max_batch_for_speculation": backend.max_batch_for_speculation,
+        },
+    } | _verdicts_json(view, config, death_view, process)
+
+
+def _verdicts_json(
+    view: BackendView, config: GatewayConfig, death_view: dict[str, Any], process: Any
+) -> dict[str, Any]:
+    """The rest of :func:`_backend_json`: acceptance, breaker, demotion, canaries, advice,
+    guards, deaths, process."""
+    backend, acceptance = view.config, view.acceptance
+    return {
+        "acceptance": None if acceptance is None else _acceptance_json(acceptance, config),
+        "min_acceptance_rate": backend.acceptance_floor(config.routing.min_acceptance_rate),
+        "circuit": {
+            "state": view.circuit,
+            "consecutive_failures": view.breaker.failures,
+            "opened": view.breaker.opened_count,
+        },
+        "demoted": view.demoted,
+        "demotions": view.demotions,
+        "suspect": view.suspect,
+        "sample_suspect": view.sample_suspect,
+        "requests": view.requests,
+        "advice": _advice(backend.spec, view.window),
+        "guards": backend.guards,
+        "deaths": death_view["deaths"].get(view.name, 0),
+        "last_death": death_view["last"].get(view.name),
+        "process": process,
+    }
+
+
+def _acceptance_json(acceptance: AcceptanceStats, config: GatewayConfig) -> dict[str, Any]:
+    """A backend's measured acceptance over the config's window."""
+    return {
+        "rate": acceptance.rate,
+        "mean_length": acceptance.mean_length,
+        "draft_tokens": acceptance.draft_tokens,
+        "accepted_tokens": acceptance.accepted_tokens,
+        "drafts": acceptance.drafts,
+        "per_position": list(acceptance.per_position),
+        "window_s": config.routing.acceptance_window_s,
+    }
+
+
+def _config_json(config: GatewayConfig) -> dict[str, Any]:
+    """The pools, the ordered rules (the default one last), defaults and routing settings."""
+    rules = [rule.model_dump(exclude_none=True) for rule in config.rules]
+    rules.append({"name": "default", "match": {}, "pool": config.defaults.pool, "fallbacks": []})
+    return {
+        "pools": config.pools,
+        "rules": rules,
+        "defaults": config.defaults.model_dump(),
+        "routing": config.routing.model_dump(),
+    }
+
+
+def _decisions_json(gateway: Gateway) -> dict[str, Any]:
+    """The decision counts since start, as ``GET /routes`` shows them."""
+    stats = gateway.stats
+    return {
+        "by_rule": dict(stats.by_rule),
+        "by_task": dict(stats.by_task),
+        "by_backend": dict(stats.by_backend),
+        "failovers": stats.failovers,
+        "rejected": stats.rejected,
+        "last_resort": stats.last_resort,
+        "guarded": dict(stats.guarded),
+        "speculation_control": by_value(stats.speculation),
+        "speculation_refuses": gateway.spec_params.snapshot(),
     }
 
 

@@ -24,15 +24,14 @@ import json
 import logging
 import os
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
-import httpx
 from fastapi import APIRouter, Request
 from starlette.routing import Route
 
 from gateway.api.deps import GatewayDep
-from gateway.api.relay import Send, relay, until_disconnect
-from gateway.api.settle import Settle, pin
+from gateway.api.relay import Send, send_answer, until_disconnect
 from gateway.auth import check_client_key, header_text
 from gateway.classify.protocol import (
     ChatCompletionFields,
@@ -41,20 +40,17 @@ from gateway.classify.protocol import (
     ResponsesFields,
     RoutedFields,
     openapi_body,
-    read_fields,
 )
-from gateway.errors import GatewayError, bad_request, guarded, no_backend, quarantined, too_busy
-from gateway.routing import control
-from gateway.routing.guards import needs_token_count
-from gateway.routing.policy import RouteDecision
+from gateway.errors import (
+    GatewayError,
+    from_upstream,
+)
+from gateway.failures import UpstreamFailure
+from gateway.pipeline import RoutedRequest, open_routed, prepare_routed
 from gateway.runtime import Runtime, runtime_of
 from gateway.service import Gateway
-from gateway.trace import RequestTrace
+from gateway.upstream.answer import Upstream
 from gateway.upstream.catalog import merge_cards
-from gateway.upstream.feedback import ResponseTap, fingerprints_known, with_usage
-from gateway.upstream.live_scoring import attach_live
-from gateway.upstream.quarantine import QuarantineTable, fingerprint
-from gateway.upstream.tokens import count_prompt_tokens
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -139,14 +135,6 @@ def _too_large(limit: int) -> GatewayError:
     )
 
 
-def parse_json(raw: bytes) -> Any:
-    """Decode a JSON body; malformed JSON, invalid UTF-8 or absurd nesting is a 400."""
-    try:
-        return json.loads(raw)
-    except (ValueError, RecursionError):
-        raise bad_request("The request body is not valid JSON.", code="invalid_json") from None
-
-
 class ProxyEndpoint:
     """The raw ASGI app of one routed endpoint (``POST`` only; the route checks the method).
 
@@ -170,10 +158,12 @@ class ProxyEndpoint:
         trace = gateway.new_trace(headers.get("x-request-id") or os.urandom(16).hex(), self.path)
         try:
             check_client_key(state.auth, headers.get("authorization"))
-            await self._serve(scope, receive, send, state, headers, trace)
-        except GatewayError as exc:
-            trace.finish(exc.status, exc.code)
-            await send_error(send, exc)
+            request = RoutedRequest(self.kind, self.path, b"", headers, trace)
+            await self._serve(scope, receive, send, state, request)
+        except (GatewayError, UpstreamFailure) as exc:
+            error = exc if isinstance(exc, GatewayError) else from_upstream(exc)
+            trace.finish(error.status, error.code)
+            await send_error(send, error)
         except ClientGone:
             trace.finish(499, "client_closed")
         except asyncio.CancelledError:  # the app is shutting down
@@ -188,137 +178,37 @@ class ProxyEndpoint:
             with contextlib.suppress(RuntimeError):  # the response had already started
                 await send_error(send, internal)
 
+    @staticmethod
     async def _serve(
-        self,
-        scope: Scope,
-        receive: Receive,
-        send: Send,
-        state: Runtime,
-        headers: dict[str, str],
-        trace: RequestTrace,
+        scope: Scope, receive: Receive, send: Send, state: Runtime, request: RoutedRequest
     ) -> None:
+        """Header size, an early in-flight check, the body, then the stages (within an
+        admission slot: counted once the body is in, so slow senders hold no slot)."""
         gateway, settings = state.gateway, state.settings
         if sum(len(k) + len(v) for k, v in scope["headers"]) > settings.max_header_bytes:
             raise GatewayError(431, "The request headers are too large.", code="headers_too_large")
         admission = gateway.admission(settings.max_inflight)
         admission.check()  # refused before reading the body
-        raw = await read_body_within(
-            receive, headers, settings.max_body_bytes, settings.body_timeout_s
+        request.raw = await read_body_within(
+            receive, request.headers, settings.max_body_bytes, settings.body_timeout_s
         )
-        with admission:  # counted once the body is in, so slow senders hold no slot
-            await self._route(receive, send, state, raw, headers, trace)
-
-    async def _route(
-        self,
-        receive: Receive,
-        send: Send,
-        state: Runtime,
-        raw: bytes,
-        headers: dict[str, str],
-        trace: RequestTrace,
-    ) -> None:
-        gateway = state.gateway
-        body = parse_json(raw)
-        fields = read_fields(self.kind, body)
-        trace.stream = bool(fields.stream)
-        watch = state.deaths
-        if watch.table.blocking:
-            refuse_quarantined(watch.table, self.path, body)
-        prepared = gateway.prepare(
-            self.kind, body, headers.get("x-task-type"), fields, headers.get(control.HEADER)
-        )
-        features, prompt = prepared.features, prepared.prompt
-        decision = gateway.decide(features, prompt)
-        if gateway.config.guards:
-            decision = await guard_decision(gateway, state.client, decision, self.path, body)
-        decision = gateway.pin_seed(decision, body, self.path)
-        affinity = state.affinity
-        if self.kind is ResponsesFields and isinstance(body.get("previous_response_id"), str):
-            held = affinity.backend_of(body["previous_response_id"])
-            bug = dict(decision.guarded).get(held or "")
-            if bug is not None:  # the conversation lives where this request hits a known bug
-                raise guarded(bug, gateway.config.guards[bug].why)
-            decision = pin(decision, held, "holds previous_response_id")
-        decision = gateway.control(decision)
-        trace.task, trace.rule = features.task, decision.rule
-        trace.features, trace.prompt = features, prompt
-        trace.concurrency = decision.concurrency
-        if not decision.backends:
-            gateway.stats.rejected += 1
-            if decision.saturated:
-                raise too_busy("Every backend for this request is at its in-flight cap.")
-            raise no_backend()
-        state.capture.offer(self.path, features.task, body, len(raw))  # opt-in, never blocks
-        headers["x-request-id"] = trace.request_id
-        tap, strip = None, False
-        registry = gateway.registry
-        if gateway.config.routing.feedback and self.kind.feedback:
-            # A stream ends with the usage chunk (and vLLM's per-request acceptance) only if
-            # asked for: ask, uncompressed, and the tap removes it again, once the first
-            # choice's fingerprint is known (gateway.upstream.feedback). Not every backend's:
-            # the try list ends with every backend of the model (last-resort failover
-            # targets), so a stream's feedback would wait until each had answered once.
-            forced = None
-            if fingerprints_known(registry, decision.backends[:1]):
-                forced = with_usage(raw, body)
-            if forced is not None:
-                raw, headers["accept-encoding"] = forced, "identity"
-            strip = forced is not None
-            tap = ResponseTap(trace, strip=strip, registry=registry)
-        # the distribution canary may score this answer's sampled tokens (live scoring)
-        raw, live = attach_live(
-            state.live_scoring, self.path, body, raw, decision.backends, trace, headers
-        )
-        settle = Settle(
-            gateway,
-            self.kind,
-            body,
-            features,
-            trace,
-            lambda: live(
-                None if tap is None else ResponseTap(trace, strip=strip, registry=registry)
-            ),
-            affinity,
-        )
-        work = relay(
-            gateway,
-            state.forwarder,
-            decision,
-            self.path,
-            (raw, body),
-            headers,
-            trace,
-            live(tap),
-            send,
-            settle,
-        )
-        if not await until_disconnect(receive, work):
-            trace.finish(499, "client_closed")
+        with admission:
+            await prepare_routed(state, request)
+            work = send_opened(open_routed(state, request), send, stream=request.stream)
+            if not await until_disconnect(receive, work):
+                request.trace.finish(499, "client_closed")
 
 
-async def guard_decision(
-    gateway: Gateway, client: httpx.AsyncClient, decision: RouteDecision, path: str, body: Any
-) -> RouteDecision:
-    """Apply the known-engine-bug guards; the exact prompt length comes from the first
-    candidate's ``/tokenize`` only when the cheap bound alone would make a guard match."""
-    tokens = None
-    if decision.backends and needs_token_count(gateway.config, decision, body):
-        backend = gateway.config.backends[decision.backends[0]]
-        tokens = await count_prompt_tokens(client, backend.base_url, path, body)
-    return gateway.guard(decision, body, tokens)
-
-
-def refuse_quarantined(table: QuarantineTable, path: str, body: Any) -> None:
-    """Raise the 422 ``request_quarantined`` error when ``body`` (for ``path``) is
-    quarantined; only called while the table holds a quarantined fingerprint."""
-    fp = fingerprint(path, body)
-    entry = table.check(fp)
-    if entry is None:
-        return
-    death = entry.deaths[-1]
-    remaining = (entry.quarantined_until or 0.0) - table.clock()
-    logger.info("refused quarantined request, fingerprint %s", fp)
-    raise quarantined(fp, death.backend, death.signal, remaining)
+async def send_opened(
+    opened: AbstractAsyncContextManager[tuple[Upstream, list[tuple[bytes, bytes]]]],
+    send: Send,
+    *,
+    stream: bool,
+) -> None:
+    """Send the answer ``opened`` yields (:func:`gateway.pipeline.open_routed`) with its
+    headers, then close it."""
+    async with opened as (upstream, headers):
+        await send_answer(upstream, headers, send, stream=stream)
 
 
 async def send_error(send: Send, error: GatewayError) -> None:

@@ -32,17 +32,13 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from gateway.api.deps import GatewayDep, SettingsDep
-from gateway.api.openai import (
-    ClientGone,
-    guard_decision,
-    read_body_within,
-    refuse_quarantined,
-)
+from gateway.api.openai import ClientGone, read_body_within
 from gateway.api.relay import Receive, Send, send_answer, until_disconnect
 from gateway.auth import header_text
 from gateway.classify.features import RequestFeatures
 from gateway.classify.protocol import ROUTED
 from gateway.errors import GatewayError, model_not_found, too_busy
+from gateway.pipeline import guard_decision, refuse_quarantined
 from gateway.routing.policy import RouteDecision
 from gateway.runtime import Runtime, runtime_of
 from gateway.service import Admission, Gateway
@@ -88,6 +84,25 @@ async def passthrough(
         raise _not_allowed(method, path, "POST" if path in ROUTED else "GET")
     runtime = runtime_of(request.app)
     catalog = runtime.catalog
+    found = await _client_path(gateway, catalog, method, path)
+    admission = gateway.admission(settings.max_inflight)
+    admission.check()  # refused before reading the body
+    relayed = Relayed(runtime, request, path, admission)
+    if not await relayed.read():
+        return Response(status_code=499)  # nobody is left to read it
+    if relayed.parsed is not None and runtime.deaths.table.blocking:
+        refuse_quarantined(runtime.deaths.table, relayed.target, relayed.parsed)
+    order = _targets(gateway, catalog, found, path, relayed.parsed, runtime.affinity)
+    relayed.order = await _guarded(runtime, path, relayed.parsed, order)
+    relayed.stateful = found.template in STATEFUL_TEMPLATES
+    return relayed
+
+
+async def _client_path(
+    gateway: Gateway, catalog: BackendCatalog, method: str, path: str
+) -> PathTemplate:
+    """The client path template ``path`` matches among the backends' (their catalog
+    refreshed); raises 404 for an unknown or operator path, 405 for a method it lacks."""
     names = [n for n, s in gateway.registry.states.items() if s.available] or list(
         gateway.config.backends
     )
@@ -100,17 +115,7 @@ async def passthrough(
         raise _not_found(path, hint)
     if method not in found.methods:
         raise _not_allowed(method, path, ", ".join(sorted(found.methods)))
-    admission = gateway.admission(settings.max_inflight)
-    admission.check()  # refused before reading the body
-    relayed = Relayed(runtime, request, path, admission)
-    if not await relayed.read():
-        return Response(status_code=499)  # nobody is left to read it
-    if relayed.parsed is not None and runtime.deaths.table.blocking:
-        refuse_quarantined(runtime.deaths.table, relayed.target, relayed.parsed)
-    order = _targets(gateway, catalog, found, path, relayed.parsed, runtime.affinity)
-    relayed.order = await _guarded(runtime, path, relayed.parsed, order)
-    relayed.stateful = found.template in STATEFUL_TEMPLATES
-    return relayed
+    return found
 
 
 @admin_router.api_route(
@@ -237,6 +242,14 @@ def _targets(
     model = model if isinstance(model, str) and model else None
     if model is not None and model not in gateway.served_models():
         raise model_not_found(model)
+    return _ranked(gateway, catalog, found, model)
+
+
+def _ranked(
+    gateway: Gateway, catalog: BackendCatalog, found: PathTemplate, model: str | None
+) -> tuple[str, ...]:
+    """Healthy, trusted backends listing ``found`` and serving ``model`` (any, when None),
+    below their cap: plain first, least in flight. Raises 429 when every such one is capped."""
     snapshot = gateway.registry.snapshot()
     ranked, capped = [], False
     for name, backend in gateway.config.backends.items():

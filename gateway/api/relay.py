@@ -1,113 +1,22 @@
-"""Relay a routed request's answer: open the decided backends, settle, send over ASGI.
+"""Send a backend's answer to the client over ASGI, and cancel it when the client leaves.
 
-The second half of a routed request (:class:`~gateway.api.openai.ProxyEndpoint` parses and
-decides): the forwarder opens the backends in the decision's order with failover before the
-first byte (:class:`~gateway.upstream.forward.Forwarder`, a backend lease per attempt),
-:class:`~gateway.api.settle.Settle` judges the first answer, and the body goes to the client
-with raw ASGI ``send`` (no Starlette response objects on the hot path).
+The HTTP half of a request: the answer was opened by the pipeline
+(:func:`gateway.pipeline.open_routed`, or the forwarder for relayed paths); here its
+status, headers and bytes go out with raw ASGI ``send`` (no Starlette response objects on
+the hot path), a stream chunk by chunk, while :func:`until_disconnect` watches the client.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from gateway.api.settle import Settle
-from gateway.routing.control import served
-from gateway.routing.policy import RouteDecision
-from gateway.service import Gateway
-from gateway.trace import RequestTrace
-from gateway.upstream.feedback import ResponseTap
-from gateway.upstream.forward import Forwarder, Upstream, read_all
+from gateway.upstream.answer import Upstream, read_all
 
 Message = MutableMapping[str, Any]
 Send = Callable[[Message], Awaitable[None]]
 Receive = Callable[[], Awaitable[Message]]
-
-#: Response headers the gateway sets itself (a backend's own are dropped).
-OWN_HEADERS = frozenset(
-    {
-        b"x-specgate-backend",
-        b"x-specgate-rule",
-        b"x-specgate-task",
-        b"x-specgate-guarded",
-        b"x-specgate-last-resort",
-        b"x-specgate-speculation",
-        b"x-request-id",
-    }
-)
-
-
-async def relay(
-    gateway: Gateway,
-    forwarder: Forwarder,
-    decision: RouteDecision,
-    path: str,
-    request: tuple[bytes, Any],
-    headers: dict[str, str],
-    trace: RequestTrace,
-    tap: ResponseTap | None,
-    send: Send,
-    settle: Settle,
-) -> None:
-    """Open ``decision``'s backends in order (failing over before the first byte), let
-    ``settle`` judge the first answer (a refusal it retries elsewhere), then relay the
-    answer to the client with ``send``: SSE chunk by chunk as each arrives, JSON whole with
-    its ``content-length``. The backend's headers pass except the gateway's own
-    ``x-specgate-*`` and ``x-request-id``, which are set here (``x-specgate-last-resort``
-    only when a backend outside the rule's pools answers: why the rule's pools did not).
-    ``request`` is the body as the client sent it (bytes) and as parsed. Raises
-    :class:`~gateway.errors.GatewayError` when no backend answers (from the forwarder); the
-    upstream answer is closed on every exit."""
-
-    def count_failover(_backend: str, _why: str) -> None:
-        gateway.stats.failovers += 1
-
-    async def open_on(order: tuple[str, ...], tap: ResponseTap | None) -> Upstream:
-        return await forwarder.open(
-            gateway.config.backends,
-            gateway.registry.states,
-            order,
-            path=path,
-            body=request[0],
-            headers=headers,
-            trace=trace,
-            on_failure=count_failover,
-            tap=tap,
-            request=request[1],
-        )
-
-    async with contextlib.AsyncExitStack() as answers:  # each answer closed on every way out
-        first = await answers.enter_async_context(await open_on(decision.backends, tap))
-        upstream = await answers.enter_async_context(await settle.settle(first, open_on))
-        gateway.stats.by_backend[upstream.backend] += 1
-        out = [(k, v) for k, v in upstream.headers if k not in OWN_HEADERS]
-        out += [
-            (b"x-specgate-backend", upstream.backend.encode()),
-            (b"x-specgate-rule", decision.rule.encode()),
-            (b"x-specgate-task", decision.features.task.encode()),
-            (b"x-request-id", trace.request_id.encode()),
-        ]
-        if decision.guarded:  # which backends a known engine bug kept this request from
-            guarded = ", ".join(f"{b}={g}" for b, g in decision.guarded)
-            out.append((b"x-specgate-guarded", guarded.encode()))
-        if decision.speculation is not None:  # the effect of the client's control
-            effect = served(gateway.config, decision.speculation, upstream.backend)
-            out.append((b"x-specgate-speculation", header_value(effect)))
-        if upstream.backend in decision.outside:  # why the rule's pools did not serve it
-            gateway.stats.last_resort += 1
-            why = decision.last_resort or "failover: the rule's backends did not answer"
-            out.append((b"x-specgate-last-resort", header_value(why)))
-        await send_answer(upstream, out, send, stream=trace.stream)
-
-
-def header_value(text: str) -> bytes:
-    """``text`` as a safe header value: ASCII (others backslash-escaped), no control
-    characters (a config's names cannot split or corrupt the response head)."""
-    raw = text.encode("ascii", "backslashreplace")
-    return bytes(c for c in raw if 32 <= c < 127)
 
 
 async def send_answer(

@@ -101,6 +101,15 @@ def _read(adapter: TypeAdapter[Any], value: Any) -> Any:
         return None
 
 
+def _field(adapter: TypeAdapter[Any], value: Any, exact: tuple[type, ...]) -> Any:
+    """``value`` read with ``adapter`` (None when unreadable); a value of one of the
+    ``exact`` types (what a client usually sends) is already what pydantic would return,
+    and skips it: the hot path reads three fields per request."""
+    if type(value) in exact:
+        return value
+    return _read(adapter, value)
+
+
 def read_fields(kind: type[RoutedFields], body: Any) -> RoutedFields:
     """The routed fields of a parsed JSON body, read leniently (see the module docstring).
 
@@ -110,14 +119,14 @@ def read_fields(kind: type[RoutedFields], body: Any) -> RoutedFields:
     """
     if not isinstance(body, dict):
         raise bad_request("The request body must be a JSON object.")
-    temperature = _read(_FLOAT, body.get("temperature"))
+    temperature = _field(_FLOAT, body.get("temperature"), (float, type(None)))
     if temperature is not None and not math.isfinite(temperature):
         temperature = None
-    model = _read(_STR, body.get("model"))
+    model = _field(_STR, body.get("model"), (str, type(None)))
     return kind.model_construct(
         model=model or None,
         temperature=temperature,
-        stream=_read(_BOOL, body.get("stream")),
+        stream=_field(_BOOL, body.get("stream"), (bool, type(None))),
     )
 
 

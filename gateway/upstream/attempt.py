@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.errors import GatewayError, backend_died
+from gateway.failures import BackendDied
 from gateway.upstream.client import UpstreamBroken
 from gateway.upstream.deaths import ERROR_BODY_LIMIT, Death, DeathWatch, engine_dead_reason
 from gateway.upstream.state import BackendState
@@ -58,10 +58,10 @@ class Attempt:
             self.name, self.base_url, self.token, signal, confirmed=reason is not None
         )
 
-    def died_error(self, death: Death) -> GatewayError:
-        """The 500 answered to a participant of ``death``."""
+    def died_failure(self, death: Death) -> BackendDied:
+        """What a participant of ``death`` fails with (answered 500 ``backend_died``)."""
         ttl_s = self.watch.table.ttl_s if self.watch is not None else 0.0
-        return backend_died(
+        return BackendDied(
             self.name,
             death.event.signal,
             blame="quarantined" if death.quarantined else "suspect" if death.suspect else "none",

@@ -13,16 +13,23 @@ closes the upstream connection and vLLM aborts.
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from contracts.config import BackendConfig
-from gateway.errors import GatewayError, no_backend, sse_error_event, upstream_timeout
+from gateway.failures import (
+    AnswerBroken,
+    BackendTimedOut,
+    NoBackendAnswered,
+    StreamFailureRenderer,
+)
 from gateway.trace import RequestTrace
+from gateway.upstream.answer import Upstream
 from gateway.upstream.attempt import Attempt, read_head
 from gateway.upstream.client import (
     UpstreamBroken,
@@ -76,48 +83,24 @@ def upstream_headers(client_headers: Mapping[str, str], backend: BackendConfig) 
     out = {
         k: v
         for k, v in client_headers.items()
-        if k.lower() not in _NOT_FORWARDED
-        and _TOKEN.fullmatch(k)
-        and (v.isprintable() or not _UNSAFE.search(v))  # the cheap test first (hot path)
+        if _forwarded(k) and (v.isprintable() or not _UNSAFE.search(v))  # cheap test first
     }
     if backend.api_key:
         out["authorization"] = f"Bearer {backend.api_key}"
     return out
 
 
+@functools.lru_cache(maxsize=1024)
+def _forwarded(name: str) -> bool:
+    """Whether a client header named ``name`` goes to the backend (an RFC 9110 token, not
+    hop-by-hop, not a credential); cached: clients send the same few names again and again."""
+    return name.lower() not in _NOT_FORWARDED and _TOKEN.fullmatch(name) is not None
+
+
 def client_headers(raw: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
     """Headers returned to the client from a backend's response (ASGI form: lower-case byte
     pairs), minus hop-by-hop ones."""
     return [(k, v) for k, v in raw if k.decode("latin-1") not in _NOT_RETURNED]
-
-
-@dataclass(slots=True)
-class Upstream:
-    """An open backend response whose status and headers are settled.
-
-    ``headers`` are ASGI byte pairs (lower-case names). ``body`` yields the raw bytes and
-    closes the response (and the in-flight count) when it ends, fails, or is closed early
-    because the client left; for a JSON answer a failure part-way raises
-    :class:`~gateway.upstream.client.UpstreamBroken`, a stream ends with an SSE error event.
-    """
-
-    backend: str
-    status: int
-    headers: list[tuple[bytes, bytes]]
-    body: AsyncGenerator[bytes, None]
-    attempts: int
-
-    async def aclose(self) -> None:
-        """Close the response and end the backend lease (idempotent: a body already ended
-        or closed does nothing)."""
-        await self.body.aclose()
-
-    async def __aenter__(self) -> Upstream:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        """Leaving ``async with`` closes the answer (:meth:`aclose`) however it is left."""
-        await self.aclose()
 
 
 #: Markers of a stream's terminal event: OpenAI's ``data: [DONE]``, Anthropic's
@@ -134,13 +117,13 @@ STREAM_END = (
 
 
 async def _relay(
-    response: UpstreamResponse,
-    chunks: AsyncIterator[bytes],
-    head: list[bytes],
+    settled: _Settled,
     attempt: Attempt,
     trace: RequestTrace,
-    tap: ResponseTap | None = None,
+    tap: ResponseTap | None,
+    render: StreamFailureRenderer,
 ) -> AsyncGenerator[bytes, None]:
+    response, chunks, head = settled.response, settled.chunks, settled.head
     status, error = response.status, None
     prev = last = b""  # the stream's last two chunks: an error event there may mean a death
     state = attempt.state
@@ -164,19 +147,14 @@ async def _relay(
         logger.warning("backend %s failed mid-response: %s", trace.backend, exc)
         status, error = 502, "upstream_error"
         death = await attempt.died(f"the response broke off ({exc})")
-        died = None if death is None or not death.participant else attempt.died_error(death)
+        died = None if death is None or not death.participant else attempt.died_failure(death)
         if died is not None:
-            status, error = 500, died.code
+            status, error = 500, "backend_died"
         if not trace.stream:
-            if died is not None:
-                raise died from None
-            raise
+            raise (died or AnswerBroken(str(exc))) from None
         if tap is not None and (rest := tap.close()):
             yield rest  # lines held back for the usage chunk that never came
-        if died is not None:
-            yield sse_error_event(died.message, died.code or "backend_died")
-        else:
-            yield sse_error_event("The backend failed while streaming the response.")
+        yield render(died)
     except BaseException:  # the client went away (cancelled) or the app is shutting down
         if ended:  # it had the whole answer and left before the backend closed the stream
             if tap is not None:
@@ -204,7 +182,9 @@ class Forwarder:
     ``max_attempts`` bounds the backends tried per request; ``first_byte_timeout_s`` bounds
     the wait for response headers and for the first body chunk, ``idle_timeout_s`` (seconds)
     each later gap between body chunks. Each backend's circuit breaker hears of every outcome.
-    ``watch`` (None: no containment) registers attempts and judges backend deaths.
+    ``watch`` (None: no containment) registers attempts and judges backend deaths;
+    ``stream_failure`` renders the events that end a stream failing part-way
+    (:func:`gateway.errors.stream_failure_event`).
     """
 
     client: UpstreamClient
@@ -213,6 +193,7 @@ class Forwarder:
     idle_timeout_s: float
     watch: DeathWatch | None = None
     clock: Callable[[], float] = time.monotonic
+    stream_failure: StreamFailureRenderer = field(kw_only=True)
 
     async def open(
         self,
@@ -240,10 +221,11 @@ class Forwarder:
         Returns the settled :class:`Upstream`; ``trace`` learns the backend and attempts and
         is finished when the body ends. ``request`` (the parsed body) is what a death's
         fingerprint is computed from (None: the attempt is not watched). Raises
-        :class:`GatewayError` 503 when every tried backend failed before answering, 504 when
-        the chosen backend sent no headers within ``first_byte_timeout_s`` (not retried: the
-        request may be running there), 500 ``backend_died`` when the backend died with this
-        request in flight.
+        :class:`~gateway.failures.NoBackendAnswered` when every tried backend failed
+        before answering, :class:`~gateway.failures.BackendTimedOut` when the chosen
+        backend sent no headers within ``first_byte_timeout_s`` (not retried: the request may
+        be running there), :class:`~gateway.failures.BackendDied` when the backend
+        died with this request in flight.
         """
         last_why = "no candidate backend"
         tried = order if next_on else order[: self.max_attempts]
@@ -271,7 +253,7 @@ class Forwarder:
                 await response.aclose()
                 continue
             tapped = tap if response.status == 200 else None
-            relay = _relay(response, outcome.chunks, outcome.head, attempt, trace, tapped)
+            relay = _relay(outcome, attempt, trace, tapped, self.stream_failure)
             await anext(relay)  # the primer: the relay now owns the response and the lease
             return Upstream(
                 backend=name,
@@ -281,14 +263,14 @@ class Forwarder:
                 attempts=number,
             )
         logger.warning("no backend could serve the request (last: %s)", last_why)
-        raise no_backend()
+        raise NoBackendAnswered(last_why)
 
     async def _try(
         self, attempt: Attempt, method: str, url: str, body: bytes, headers: Mapping[str, str]
     ) -> _Settled | str:
         """One attempt: its settled answer, or why it failed before answering (the lease
-        then ended, the breaker told). Raises :class:`GatewayError` 504 on a first-byte
-        timeout, 500 ``backend_died`` when the backend died with this request in flight.
+        then ended, the breaker told). Raises :class:`BackendTimedOut` on a first-byte
+        timeout, :class:`BackendDied` when the backend died with this request in flight.
         An answer not settled (an error, or cancelled) is closed."""
         try:
             response = await self.client.post(
@@ -301,14 +283,14 @@ class Forwarder:
             )
         except UpstreamTimeout:
             self._failed(attempt)
-            raise upstream_timeout() from None
+            raise BackendTimedOut() from None
         except UpstreamUnreachable as exc:
             death = None
             if isinstance(exc, UpstreamDropped):  # the request may have killed it
                 death = await attempt.died(f"connection dropped before the response ({exc})")
             self._failed(attempt)
             if death is not None and death.participant:
-                raise attempt.died_error(death) from None
+                raise attempt.died_failure(death) from None
             return f"{attempt.name}: {exc}"
         try:
             return await self._judge(attempt, response)
@@ -327,7 +309,7 @@ class Forwarder:
                 self._failed(attempt)
                 await response.aclose()
                 if death is not None and death.participant:
-                    raise attempt.died_error(death)
+                    raise attempt.died_failure(death)
                 return f"{attempt.name}: HTTP {response.status}"
         elif not 200 <= response.status <= 599:
             self._failed(attempt)
@@ -357,16 +339,3 @@ def _report(on_failure: Callable[[str, str], None] | None, name: str, why: str) 
     logger.info("failing over from %s", why)
     if on_failure is not None:
         on_failure(name, why)
-
-
-async def read_all(upstream: Upstream) -> bytes:
-    """Read a non-streamed answer whole; a backend dying part-way becomes a 502."""
-    try:
-        return b"".join([chunk async for chunk in upstream.body])
-    except UpstreamBroken:
-        raise GatewayError(
-            502,
-            "The backend failed while sending its response.",
-            type="server_error",
-            code="upstream_error",
-        ) from None

@@ -17,7 +17,7 @@ from collections.abc import AsyncGenerator
 import httpx
 from httpx_sse import EventSource, ServerSentEvent, SSEError
 
-from gateway.upstream.forward import Upstream, read_all
+from gateway.upstream.answer import Upstream, read_all
 
 
 async def _replay(first: bytes, rest: AsyncGenerator[bytes, None]) -> AsyncGenerator[bytes, None]:
@@ -76,6 +76,6 @@ async def peek_event(upstream: Upstream) -> tuple[ServerSentEvent | None, Upstre
 
 async def peek_body(upstream: Upstream) -> tuple[bytes, Upstream]:
     """A non-streamed answer's whole body and the upstream to relay in its place; raises
-    :class:`~gateway.errors.GatewayError` 502 when the backend fails part-way."""
+    :class:`~gateway.failures.AnswerBroken` when the backend fails part-way."""
     content = await read_all(upstream)
     return content, await _replaying(upstream, content)

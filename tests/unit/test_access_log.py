@@ -72,6 +72,8 @@ def test_log_level_setting_applies_to_the_access_log(monkeypatch: pytest.MonkeyP
 
     served: list[object] = []
     monkeypatch.setattr(uvicorn, "run", lambda app, **_: served.append(app))
+    for switch in ("_srcfile", "logThreads", "logProcesses", "logMultiprocessing"):
+        monkeypatch.setattr(logging, switch, getattr(logging, switch))  # restored after
     root = logging.getLogger()
     before = root.level
     try:

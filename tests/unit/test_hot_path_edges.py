@@ -10,6 +10,7 @@ import pytest
 
 from contracts.config import BackendConfig
 from gateway.app import create_app
+from gateway.errors import stream_failure_event
 from gateway.settings import Settings
 from gateway.trace import RequestTrace
 from gateway.upstream.client import HttpxUpstream
@@ -117,7 +118,9 @@ async def test_an_upstream_closed_before_relaying_releases_its_backend() -> None
     registry = BackendRegistry(config.backends)
     trace = RequestTrace("r", "completions", stream=True)
     async with httpx.AsyncClient(transport=transport) as client:
-        forwarder = Forwarder(HttpxUpstream(client), 1, 5.0, 5.0)
+        forwarder = Forwarder(
+            HttpxUpstream(client), 1, 5.0, 5.0, stream_failure=stream_failure_event
+        )
         backends: dict[str, BackendConfig] = dict(config.backends)
         upstream = await forwarder.open(
             backends, registry.states, ("plain",), path="/v1/completions", body=b"{}",

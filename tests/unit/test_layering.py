@@ -169,3 +169,19 @@ def test_routing_decisions_are_pure(name: str) -> None:
         or (m.split(".")[0] in LAYER and not m.startswith(allowed) and m in mods)
     ]
     assert wrong == [], f"{name} imports {wrong}"
+
+
+@pytest.mark.parametrize("name", sorted(n for n in modules() if n.startswith("gateway.upstream")))
+def test_upstream_raises_only_its_own_failures(name: str) -> None:
+    """The upstream layer reports failures as :mod:`gateway.failures` (or its client's own
+    errors); which status and envelope the client gets is :mod:`gateway.errors`' choice."""
+    wrong = [m for m in imported(name, modules()[name]) if m.startswith("gateway.errors")]
+    assert wrong == [], f"{name} imports {wrong}"
+
+
+@pytest.mark.parametrize("name", sorted(n for n in modules() if n.startswith("gateway.api")))
+def test_the_http_layer_does_not_forward(name: str) -> None:
+    """The HTTP layer adapts (reads bodies, sends answers): opening backends with failover
+    is the pipeline's stage (:mod:`gateway.pipeline`), not a handler's."""
+    wrong = [m for m in imported(name, modules()[name]) if m.startswith("gateway.upstream.forward")]
+    assert wrong == [], f"{name} imports {wrong}"

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import httpx
 
 from contracts.config import BackendConfig
+from gateway.errors import stream_failure_event
 from gateway.trace import RequestTrace
 from gateway.upstream.attempt import Attempt
 from gateway.upstream.client import UpstreamDropped
@@ -95,7 +96,11 @@ async def test_cancelled_while_reading_a_5xx_head_gives_the_lease_back() -> None
     registry = BackendRegistry(BACKENDS)
     response = StalledResponse()
     forwarder = Forwarder(
-        Upstream(response=response), max_attempts=1, first_byte_timeout_s=5, idle_timeout_s=5
+        Upstream(response=response),
+        max_attempts=1,
+        first_byte_timeout_s=5,
+        idle_timeout_s=5,
+        stream_failure=stream_failure_event,
     )
     await cancel_mid_open(forwarder, registry)
     state = registry.states["plain"]
@@ -118,6 +123,7 @@ async def test_cancelled_while_probing_a_dropped_backend_gives_the_lease_back() 
             first_byte_timeout_s=5,
             idle_timeout_s=5,
             watch=watch,
+            stream_failure=stream_failure_event,
         )
         await cancel_mid_open(forwarder, registry)
     assert registry.states["plain"].inflight == 0

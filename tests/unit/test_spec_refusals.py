@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 from contracts.config import GatewayConfig
-from gateway.api.settle import Settle
 from gateway.classify.features import RequestFeatures
 from gateway.routing.policy import BackendSnapshot, RoutingPolicy
+from gateway.settle import Settle
 from gateway.speculation.spec_params import SpecParams, names_speculation
 from tests.unit.conftest import MODEL, InProcess, local_config
 

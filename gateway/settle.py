@@ -30,13 +30,14 @@ from gateway.service import Gateway
 from gateway.speculation.spec_params import names_speculation
 from gateway.trace import RequestTrace
 from gateway.upstream.affinity import ResponseAffinity, response_id
+from gateway.upstream.answer import Upstream
 from gateway.upstream.feedback import ResponseTap
-from gateway.upstream.forward import Upstream
 from gateway.upstream.peek import is_event_stream, peek_body, peek_event
 
 logger = logging.getLogger(__name__)
 
-#: Opens the request on an ordered list of backends (with a fresh response tap).
+#: Opens the request on an ordered list of backends (with a fresh response tap); the caller
+#: counts a call for a retry as a failover (:func:`gateway.pipeline.open_routed`).
 Opener = Callable[[tuple[str, ...], ResponseTap | None], Awaitable[Upstream]]
 #: A stranger's backend that named no parameter: still never retried on that method.
 UNNAMED = "(parameter not named by the backend)"
@@ -148,7 +149,6 @@ class Settle:
         with self.trace.muted():
             await upstream.aclose()
         self.trace.discard()
-        gateway.stats.failovers += 1
         self.features = features
         return await open_on(order, self.make_tap())
 

@@ -1,0 +1,283 @@
+"""A routed request's stages, from its body to the answer the client gets.
+
+One :class:`RoutedRequest` value passes two stages (vLLM's ``OpenAIServing`` passes a
+``ServeContext`` through its ``_pipeline`` the same way):
+
+* :func:`prepare_routed`: parse, quarantine, read the routed fields and features, decide,
+  apply the known-engine-bug guards, pin a seeded request and a Responses conversation,
+  apply the client's speculation control, then ask for the usage chunk feedback needs;
+* :func:`open_routed`: the forwarder opens the decided backends in order with failover
+  before the first byte (:class:`~gateway.upstream.forward.Forwarder`, a backend lease per
+  attempt), :class:`~gateway.settle.Settle` judges the first answer (a speculation refusal
+  is routed again, a Responses id remembered), and the decision counters are written here
+  (serving backend, failovers, last resort).
+
+What is left to the HTTP layer (:mod:`gateway.api.openai`) is reading the body and sending
+the answer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from gateway.classify.protocol import ResponsesFields, RoutedFields, read_fields
+from gateway.errors import bad_request, guarded, no_backend, quarantined, too_busy
+from gateway.routing import control
+from gateway.routing.control import served
+from gateway.routing.guards import needs_token_count
+from gateway.routing.policy import RouteDecision
+from gateway.runtime import Runtime
+from gateway.service import Gateway
+from gateway.settle import Settle, pin
+from gateway.trace import RequestTrace
+from gateway.upstream.answer import Upstream
+from gateway.upstream.feedback import ResponseTap, fingerprints_known, with_usage
+from gateway.upstream.live_scoring import attach_live
+from gateway.upstream.quarantine import QuarantineTable, fingerprint
+from gateway.upstream.tokens import count_prompt_tokens
+
+logger = logging.getLogger(__name__)
+
+#: Response headers the gateway sets itself (a backend's own are dropped).
+OWN_HEADERS = frozenset(
+    {
+        b"x-specgate-backend",
+        b"x-specgate-rule",
+        b"x-specgate-task",
+        b"x-specgate-guarded",
+        b"x-specgate-last-resort",
+        b"x-specgate-speculation",
+        b"x-request-id",
+    }
+)
+
+
+@dataclass(slots=True)
+class RoutedRequest:
+    """One routed request as the stages see it: its endpoint (``kind``, ``path``), the body
+    as it goes upstream (``raw``: the client's bytes, with the usage chunk asked for when
+    feedback needs it) and as parsed (``body``), the client's headers (text, the first of
+    repeated ones), its ``trace``; then what :func:`prepare_routed` decided."""
+
+    kind: type[RoutedFields]
+    path: str
+    raw: bytes
+    headers: dict[str, str]
+    trace: RequestTrace
+    body: dict[str, Any] | None = None
+    decision: RouteDecision | None = None
+    tap: ResponseTap | None = None
+    settle: Settle | None = None
+
+    @property
+    def stream(self) -> bool:
+        """Whether the client asked for a stream (as read by the routed fields)."""
+        return self.trace.stream
+
+
+async def prepare_routed(runtime: Runtime, request: RoutedRequest) -> None:
+    """The prepare stage (see the module docstring): fills ``request``'s ``body``,
+    ``decision``, ``tap`` and ``settle``. Raises
+    :class:`~gateway.errors.GatewayError`: 400 (bad JSON, a guard, the speculation
+    control), 404 (unknown model), 422 (quarantined), 429/503 (no backend can take it)."""
+    gateway, trace = runtime.gateway, request.trace
+    body = request.body = parse_json(request.raw)
+    fields = read_fields(request.kind, body)
+    trace.stream = bool(fields.stream)
+    if runtime.deaths.table.blocking:
+        refuse_quarantined(runtime.deaths.table, request.path, body)
+    headers = request.headers
+    prepared = gateway.prepare(
+        request.kind, body, headers.get("x-task-type"), fields, headers.get(control.HEADER)
+    )
+    decision = gateway.decide(prepared.features, prepared.prompt)
+    decision = await _guarded_and_pinned(runtime, request, decision)
+    trace.task, trace.rule = prepared.features.task, decision.rule
+    trace.features, trace.prompt = prepared.features, prepared.prompt
+    trace.concurrency = decision.concurrency
+    if not decision.backends:
+        gateway.stats.rejected += 1
+        if decision.saturated:
+            raise too_busy("Every backend for this request is at its in-flight cap.")
+        raise no_backend()
+    runtime.capture.offer(request.path, prepared.features.task, body, len(request.raw))
+    headers["x-request-id"] = trace.request_id
+    request.decision = decision
+    _ask_for_feedback(runtime, request)
+
+
+async def _guarded_and_pinned(
+    runtime: Runtime, request: RoutedRequest, decision: RouteDecision
+) -> RouteDecision:
+    """``decision`` after the guards, seed pinning, Responses affinity and the client's
+    speculation control."""
+    gateway, body = runtime.gateway, request.body
+    assert body is not None
+    if gateway.config.guards:
+        decision = await guard_decision(gateway, runtime.client, decision, request.path, body)
+    decision = gateway.pin_seed(decision, body, request.path)
+    previous = body.get("previous_response_id")
+    if request.kind is ResponsesFields and isinstance(previous, str):
+        held = runtime.affinity.backend_of(previous)
+        bug = dict(decision.guarded).get(held or "")
+        if bug is not None:  # the conversation lives where this request hits a known bug
+            raise guarded(bug, gateway.config.guards[bug].why)
+        decision = pin(decision, held, "holds previous_response_id")
+    return gateway.control(decision)
+
+
+def _ask_for_feedback(runtime: Runtime, request: RoutedRequest) -> None:
+    """Set ``request``'s feedback tap (wrapped for live scoring,
+    :func:`~gateway.upstream.live_scoring.attach_live`) and its :class:`Settle`. A stream
+    ends with the usage chunk (and vLLM's per-request acceptance) only if asked for: ask,
+    uncompressed, and the tap removes it again, once the first choice's fingerprint is known
+    (:mod:`gateway.upstream.feedback`). Not every backend's: the try list ends with every
+    backend of the model (last-resort failover targets), so a stream's feedback would wait
+    until each had answered once."""
+    gateway, trace, decision = runtime.gateway, request.trace, request.decision
+    assert decision is not None and request.body is not None
+    registry, strip = gateway.registry, False
+    if gateway.config.routing.feedback and request.kind.feedback:
+        forced = None
+        if fingerprints_known(registry, decision.backends[:1]):
+            forced = with_usage(request.raw, request.body)
+        if forced is not None:
+            request.raw, request.headers["accept-encoding"] = forced, "identity"
+        strip = forced is not None
+        request.tap = ResponseTap(trace, strip=strip, registry=registry)
+    tapped = request.tap is not None
+    # the distribution canary may score this answer's sampled tokens (live scoring)
+    request.raw, live = attach_live(
+        runtime.live_scoring,
+        request.path,
+        request.body,
+        request.raw,
+        decision.backends,
+        trace,
+        request.headers,
+    )
+    request.tap = live(request.tap)
+    request.settle = Settle(
+        gateway,
+        request.kind,
+        request.body,
+        decision.features,
+        trace,
+        lambda: live(ResponseTap(trace, strip=strip, registry=registry) if tapped else None),
+        runtime.affinity,
+    )
+
+
+def parse_json(raw: bytes) -> Any:
+    """Decode a JSON body; malformed JSON, invalid UTF-8 or absurd nesting is a 400."""
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError):
+        raise bad_request("The request body is not valid JSON.", code="invalid_json") from None
+
+
+async def guard_decision(
+    gateway: Gateway, client: httpx.AsyncClient, decision: RouteDecision, path: str, body: Any
+) -> RouteDecision:
+    """Apply the known-engine-bug guards; the exact prompt length comes from the first
+    candidate's ``/tokenize`` only when the cheap bound alone would make a guard match."""
+    tokens = None
+    if decision.backends and needs_token_count(gateway.config, decision, body):
+        backend = gateway.config.backends[decision.backends[0]]
+        tokens = await count_prompt_tokens(client, backend.base_url, path, body)
+    return gateway.guard(decision, body, tokens)
+
+
+def refuse_quarantined(table: QuarantineTable, path: str, body: Any) -> None:
+    """Raise the 422 ``request_quarantined`` error when ``body`` (for ``path``) is
+    quarantined; only called while the table holds a quarantined fingerprint."""
+    fp = fingerprint(path, body)
+    entry = table.check(fp)
+    if entry is None:
+        return
+    death = entry.deaths[-1]
+    remaining = (entry.quarantined_until or 0.0) - table.clock()
+    logger.info("refused quarantined request, fingerprint %s", fp)
+    raise quarantined(fp, death.backend, death.signal, remaining)
+
+
+@contextlib.asynccontextmanager
+async def open_routed(
+    runtime: Runtime, request: RoutedRequest
+) -> AsyncIterator[tuple[Upstream, list[tuple[bytes, bytes]]]]:
+    """The open stage: open the prepared ``request``'s backends in its decision's order
+    (failing over before the first byte), let its ``settle`` judge the first answer (a
+    refusal it retries elsewhere), and yield the answer with the response headers to send
+    (ASGI byte pairs): the backend's, except the gateway's own ``x-specgate-*`` and
+    ``x-request-id``, which are set here (``x-specgate-last-resort`` only when a backend
+    outside the rule's pools answers: why the rule's pools did not). Raises
+    :class:`~gateway.failures.UpstreamFailure` when no backend answers (from the
+    forwarder); every answer is closed on the way out."""
+    gateway, decision, settle = runtime.gateway, request.decision, request.settle
+    assert decision is not None and settle is not None, "prepare_routed first"
+
+    def count_failover(_backend: str, _why: str) -> None:
+        gateway.stats.failovers += 1
+
+    async def open_on(order: tuple[str, ...], tap: ResponseTap | None) -> Upstream:
+        return await runtime.forwarder.open(
+            gateway.config.backends,
+            gateway.registry.states,
+            order,
+            path=request.path,
+            body=request.raw,
+            headers=request.headers,
+            trace=request.trace,
+            on_failure=count_failover,
+            tap=tap,
+            request=request.body,
+        )
+
+    async def reopen_on(order: tuple[str, ...], tap: ResponseTap | None) -> Upstream:
+        gateway.stats.failovers += 1  # a refusal routed again
+        return await open_on(order, tap)
+
+    async with contextlib.AsyncExitStack() as answers:  # each answer closed on every way out
+        first = await answers.enter_async_context(await open_on(decision.backends, request.tap))
+        upstream = await answers.enter_async_context(await settle.settle(first, reopen_on))
+        yield upstream, answer_headers(gateway, decision, upstream, request.trace.request_id)
+
+
+def answer_headers(
+    gateway: Gateway, decision: RouteDecision, upstream: Upstream, request_id: str
+) -> list[tuple[bytes, bytes]]:
+    """The response headers of ``upstream``'s answer to a request routed by ``decision``
+    (see :func:`open_routed`); counts the serving backend and a last-resort answer."""
+    gateway.stats.by_backend[upstream.backend] += 1
+    out = [(k, v) for k, v in upstream.headers if k not in OWN_HEADERS]
+    out += [
+        (b"x-specgate-backend", upstream.backend.encode()),
+        (b"x-specgate-rule", decision.rule.encode()),
+        (b"x-specgate-task", decision.features.task.encode()),
+        (b"x-request-id", request_id.encode()),
+    ]
+    if decision.guarded:  # which backends a known engine bug kept this request from
+        guarded = ", ".join(f"{b}={g}" for b, g in decision.guarded)
+        out.append((b"x-specgate-guarded", guarded.encode()))
+    if decision.speculation is not None:  # the effect of the client's control
+        effect = served(gateway.config, decision.speculation, upstream.backend)
+        out.append((b"x-specgate-speculation", header_value(effect)))
+    if upstream.backend in decision.outside:  # why the rule's pools did not serve it
+        gateway.stats.last_resort += 1
+        why = decision.last_resort or "failover: the rule's backends did not answer"
+        out.append((b"x-specgate-last-resort", header_value(why)))
+    return out
+
+
+def header_value(text: str) -> bytes:
+    """``text`` as a safe header value: ASCII (others backslash-escaped), no control
+    characters (a config's names cannot split or corrupt the response head)."""
+    raw = text.encode("ascii", "backslashreplace")
+    return bytes(c for c in raw if 32 <= c < 127)
