@@ -31,6 +31,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
+from bench.sim.book import book_for, prompt_text
 from bench.sim.engine import Clock, Engine, Gpu, PromptBook, SimRequest
 from bench.sim.profile import TWIN_PROFILE, SimProfile, load_profile
 from bench.workloads import Item, default_prompts_dir, sample
@@ -42,19 +43,12 @@ SPECULATIVE = ("ngram", "eagle3")
 PER_TASK, MAX_TOKENS = 16, 64
 
 
-def prompt_text(item: Item) -> str:
-    """The text the simulator keys a request on: the completion prompt or the last message."""
-    if "prompt" in item.body:
-        return str(item.body["prompt"])
-    return str(item.body["messages"][-1]["content"])
-
-
 def chars_to_tokens(chars: int) -> int:
     """Prompt tokens from characters: 4 characters a token (English text, SmolLM2's BPE)."""
     return max(1, chars // 4)
 
 
-async def _one(engine: Engine, book: PromptBook, item: Item) -> tuple[str, int, float, SimRequest]:
+async def _one(engine: Engine, book: PromptBook, item: Item) -> tuple[str, int, float]:
     key, _task, natural = book.lookup(prompt_text(item))
     req = SimRequest(
         task=item.task,
@@ -66,7 +60,7 @@ async def _one(engine: Engine, book: PromptBook, item: Item) -> tuple[str, int, 
     async for _n in engine.generate(req):
         pass
     assert req.finished_at is not None
-    return item.task, req.produced, req.finished_at - req.arrival, req
+    return item.task, req.produced, req.finished_at - req.arrival
 
 
 Cells = dict[int, dict[str, float]]
@@ -74,19 +68,15 @@ Cells = dict[int, dict[str, float]]
 
 async def replay_kind(
     profile: SimProfile, kind: str, items: Sequence[Item], book: PromptBook, clock: Clock
-) -> tuple[Cells, dict[int, tuple[float, float]]]:
-    """tokens/s per request by concurrency and task for ``kind`` alone on its own GPU, and
-    by concurrency (mean running batch weighted by step time, decode ms per step seen by
-    the requests)."""
+) -> Cells:
+    """tokens/s per request by concurrency and task for ``kind`` alone on its own GPU."""
     engine = Engine(kind, profile.kinds[kind], Gpu(clock), plain=profile.kinds["plain"])
     for item in items[:2]:  # bench.speedup's warm-up
         await _one(engine, book, item)
     out: Cells = {}
-    batch: dict[int, tuple[float, float]] = {}
     try:
         for c in CONCURRENCIES:
-            engine.step_s = engine.batch_step_s = 0.0
-            done: list[tuple[str, int, float, SimRequest]] = []
+            done: list[tuple[str, int, float]] = []
             for i in range(0, len(items), c):
                 done += await asyncio.gather(*(_one(engine, book, it) for it in items[i : i + c]))
                 await clock.sleep_until(clock.now() + 0.05)  # --settle 0.05
@@ -94,38 +84,21 @@ async def replay_kind(
                 t: sum(d[1] for d in done if d[0] == t) / sum(d[2] for d in done if d[0] == t)
                 for t in TASKS
             }
-            reqs = [d[3] for d in done if d[3].decode_steps and d[3].first_token_at is not None]
-            decode = sum(r.finished_at - r.first_token_at for r in reqs)  # type: ignore[operator]
-            step = 1000 * decode / sum(r.decode_steps for r in reqs)
-            batch[c] = (engine.batch_step_s / engine.step_s, step)
     finally:
         await engine.close()
-    return out, batch
+    return out
 
 
-async def replay(
-    profile: SimProfile, items: Sequence[Item], scale: float
-) -> tuple[dict[str, Cells], dict[str, dict[int, tuple[float, float]]]]:
-    """Every kind's cells and mean batches, the kinds run side by side (each on its own
-    simulated GPU)."""
+async def replay(profile: SimProfile, items: Sequence[Item], scale: float) -> dict[str, Cells]:
+    """Every kind's cells, the kinds run side by side (each on its own simulated GPU)."""
     clock = Clock(scale)
     book = book_for(profile, items)
     kinds = list(profile.kinds)
     runs = await asyncio.gather(*(replay_kind(profile, k, items, book, clock) for k in kinds))
-    return {k: r[0] for k, r in zip(kinds, runs, strict=True)}, {
-        k: r[1] for k, r in zip(kinds, runs, strict=True)
-    }
+    return dict(zip(kinds, runs, strict=True))
 
 
-def book_for(profile: SimProfile, items: Sequence[Item]) -> PromptBook:
-    """The prompts of ``items`` with their task and measured length (unknown ids: 64)."""
-    from bench.sim.engine import prompt_key
-
-    known = {prompt_key(prompt_text(i)): (i.task, profile.lengths.get(i.id, 64)) for i in items}
-    return PromptBook(profile, known)
-
-
-def ratios(cells: dict[str, dict[int, dict[str, float]]]) -> dict[tuple[str, int, str], float]:
+def ratios(cells: dict[str, Cells]) -> dict[tuple[str, int, str], float]:
     """Speculative/plain tokens/s per (kind, c, task)."""
     return {
         (kind, c, t): cells[kind][c][t] / cells["plain"][c][t]
@@ -136,7 +109,8 @@ def ratios(cells: dict[str, dict[int, dict[str, float]]]) -> dict[tuple[str, int
 
 
 def table(
-    simulated: dict[str, dict[int, dict[str, float]]], measured: dict[str, dict[int, dict[str, float]]]
+    simulated: dict[str, dict[int, dict[str, float]]],
+    measured: dict[str, dict[int, dict[str, float]]],
 ) -> tuple[str, float, int]:
     """The markdown table of simulated vs measured ratios, the largest relative error and
     the count of cells within 15%."""
@@ -186,11 +160,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     profile = load_profile(args.profile)
     items = sample(args.prompts, PER_TASK)
     started = time.monotonic()
-    simulated, batches = asyncio.run(replay(profile, items, args.scale))
+    simulated = asyncio.run(replay(profile, items, args.scale))
     if args.fit:
         for _ in range(4):
             profile = fit_steps(profile, simulated)
-            simulated, batches = asyncio.run(replay(profile, items, args.scale))
+            simulated = asyncio.run(replay(profile, items, args.scale))
         args.profile.write_text(json.dumps(profile.to_json(), indent=1) + "\n")
     text, worst, within = table(simulated, profile.measured)
     total = len(SPECULATIVE) * len(TASKS) * len(CONCURRENCIES)

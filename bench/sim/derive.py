@@ -10,15 +10,16 @@ target), each prompt's output length (plain, c=1), and a first fit of the cost m
   over the cell's requests (on plain divided by tokens per chunk: detokenization merges some
   tokens into one chunk, 1.00-1.12 tokens a chunk), mean over tasks, at batch = concurrency;
 * tokens per step by task: tokens per chunk over plain's of the same task (the merging),
-  mean over concurrencies; EAGLE-3 drafts every step, so its conditional acceptance p solves ``1 + p + ... + p^k = tokens``;
+  mean over concurrencies; EAGLE-3 drafts every step, so its conditional acceptance p
+  solves ``1 + p + ... + p^k = tokens``;
   ngram drafts only when the prompt matches: p from the acceptance per drafted token that
   ../shared/notes/gpu-costtwin.md measured per task on the twin (code 0.57, rag 0.51,
   chat 0.22, creative 0.12), the share of drafting steps from the tokens per step;
 * admission cost per request: the rise of chat's TTFT p50 from c=1 to c=64, over 32 (the
   median request of a wave waits for half of it to be admitted before it); fixed
   latency: chat's TTFT p50 at c=1 less that, one step and the prefill of its prompt.
-  ``bench.sim_calibrate --fit`` moves each step-time point to the mean running batch the
-  simulation shows at that concurrency (a wave's batch shrinks as its requests finish).
+  ``bench.sim_calibrate --fit`` then scales each step-time point until the simulated
+  tokens/s of each backend alone match the measured ones.
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ def derive(results: dict[str, Any]) -> dict[str, Any]:
     temperatures = {i["task"]: i["temperature"] for i in results["meta"]["items"]}
 
     def tok_s(os: Sequence[dict[str, Any]]) -> float:
-        return sum(o["output_tokens"] for o in os) / sum(o["e2e_s"] for o in os)
+        return float(sum(o["output_tokens"] for o in os) / sum(o["e2e_s"] for o in os))
 
     def per_chunk(os: Sequence[dict[str, Any]]) -> tuple[float, float]:
         steps = sum(o["chunks"] - 1 for o in os)
@@ -115,8 +116,7 @@ def derive(results: dict[str, Any]) -> dict[str, Any]:
             if method == "ngram":
                 accept = {t: solve_p(NGRAM_RATE[t] * k, k) for t in TASKS}
                 share = {
-                    t: round(min(1.0, (mean_tokens[t] - 1) / (NGRAM_RATE[t] * k)), 4)
-                    for t in TASKS
+                    t: round(min(1.0, (mean_tokens[t] - 1) / (NGRAM_RATE[t] * k)), 4) for t in TASKS
                 }
             else:
                 accept = {t: solve_p(max(mean_tokens[t] - 1, 0.0), k) for t in TASKS}

@@ -5,9 +5,10 @@ on one GPU time-slice it and their steps never overlap, which is what the twin r
 (chat routed only to plain through the gateway ran at 7.2 ms a token while ngram and EAGLE-3
 had work, 3.9 ms with plain alone; docs/benchmarks.md section 7). :class:`Engine` is one
 server: requests pass a serial front end (``admit_ms`` each) and a fixed latency, wait, are
-prefilled in the next step (one token), then every step gives each running request
-``1 + accepted`` tokens, accepted drawn from the profile's acceptance model for the request's
-task and temperature, and the speculative counters vLLM exports are kept.
+prefilled in the next step (one token), then every step (its time from the profile by the
+requests in the server) gives each running request ``1 + accepted`` tokens, accepted drawn
+from the profile's acceptance model for the request's task and temperature, and the
+speculative counters vLLM exports are kept.
 
 Time: a :class:`Clock` maps simulated seconds to the event loop's seconds by ``scale`` (real
 seconds per simulated second: 1 is real time, 4 runs four times slower, which leaves a busy
@@ -100,7 +101,6 @@ class SimRequest:
     first_token_at: float | None = None
     finished_at: float | None = None
     produced: int = 0
-    decode_steps: int = 0
     drafts: int = 0
     draft_tokens: int = 0
     accepted: int = 0
@@ -151,8 +151,6 @@ class Engine:
         self.generation_tokens_total = 0
         self.requests_total = 0
         self.inflight = 0  # requests between arrival and their last token
-        self.step_s = 0.0  # simulated seconds of this server's steps
-        self.batch_step_s = 0.0  # the same, each step weighted by its running batch
         self._front_free_at = 0.0
         self._last_end = 0.0
         self._cache: OrderedDict[str, None] = OrderedDict()
@@ -237,10 +235,7 @@ class Engine:
         if host:
             await self.gpu.clock.sleep_until(ready + host)
         now = self._last_end = await self.gpu.compute(ready + host, ms / 1000 - host)
-        self.step_s += ms / 1000
-        self.batch_step_s += ms / 1000 * (len(self.running) + len(new))
         for r in self.running:
-            r.decode_steps += 1
             self._emit(r, self._decode_tokens(r), now)
         for r in new:
             r.first_token_at = now

@@ -37,10 +37,13 @@ def interpolate(points: tuple[tuple[float, float], ...], x: float) -> float:
 class StepCost:
     """What a server's work costs, in simulated milliseconds.
 
-    ``step_ms``: (running requests, decode step time) points, with the kind's speculative
-    tokens (``k``) drafted and verified for each request; ``observed_step_ms``: (concurrency,
-    decode time per step that requests saw) in the measurement, what ``step_ms`` is fitted to
-    (:mod:`bench.sim_calibrate`); ``latency_ms``: fixed time from
+    ``step_ms``: (requests in the server, step time) points, with the kind's speculative
+    tokens (``k``) drafted and verified for each running request; indexed by the requests
+    in the server (arrived and not finished, running or not), the load a step was measured
+    under at that concurrency, so the front end's work for queued requests (which shares the
+    host with the engine) is folded in; fitted by :mod:`bench.sim_calibrate` from
+    ``observed_step_ms``: (concurrency, decode time per step the requests saw) in the
+    measurement; ``latency_ms``: fixed time from
     arrival to the scheduler (HTTP, tokenization, detokenization; parallel across requests);
     ``admit_ms``: serial front-end time per request (one request after another, so a wave of
     c requests waits up to c x admit_ms); ``prefill_ms_per_token``: GPU time per uncached
@@ -57,7 +60,7 @@ class StepCost:
     observed_step_ms: tuple[tuple[float, float], ...] = ()
 
     def step(self, batch: int, k: int | None = None, plain: StepCost | None = None) -> float:
-        """Decode step time (ms) for ``batch`` running requests. With ``k`` other than the
+        """Step time (ms) with ``batch`` requests in the server. With ``k`` other than the
         fitted one and the ``plain`` kind's cost given, the speculative overhead over plain
         is scaled by ``k / self.k`` (an assumption: drafting and verifying cost in proportion
         to the tokens drafted; only the fitted k was measured)."""
