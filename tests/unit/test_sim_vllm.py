@@ -182,7 +182,7 @@ async def test_a_stream_has_a_chunk_a_step_usage_and_done_in_each_versions_shape
         spec = metrics["speculative_decoding"]
         assert spec["num_draft_tokens"] == 3 * spec["num_spec_steps"]
         assert final["system_fingerprint"] == "vllm-0.32.0-sim"
-        assert len(content) == 1 + spec["num_spec_steps"]  # the prefill's chunk, one a step
+        assert len(content) == 2 + spec["num_spec_steps"]  # role, prefill token, one a step
     else:
         assert set(metrics) == {
             "time_to_first_token_ms", "generation_time_ms", "queue_time_ms", "mean_itl_ms",
