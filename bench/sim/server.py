@@ -332,9 +332,9 @@ def build_fleet(
     version: str = "0.32",
     per_request_metrics: bool = True,
 ) -> list[SimServer]:
-    """Servers for ``layout`` (one list of kinds per GPU), named ``{kind}-g{gpu}``; must be
-    called inside a running event loop's thread (engines own asyncio primitives). Raises
-    KeyError for a kind the profile does not have."""
+    """Servers for ``layout`` (one list of kinds per GPU), named ``{kind}-g{gpu}``; their
+    asyncio primitives bind to the loop that first serves them. Raises KeyError for a kind
+    the profile does not have."""
     servers = []
     for g, kinds in enumerate(layout):
         gpu = Gpu(clock, f"gpu{g}")

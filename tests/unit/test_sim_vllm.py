@@ -247,15 +247,7 @@ def test_the_openai_sdk_streams_from_a_served_simulator() -> None:
     item = Item("rag", "rag-x", "/v1/chat/completions", {}, 10)
     item = replace(item, body={"messages": [{"role": "user", "content": "Context: ..."}]})
     book = book_for(profile, [item])
-    holder: dict[str, Any] = {}
-
-    async def make() -> None:
-        holder["servers"] = build_fleet(profile, [["ngram"]], book, Clock(FAST))
-
-    loop = asyncio.new_event_loop()
-    loop.run_until_complete(make())  # engines are bound to the server's loop on first use
-    loop.close()
-    app = holder["servers"][0].app
+    app = build_fleet(profile, [["ngram"]], book, Clock(FAST))[0].app
     with running_server(app) as url:
         client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
         stream = client.chat.completions.create(
