@@ -268,11 +268,13 @@ def create_sim_app(
         usage_on = isinstance(options, dict) and bool(options.get("include_usage"))
 
         async def stream() -> AsyncIterator[bytes]:
-            if chat:
-                first = {"index": 0, "delta": {"role": "assistant", "content": ""},
-                         "logprobs": None, "finish_reason": None}  # fmt: skip
-                yield _event(head | {"choices": [first]})
+            role = chat  # vLLM sends the role chunk with the first output, not before it
             async for n in engine.generate(req):
+                if role:
+                    first = {"index": 0, "delta": {"role": "assistant", "content": ""},
+                             "logprobs": None, "finish_reason": None}  # fmt: skip
+                    yield _event(head | {"choices": [first]})
+                    role = False
                 last = req.produced >= req.target
                 choice: dict[str, Any] = {"index": 0, "logprobs": None}
                 if chat:
