@@ -262,3 +262,23 @@ def test_the_openai_sdk_streams_from_a_served_simulator() -> None:
         assert 1 <= chunks[-1].usage.completion_tokens <= 16
         assert client.models.list().data[0].id == "smollm2-twin"
         assert httpx.get(url + "/health").status_code == 200
+
+
+def test_the_fleet_config_is_the_twins_rules_over_every_simulated_backend() -> None:
+    from bench.sim.fleet import fleet_config
+    from contracts.config import parse_config
+
+    names = {f"{k}-g{g}": k for g in range(3) for k in ("plain", "ngram", "eagle3")}
+    data = fleet_config(
+        names, {n: f"http://127.0.0.1:{9300 + i}" for i, n in enumerate(names)}, True
+    )
+    config = parse_config(data, "sim-fleet")
+    assert config.routing.policy == "adaptive"
+    assert config.pools["plain"] == ["plain-g0", "plain-g1", "plain-g2"]
+    assert len(config.pools["speculative"]) == 6
+    eagle = config.backends["eagle3-g2"]
+    assert eagle.compute_group == "gpu2"
+    assert eagle.max_batch_for_speculation == 8  # config/gpu-twin.yaml's
+    assert [r.name for r in config.rules] == ["creative-plain", "hot-plain", "code-rag-speculative"]
+    without = fleet_config(names, {n: "http://x" for n in names}, False)
+    assert all("compute_group" not in b for b in without["backends"].values())
