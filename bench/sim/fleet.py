@@ -1,0 +1,68 @@
+"""A simulated fleet for benches: served in a subprocess, and the gateway config over it."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from bench.procs import Server, free_port
+from bench.sim.server import MODEL
+
+TWIN_CONFIG = Path("config/gpu-twin.yaml")
+SPECULATION = {
+    "ngram": {"method": "ngram", "num_speculative_tokens": 4},
+    "eagle3": {"method": "eagle3", "num_speculative_tokens": 3, "model": "twin-eagle3"},
+}
+
+
+def fleet_config(
+    names: dict[str, str], urls: dict[str, str], groups: bool, twin: Path = TWIN_CONFIG
+) -> dict[str, Any]:
+    """The gateway config: ``twin``'s defaults, routing (adaptive) and rules, with the
+    simulated backends ``names`` (backend -> kind) at ``urls``; each speculative backend keeps
+    the twin config's per-backend settings of its kind."""
+    base = yaml.safe_load(twin.read_text())
+    backends: dict[str, Any] = {}
+    for name, kind in names.items():
+        entry: dict[str, Any] = {"url": urls[name], "model": MODEL}
+        if kind in SPECULATION:
+            entry["speculation"] = SPECULATION[kind]
+            for key in ("min_acceptance_rate", "max_batch_for_speculation"):
+                if key in base["backends"].get(kind, {}):
+                    entry[key] = base["backends"][kind][key]
+        if groups:
+            entry["compute_group"] = "gpu" + name.rsplit("-g", 1)[1]
+        backends[name] = entry
+    routing = dict(base.get("routing", {})) | {"policy": "adaptive"}
+    return {
+        "defaults": base["defaults"],
+        "routing": routing,
+        "backends": backends,
+        "pools": {
+            "plain": [n for n, k in names.items() if k == "plain"],
+            "speculative": [n for n, k in names.items() if k != "plain"],
+        },
+        "rules": base["rules"],
+    }
+
+
+@contextlib.contextmanager
+def running_fleet(
+    gpus: int, kinds: Sequence[str], scale: float, prompts: Path, per_task: int, logs: Path
+) -> Iterator[dict[str, str]]:
+    """The simulated fleet in a subprocess; yields backend name -> URL."""
+    port = free_port()
+    names = [f"{k}-g{g}" for g in range(gpus) for k in kinds]
+    argv = [sys.executable, "-m", "bench.sim.server", "--port", str(port), "--scale", str(scale)]
+    argv += ["--prompts", str(prompts), "--per-task", str(per_task)]
+    for _ in range(gpus):
+        argv += ["--gpu", ",".join(kinds)]
+    # ports are consecutive from --port: the last one answering means all are up
+    ready = f"http://127.0.0.1:{port + len(names) - 1}/health"
+    with Server("sim-fleet", argv, ready_url=ready, log_path=logs / "sim-fleet.log"):
+        yield {n: f"http://127.0.0.1:{port + i}" for i, n in enumerate(names)}

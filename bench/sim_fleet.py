@@ -1,0 +1,200 @@
+"""specgate (adaptive policy) in front of a simulated GPU fleet: routing at fleet scale, no GPU.
+
+    python -m bench.sim_fleet [--gpus 5] [--kinds plain,ngram,eagle3] [--scale 10] \
+        [--concurrency 16,64,128,256] [--per-task 64] [--warmup 20] [--out bench/out/sim-fleet]
+
+Starts, in one subprocess, ``--gpus`` simulated GPUs each running one simulated vLLM server
+of each of ``--kinds`` (:mod:`bench.sim.server`, the cost twin's profile: 5 x 3 = 15
+backends by default, steps of the servers of one GPU time-sliced as the twin's were), and the
+real gateway (``python -m cli serve``) on a config made from ``config/gpu-twin.yaml``: its
+rules and ``routing`` with ``policy: adaptive``, the simulated backends in its pools
+(``plain``: every plain server; ``speculative``: every EAGLE-3 and ngram server) and each
+backend's ``compute_group`` set to its GPU (``--no-compute-groups`` leaves it out).
+
+Then, as ``bench.speedup`` does, the sample of the shared prompt datasets (``--per-task``
+prompts a task, near-greedy code and rag, warm chat, hot creative, 64 tokens max) goes in
+waves of ``c`` requests to every target in turn: one target per kind, that kind's servers
+alone with the wave dealt round-robin over them (one per GPU: the fleet deployed with that
+kind only, the oracle's candidates), and ``specgate``, the gateway over all of them after
+``--warmup`` requests a task one at a time. The report (``bench.speedup_report``:
+``speedup.md``, ``results.json``, charts) gives per (task, c) each target's tokens/s and
+specgate's ratio to the best single kind (the oracle) and to plain.
+
+Time: the simulated servers run ``--scale`` real seconds per simulated second (default 10,
+so 2 shared cores can relay and parse every chunk); the times reported are divided by it,
+so they read as the GPU's. The acceptance and step costs are the twin's (vLLM 0.26, H200,
+docs/benchmarks.md section 7); the ratios are those the calibration reproduces
+(``bench.sim_calibrate``), not new GPU measurements.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+from tqdm import tqdm
+
+from bench import adaptive_bench, speedup_report
+from bench.llm_client import Outcome, run_items, run_spread
+from bench.procs import Server, free_port, interrupt_on_sigterm
+from bench.sim.fleet import fleet_config, running_fleet
+from bench.sim.server import MODEL
+from bench.speedup import _Run, acceptance
+from bench.workloads import Item, default_prompts_dir, sample, unseeded
+from contracts.config import parse_config
+from contracts.vllm_metrics import parse_vllm_metrics
+
+
+def scrape(urls: dict[str, str]) -> dict[str, tuple[float, float] | None]:
+    """(draft tokens, accepted tokens) per backend now (None for plain)."""
+    out: dict[str, tuple[float, float] | None] = {}
+    for name, url in urls.items():
+        spec = parse_vllm_metrics(httpx.get(url + "/metrics", timeout=10).text).spec
+        out[name] = None if spec is None else (spec.draft_tokens, spec.accepted_tokens)
+    return out
+
+
+def by_kind(acc: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+    """Acceptance deltas summed over the servers of each kind (``eagle3-g0`` -> ``eagle3``)."""
+    out: dict[str, dict[str, float]] = {}
+    for name, a in acc.items():
+        total = out.setdefault(name.rsplit("-g", 1)[0], {"draft_tokens": 0, "accepted_tokens": 0})
+        total["draft_tokens"] += a["draft_tokens"]
+        total["accepted_tokens"] += a["accepted_tokens"]
+    for total in out.values():
+        drafted = total["draft_tokens"]
+        total["rate"] = total["accepted_tokens"] / drafted if drafted else float("nan")
+    return out
+
+
+def rescaled(outcomes: Sequence[Outcome], scale: float) -> list[Outcome]:
+    """``outcomes`` with their times divided by ``scale`` (simulated seconds)."""
+    for o in outcomes:
+        o.ttft_s = None if o.ttft_s is None else o.ttft_s / scale
+        o.e2e_s = None if o.e2e_s is None else o.e2e_s / scale
+        if o.backend:
+            o.backend = o.backend.rsplit("-g", 1)[0]  # routed per kind, not per server
+    return list(outcomes)
+
+
+def measure(
+    targets: dict[str, list[str]],
+    urls: dict[str, str],
+    items: Sequence[Item],
+    concurrencies: Sequence[int],
+    max_tokens: int,
+    scale: float,
+    runs: list[dict[str, Any]],
+) -> None:
+    """Every (concurrency, target) run into ``runs`` (bench.speedup's shape): waves of c
+    items, each wave to every target in turn (fixed order: simulated servers have no
+    spinning threads to favour one)."""
+    total = len(concurrencies) * len(targets) * len(items)
+    with tqdm(total=total, desc="sim-fleet", unit="req") as bar:
+        for c in concurrencies:
+            acc = {name: _Run(name, c) for name in targets}
+            sent = unseeded(items)
+            for i in range(0, len(sent), c):
+                wave = sent[i : i + c]
+                for name, bases in targets.items():
+                    bar.set_postfix_str(f"c{c} {name}")
+                    time.sleep(0.05 * scale)  # the twin run's --settle 0.05
+                    before = scrape(urls)
+                    if len(bases) == 1:
+                        out, wall = run_items(
+                            bases[0], MODEL, wave, concurrency=c, max_tokens=max_tokens,
+                            on_done=lambda _: bar.update(),
+                        )  # fmt: skip
+                    else:
+                        out, wall = run_spread(
+                            bases, MODEL, wave, concurrency=c, max_tokens=max_tokens,
+                            on_done=lambda _: bar.update(),
+                        )  # fmt: skip
+                    delta = by_kind(acceptance(before, scrape(urls)))
+                    acc[name].add(rescaled(out, scale), wall / scale, delta)
+            for run in acc.values():
+                runs.append(run.to_json())
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the bench; returns the exit code."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--gpus", type=int, default=5)
+    parser.add_argument("--kinds", default="plain,ngram,eagle3", help="servers on each GPU")
+    parser.add_argument("--scale", type=float, default=10.0, help="real s per simulated s")
+    parser.add_argument("--concurrency", default="16,64,128,256")
+    parser.add_argument("--per-task", type=int, default=64)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--warmup", type=int, default=20, help="adaptive warm-up per task")
+    parser.add_argument("--prompts", type=Path, default=default_prompts_dir())
+    parser.add_argument("--no-compute-groups", action="store_true")
+    parser.add_argument("--out", type=Path, default=Path("bench/out/sim-fleet"))
+    args = parser.parse_args(argv)
+    interrupt_on_sigterm()
+    kinds = args.kinds.split(",")
+    concurrencies = [int(c) for c in args.concurrency.split(",")]
+    items = sample(args.prompts, args.per_task)
+    args.out.mkdir(parents=True, exist_ok=True)
+    logs = args.out / "logs"
+    logs.mkdir(exist_ok=True)
+    started = time.monotonic()
+    runs: list[dict[str, Any]] = []
+    interrupted = False
+    more = adaptive_bench.warmup_items(args.prompts, items, args.per_task, args.warmup, 3000)
+    book_size = args.per_task + 2 * args.warmup  # the simulator knows the warm-up prompts too
+    with (
+        tempfile.TemporaryDirectory(prefix="specgate-sim-fleet-") as tmp,
+        running_fleet(args.gpus, kinds, args.scale, args.prompts, book_size, logs) as urls,
+    ):
+        names = {n: n.rsplit("-g", 1)[0] for n in urls}
+        config = fleet_config(names, urls, groups=not args.no_compute_groups)
+        parse_config(config, "sim-fleet")  # fail here, not in the gateway, on a bad config
+        path = Path(tmp) / "sim-fleet.yaml"
+        path.write_text(yaml.safe_dump(config, sort_keys=False))
+        port = free_port()
+        gateway = Server(
+            "specgate",
+            [sys.executable, "-m", "cli", "serve", "--config", str(path), "--port", str(port)],
+            ready_url=f"http://127.0.0.1:{port}/ready",
+            log_path=logs / "gateway.log",
+            env={"SPECGATE_STATE_FILE": str(Path(tmp) / "state.json")},  # starts fresh
+        )
+        with gateway:
+            url = f"http://127.0.0.1:{port}"
+            targets = {k: [u for n, u in urls.items() if names[n] == k] for k in kinds}
+            targets["specgate"] = [url]
+            warm = adaptive_bench.warm_up(
+                url, MODEL, more, args.warmup, args.max_tokens, tqdm.write, list(urls.values())
+            )
+            tqdm.write(f"bench: warm-up done, {sum(1 for w in warm if w.error)} failed")
+            try:
+                measure(targets, urls, items, concurrencies, args.max_tokens, args.scale, runs)
+            except KeyboardInterrupt:
+                interrupted = True
+    meta = {
+        "config": f"simulated: {args.gpus} GPUs x {args.kinds}, twin profile, scale {args.scale}",
+        "launched": True,
+        "per_task": args.per_task,
+        "max_tokens": args.max_tokens,
+        "max_prompt_chars": 3000,
+        "scale": args.scale,
+        "compute_groups": not args.no_compute_groups,
+        "elapsed_s": time.monotonic() - started,
+        "interrupted": interrupted,
+    }
+    if not runs:
+        return 130 if interrupted else 1
+    speedup_report.write(args.out, runs, meta)
+    print((args.out / "speedup.md").read_text())
+    return 130 if interrupted else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
