@@ -145,9 +145,15 @@ class ProbeHandler(BaseHTTPRequestHandler):
 
 
 async def heartbeat(server: ProbeServer, ready: Callable[[], Answer]) -> None:
-    """Publish a :class:`Snapshot` every :data:`HEARTBEAT_S` until cancelled."""
+    """Publish a :class:`Snapshot` every :data:`HEARTBEAT_S` until cancelled (should
+    ``ready`` fail, the last ``/ready`` answer is kept: the loop still runs)."""
     while True:
-        server.snapshot = Snapshot(time.monotonic(), ready())
+        try:
+            answer = ready()
+        except Exception:
+            logger.exception("probe port: /ready could not be computed")
+            answer = server.snapshot.ready
+        server.snapshot = Snapshot(time.monotonic(), answer)
         await asyncio.sleep(HEARTBEAT_S)
 
 

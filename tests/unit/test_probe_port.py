@@ -10,7 +10,7 @@ import threading
 import time
 from typing import Any
 
-from gateway.probe_port import Answer, ProbeServer, Snapshot
+from gateway.probe_port import Answer, ProbeServer, Snapshot, heartbeat
 from tests.unit.conftest import gateway_settings, in_process
 
 
@@ -113,3 +113,23 @@ async def test_the_port_is_closed_after_shutdown() -> None:
     except OSError:
         return
     raise AssertionError("the probe port still answers after the lifespan ended")
+
+
+async def test_a_failing_readiness_keeps_the_heartbeat_and_the_last_answer() -> None:
+    ready = Answer(200, {"status": "ready", "healthy_backends": ["b"], "unknown_backends": []})
+    calls = [ready]
+
+    def readiness() -> Answer:
+        if calls:
+            return calls.pop()
+        raise RuntimeError("backend views broke")
+
+    server = ProbeServer(("127.0.0.1", 0), Snapshot(0.0, ready), stale_after_s=5.0)
+    try:
+        beat = asyncio.create_task(heartbeat(server, readiness))
+        await asyncio.sleep(0.35)  # one good snapshot, then failing ones
+        assert server.snapshot.ready == ready
+        assert server.answer("GET", "/health").status == 200  # the loop still beats
+        beat.cancel()
+    finally:
+        server.server_close()
