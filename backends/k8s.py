@@ -46,6 +46,8 @@ from contracts.config import GatewayConfig
 
 PART_OF = "specgate"
 GATEWAY = "specgate-gateway"
+#: The gateway pod's probe port (``SPECGATE_HEALTH_PORT``: /health and /ready from a thread).
+GATEWAY_PROBE_PORT = 8001
 CONFIG_MAP = "specgate-config"
 HF_SECRET = "hf-token"
 AUTH_SECRET = "specgate-auth"
@@ -98,9 +100,9 @@ def _meta(name: str, labels: dict[str, str]) -> dict[str, Any]:
     return {"name": name, "labels": labels}
 
 
-def _probe(path: str, period: int, failures: int) -> dict[str, Any]:
+def _probe(path: str, period: int, failures: int, port: str = "http") -> dict[str, Any]:
     return {
-        "httpGet": {"path": path, "port": "http"},
+        "httpGet": {"path": path, "port": port},
         "periodSeconds": period,
         "timeoutSeconds": 5,
         "failureThreshold": failures,
@@ -244,10 +246,18 @@ def _gateway_pod(
         "name": "gateway",
         "image": image,
         "command": GATEWAY_COMMAND,
-        "env": _gateway_env(admin, redis),
-        "ports": [{"name": "http", "containerPort": GATEWAY_PORT}],
-        "readinessProbe": _probe("/ready", 5, 2),
-        "livenessProbe": _probe("/health", 10, 3),
+        "env": [
+            *_gateway_env(admin, redis),
+            {"name": "SPECGATE_HEALTH_PORT", "value": str(GATEWAY_PROBE_PORT)},
+        ],
+        "ports": [
+            {"name": "http", "containerPort": GATEWAY_PORT},
+            {"name": "probes", "containerPort": GATEWAY_PROBE_PORT},
+        ],
+        # on the probe port: answered by a thread of its own, never queued behind requests
+        # (gateway/probe_port.py), so a loaded pod is not restarted or taken out for load
+        "readinessProbe": _probe("/ready", 5, 2, "probes"),
+        "livenessProbe": _probe("/health", 10, 3, "probes"),
         "resources": {
             "requests": {"cpu": "250m", "memory": "256Mi"},
             "limits": {"memory": "512Mi"},

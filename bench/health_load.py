@@ -9,7 +9,9 @@ A fake vLLM upstream (:mod:`bench.fake_upstream`, three ports, 64-token answers 
 mixed requests (chat and completions, streamed and not, code and chat prompts) in a loop for
 ``--duration`` seconds while a prober asks ``/health`` and ``/ready`` every
 ``--probe-interval-ms`` on a new connection each time (as a Kubernetes or load-balancer
-probe does), and beside them ``/health`` of a bare uvicorn app under no load (the
+probe does), the same two on the gateway's probe port (``SPECGATE_HEALTH_PORT``, answered
+by a thread of its own: :mod:`gateway.probe_port`), and beside them ``/health`` of a bare
+uvicorn app under no load (the
 reference: what the machine and the prober give any server at the gateway's CPU and
 niceness). With 2+ CPUs the gateway is pinned to the last CPU, the fake and the clients to
 the others; the fake and the clients run at the niceness ``specgate up`` gives its backends
@@ -44,8 +46,9 @@ from bench.targets import specgate_target
 
 #: What the prober asks, by label: the gateway's own probe endpoints, and the reference, a
 #: bare uvicorn app's ``/health`` (:func:`bare_app`) on the gateway's CPU at its niceness but
-#: under no load: the floor that this machine and the prober give any server.
-PROBED = ("/health", "/ready", "bare /health")
+#: under no load: the floor that this machine and the prober give any server. ``port /...``:
+#: the gateway's probe port (``SPECGATE_HEALTH_PORT``, a thread of its own).
+PROBED = ("/health", "/ready", "port /health", "port /ready", "bare /health")
 #: Mixed requests: (path, body) in turn per client.
 MIX: list[tuple[str, dict[str, Any]]] = [
     (
@@ -119,17 +122,17 @@ def bare_app() -> Any:
 
 
 def probe(
-    base: str, start_at: float, duration_s: float, interval_s: float, bare: str
+    base: str, start_at: float, duration_s: float, interval_s: float, bare: str, port: str
 ) -> dict[str, Any]:
     """From ``start_at`` (``time.time()``) for ``duration_s`` seconds, ``GET /health`` then
-    ``/ready`` of ``base`` and ``/health`` of ``bare`` every ``interval_s``, each on a new
+    ``/ready`` of ``base`` and of ``port`` (the probe port) and ``/health`` of ``bare`` every
+    ``interval_s``, each on a new
     connection (as a Kubernetes or load-balancer probe does); per :data:`PROBED` label the
     latencies (seconds) and the statuses other than 200 (0: no answer). Run in a process of
     its own (:func:`start_prober`), so the clients' event loop does not delay it."""
     out: dict[str, Any] = {p: {"latency": [], "bad": []} for p in PROBED}
-    targets = dict(
-        zip(PROBED, ((base, "/health"), (base, "/ready"), (bare, "/health")), strict=True)
-    )
+    urls = ((base, "/health"), (base, "/ready"), (port, "/health"), (port, "/ready"))
+    targets = dict(zip(PROBED, (*urls, (bare, "/health")), strict=True))
     time.sleep(max(0.0, start_at - time.time()))
     stop_at = time.perf_counter() + duration_s
     while time.perf_counter() < stop_at:
@@ -153,10 +156,10 @@ def probe(
 
 
 def start_prober(
-    base: str, start_at: float, duration_s: float, interval_s: float, bare: str
+    base: str, start_at: float, duration_s: float, interval_s: float, bare: str, port: str
 ) -> subprocess.Popen[str]:
     """:func:`probe` in a child process (at this process's priority when started)."""
-    call = f"probe({base!r}, {start_at!r}, {duration_s!r}, {interval_s!r}, {bare!r})"
+    call = f"probe({base!r}, {start_at!r}, {duration_s!r}, {interval_s!r}, {bare!r}, {port!r})"
     code = f"import json, sys; from bench.health_load import probe; print(json.dumps({call}))"
     return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
 
@@ -215,7 +218,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     fake_argv += [a for p in ports for a in ("--port", str(p))]
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        env = {"SPECGATE_LOG_LEVEL": "warning", **dict(e.split("=", 1) for e in args.env)}
+        health_port = free_port()
+        env = {"SPECGATE_LOG_LEVEL": "warning", "SPECGATE_HEALTH_PORT": str(health_port),
+               **dict(e.split("=", 1) for e in args.env)}  # fmt: skip
         spec = specgate_target(free_port(), [f"http://127.0.0.1:{p}" for p in ports], work, env)
         # the fake stands for the backends, at the niceness `specgate up` gives them
         fake = Server("fake", fake_argv, ready_url=f"http://127.0.0.1:{ports[0]}/health",
@@ -235,7 +240,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             asyncio.run(run(spec.url, 16, 2.0))  # warm-up
             start_at = time.time() + 1.0
             interval_s = args.probe_interval_ms / 1000
-            prober = start_prober(spec.url, start_at, args.duration, interval_s, bare_url)
+            port_url = f"http://127.0.0.1:{health_port}"
+            prober = start_prober(spec.url, start_at, args.duration, interval_s, bare_url, port_url)
             os.nice(BACKEND_NICENESS)  # the clients, too, stand for other machines
             time.sleep(max(0.0, start_at - time.time()))
             cpu_before, wall_before = gateway.cpu_seconds(), time.perf_counter()

@@ -28,6 +28,7 @@ from gateway.classify.embedding_stage import load_stages
 from gateway.errors import stream_failure_event
 from gateway.observability import Observability, observability
 from gateway.persistence import persisted_learning
+from gateway.probe_port import ProbeServer, probe_port, readiness
 from gateway.service import Gateway
 from gateway.settings import Settings
 from gateway.state.lifespan import StateCollector, StateView, build_affinity, shared_state
@@ -80,6 +81,7 @@ class Runtime:
     capture: Capture
     tasks: BackgroundTasks
     state: StateView
+    probe_server: ProbeServer | None = None  # SPECGATE_HEALTH_PORT's listener, when set
 
 
 def runtime_of(app: Any) -> Runtime:
@@ -294,6 +296,17 @@ async def open_runtime(parts: Parts) -> AsyncIterator[Runtime]:
         )
         seen.metrics.registry.register(StateCollector(state))
         stack.push_async_callback(tasks.aclose)  # first on teardown: no loop outlives its use
+        probe_server = None
+        if settings.health_port is not None:
+            probe_server = await stack.enter_async_context(
+                probe_port(
+                    settings.host,
+                    settings.health_port,
+                    lambda: readiness(gateway.backends()),
+                    tasks,
+                    stale_after_s=settings.health_port_stale_s,
+                )
+            )
         yield Runtime(
             settings=settings,
             auth=parts.auth,
@@ -318,4 +331,5 @@ async def open_runtime(parts: Parts) -> AsyncIterator[Runtime]:
             capture=capture,
             tasks=tasks,
             state=state,
+            probe_server=probe_server,
         )

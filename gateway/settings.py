@@ -61,6 +61,12 @@ class Settings(BaseSettings):
     # so a client never reuses a connection this gateway closes at the same moment; 75 s is
     # nginx's keepalive_timeout (Envoy and AWS ALB: 60 s or more)
     keep_alive_s: float = Field(default=75.0, gt=0)
+    # a probe port (gateway/probe_port.py): GET /health and /ready answered from a thread of
+    # their own on this port (same host), so a probe never queues behind request work on
+    # the event loop; None = off. /health there answers 503 when the loop's heartbeat
+    # (every 0.1 s) is older than health_port_stale_s (Kubernetes' default probe timeout: 1 s)
+    health_port: int | None = Field(default=None, ge=0, le=65535)
+    health_port_stale_s: float = Field(default=5.0, gt=0)
     api_keys: SecretStr | None = None
     api_keys_file: Path | None = None
     admin_token: SecretStr | None = None

@@ -45,7 +45,8 @@ class ContainerRun:
     files: dict[Path, str] = field(default_factory=dict)
     health_argv: list[str] | None = None  # compose: a command exiting 0 when healthy
     probe_paths: list[str] = field(default_factory=list)  # Kubernetes: httpGet paths
-    port: int = 0  # the container port the gateway listens on (probes and clients use it)
+    port: int = 0  # the container port the gateway listens on (clients use it)
+    probe_port: int | None = None  # Kubernetes: the port its probes name (None: ``port``)
 
     def write_files(self) -> None:
         """Create the mounted files on this machine."""
@@ -263,11 +264,13 @@ def k8s_gateway(
     probe_ports = {ports.get(p["port"], p["port"]) for p in probes}
     if len(probe_ports) != 1:
         raise DeploymentError(f"probes name ports {probe_ports}, container ports {ports}")
+    probe_port = int(probe_ports.pop())
     run = ContainerRun(
         argv=list(container.get("command", [])) + list(container.get("args", [])),
         env=env,
         probe_paths=[p["path"] for p in probes],
-        port=int(probe_ports.pop()),
+        port=int(ports.get("http", probe_port)),
+        probe_port=probe_port,
     )
     return _rooted(run, files, root)
 

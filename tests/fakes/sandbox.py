@@ -68,6 +68,7 @@ class Scenario(BaseModel):
     health_argv: list[str] | None = None
     probe_paths: list[str] = []
     port: int
+    probe_port: int | None = None  # where probe_paths are asked (None: ``port``)
     model: str
     client_key: str | None = None
     admin_token: str | None = None
@@ -144,7 +145,8 @@ def _isolate(workdir: Path, names: list[str]) -> None:
 def _wait_healthy(s: Scenario, gateway: subprocess.Popen[bytes], env: dict[str, str]) -> Observed:
     seen = Observed()
     deadline = time.monotonic() + s.timeout_s
-    with httpx.Client(base_url=f"http://127.0.0.1:{s.port}", trust_env=False) as client:
+    probe_url = f"http://127.0.0.1:{s.probe_port or s.port}"
+    with httpx.Client(base_url=probe_url, trust_env=False) as client:
         while time.monotonic() < deadline and gateway.poll() is None:
             if s.health_argv is not None:
                 check = subprocess.run(s.health_argv, env=env, cwd=s.cwd, timeout=10, check=False)

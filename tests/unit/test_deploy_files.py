@@ -144,6 +144,12 @@ def test_manifest_contents() -> None:
     assert container["livenessProbe"]["httpGet"]["path"] == "/health"
     assert "specgate-gateway" in by_kind["Service"]
     env = {item["name"]: item for item in container["env"]}
+    # both probes on the probe port, which the gateway is told to open
+    ports = {port["name"]: port["containerPort"] for port in container["ports"]}
+    for kind in ("readinessProbe", "livenessProbe"):
+        assert container[kind]["httpGet"]["port"] == "probes"
+    assert env["SPECGATE_HEALTH_PORT"]["value"] == str(ports["probes"])
+    assert ports["probes"] != ports["http"]
     for var in (API_KEYS_VAR, ADMIN_TOKEN_VAR):  # from the Secret by reference, never literal
         assert "value" not in env[var]
         assert env[var]["valueFrom"]["secretKeyRef"]["name"] == "specgate-auth"

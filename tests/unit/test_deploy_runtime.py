@@ -104,6 +104,7 @@ def scenario(run: ContainerRun, backends: list[BackendService], root: Path, **kw
         health_argv=run.health_argv,
         probe_paths=run.probe_paths,
         port=run.port,
+        probe_port=run.probe_port,
         model=MODEL,
         client_key=CLIENT_KEYS.split(",")[1],
         **{"listen_host": "127.0.0.1"} | kw,
