@@ -141,13 +141,7 @@ class ResponseTap:
         if not self.trace.stream:
             self._parts.append(chunk)
             return chunk
-        if self._pending:
-            chunk, self._pending = self._pending + chunk, b""
-        if not chunk.endswith(b"\n"):
-            end = chunk.rfind(b"\n") + 1
-            chunk, self._pending = chunk[:end], chunk[end:]
-        if self._eat_blank and chunk:
-            chunk = self._skip_blank(chunk)
+        chunk = self._whole_lines(chunk)
         if not self.strip or self._done:
             if _USAGE in chunk:
                 self._last = chunk
@@ -214,6 +208,19 @@ class ResponseTap:
         del lines[at : at + drop]
         self._done = True
         return b"\n".join(lines)
+
+    def _whole_lines(self, chunk: bytes) -> bytes:
+        """``chunk`` after the partial line held from the previous one, cut after its last
+        newline (the rest is held for the next), without the blank line of an event this tap
+        dropped (a stream is edited line by line, never a line in two pieces)."""
+        if self._pending:
+            chunk, self._pending = self._pending + chunk, b""
+        if not chunk.endswith(b"\n"):
+            end = chunk.rfind(b"\n") + 1
+            chunk, self._pending = chunk[:end], chunk[end:]
+        if self._eat_blank and chunk:
+            chunk = self._skip_blank(chunk)
+        return chunk
 
     def _skip_blank(self, chunk: bytes) -> bytes:
         self._eat_blank = False

@@ -179,13 +179,7 @@ class IdsTap(ResponseTap):
         if not self.trace.stream:
             self._held.append(chunk)
             return b""
-        if self._pending:
-            chunk, self._pending = self._pending + chunk, b""
-        if not chunk.endswith(b"\n"):
-            end = chunk.rfind(b"\n") + 1
-            chunk, self._pending = chunk[:end], chunk[end:]
-        if self._eat_blank and chunk:
-            chunk = self._skip_blank(chunk)
+        chunk = self._whole_lines(chunk)
         if b'token_ids":[' in chunk:
             chunk = self._lines(chunk)
         return chunk if self.inner is None else self.inner.feed(chunk)
