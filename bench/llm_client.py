@@ -122,9 +122,9 @@ def run_items(
 ) -> tuple[list[Outcome], float]:
     """Send every item (streamed) with ``concurrency`` in flight; returns the outcomes in
     item order and the wall time in seconds. ``on_done`` hears of each finished request."""
-    started = time.perf_counter()
-    outcomes = asyncio.run(_run(base_url, model, items, concurrency, max_tokens, on_done))
-    return outcomes, time.perf_counter() - started
+    return run_spread(
+        [base_url], model, items, concurrency=concurrency, max_tokens=max_tokens, on_done=on_done
+    )
 
 
 def run_spread(
