@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import statistics
 from collections import defaultdict
@@ -189,7 +190,10 @@ def write(out: Path, rows: Sequence[dict[str, Any]], meta: dict[str, Any]) -> No
     (out / "results.json").write_text(
         json.dumps({"meta": meta, "aggregate": agg, "runs": list(rows)}, indent=1)
     )
-    charts(agg, targets, out)
+    if importlib.util.find_spec("matplotlib") is None:  # a bench extra
+        print("charts skipped: matplotlib is not installed (pip install -e '.[bench]')")
+    else:
+        charts(agg, targets, out)
 
 
 def main() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import platform
 from collections import Counter
@@ -203,7 +204,10 @@ def write(out: Path, runs: Sequence[dict[str, Any]], meta: dict[str, Any]) -> No
             {"meta": meta, "rows": rows, "checks": checks(rows), "runs": list(runs)}, indent=1
         )
     )
-    charts(rows, out)
+    if importlib.util.find_spec("matplotlib") is None:  # a bench extra
+        print("charts skipped: matplotlib is not installed (pip install -e '.[bench]')")
+    else:
+        charts(rows, out)
 
 
 def main() -> None:
