@@ -41,6 +41,10 @@ class Speculation(BaseModel):
     draft_tensor_parallel_size: int | None = Field(default=None, ge=1)
     quantization: str | None = None
     max_model_len: int | None = Field(default=None, ge=1)
+    #: vLLM >= 0.24's dynamic speculative decoding: ``[[first, last, k], ...]``, inclusive
+    #: batch-size ranges starting at 1, each with its speculative tokens (<= the maximum
+    #: above; 0 drops speculation). vLLM's ``vllm/v1/spec_decode/dynamic/utils.py`` checks it.
+    num_speculative_tokens_per_batch_size: list[tuple[int, int, int]] | None = None
 
     @model_validator(mode="after")
     def _check_method_fields(self) -> Speculation:

@@ -9,7 +9,9 @@
 # repeat 1 (plan, bench.gpu_checks, bench.speedup at c = 1..64), bench.sampled_scores,
 # repeats 2 and 3; OUT/tN holds the epoch seconds at which step N ended. DRAFT_CONFIG
 # (default config/gpu-twin-draft.yaml, "" for none) adds the draft-model twin to `sampled`.
-# CHECKS=0 skips bench.gpu_checks in repeat 1.
+# CHECKS=0 skips bench.gpu_checks in repeat 1, SAMPLED=0 the sampled check. With
+# DRAFT_CONFIG=config/gpu-twin-dyn.yaml (vLLM's dynamic speculative tokens, #25 item 4) a last
+# step measures its servers alone (bench.speedup, the :8020 gateway as its "specgate").
 set -uo pipefail
 OUT=${1:?OUT}
 export CONFIG=${CONFIG:-config/gpu-twin.yaml} PER_TASK=${PER_TASK:-16}
@@ -21,9 +23,18 @@ bash scripts/gpu/stack.sh wait 480 > "$OUT/wait.log" 2>&1 || exit 1
 date +%s > "$OUT/t0"
 CHECKS=${CHECKS:-1} bash scripts/gpu/stack.sh bench "$OUT/r1" > "$OUT/r1.log" 2>&1
 date +%s > "$OUT/t1"
-bash scripts/gpu/stack.sh sampled "$OUT/sampled" > "$OUT/sampled.log" 2>&1
+if [ "${SAMPLED:-1}" = 1 ]; then
+    bash scripts/gpu/stack.sh sampled "$OUT/sampled" > "$OUT/sampled.log" 2>&1
+fi
 date +%s > "$OUT/t2"
 for n in 2 3; do
     CHECKS=0 bash scripts/gpu/stack.sh bench "$OUT/r$n" > "$OUT/r$n.log" 2>&1
     date +%s > "$OUT/t$((n + 1))"
 done
+if [ "$DRAFT_CONFIG" = config/gpu-twin-dyn.yaml ]; then
+    PYTHONPATH=/root/sg/site:$PWD SPECGATE_CACHE_DIR=/root/sg/cache python3 -m bench.speedup \
+        --config "$DRAFT_CONFIG" --gateway http://127.0.0.1:8020 --prompts .gpu/prompts \
+        --per-task "${DYN_PER_TASK:-8}" --max-tokens 64 --concurrency "$CONCURRENCY" --warmup 0 \
+        --settle 0.05 --out "$OUT/dyn/speedup" > "$OUT/dyn.log" 2>&1
+    date +%s > "$OUT/t5"
+fi
