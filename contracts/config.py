@@ -227,8 +227,9 @@ class RoutingSettings(_Strict):
     ``min_acceptance_rate``: the default demotion threshold (the seed's rule of thumb: under
     0.5 a model draft stops paying); ``probe_share``: share of a demoted backend's eligible
     traffic it still gets, so its recovery can be seen.
-    ``shared_compute_penalty``: factor in [0, 1] on the expected speed of an idle backend
-    whose ``compute_group`` has another backend computing (measured on the local stack: a
+    ``shared_compute_penalty``: factor in [0, 1] on the expected speed of every backend of a
+    busy ``compute_group`` but its busiest (0: a busy group's requests all join its busiest
+    backend; measured on the local stack: a
     wave of 8 requests spread over two CPU servers on the same 2 cores took 21-27 s against
     5 s on one, about 0.2-0.25x; see docs/benchmarks.md). 1 disables it.
     ``policy``: the rules' default policy (see :class:`Rule`); ``feedback``: learn from every

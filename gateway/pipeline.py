@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -110,6 +111,7 @@ async def prepare_routed(runtime: Runtime, request: RoutedRequest) -> None:
     runtime.capture.offer(request.path, prepared.features.task, body, len(request.raw))
     headers["x-request-id"] = trace.request_id
     request.decision = decision
+    gateway.registry.states[decision.backends[0]].reserve(time.monotonic())
     _ask_for_feedback(runtime, request)
 
 

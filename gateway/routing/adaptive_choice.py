@@ -178,6 +178,7 @@ def choose(
     prior_weight: float = 2.0,
     baseline: str | None = None,
     penalties: Mapping[str, float] | None = None,
+    explore: bool = True,
 ) -> AdaptiveChoice:
     """Pick one of ``candidates`` (non-empty, in try-list order: the rules' order) by
     Thompson sampling.
@@ -188,7 +189,10 @@ def choose(
     of spreading load over backends that share compute, see :mod:`gateway.routing.policy`).
     While no candidate has been observed for the task the rules' first candidate is taken
     (a fresh gateway routes like the static policy); then one ``rng.normalvariate`` draw per
-    candidate, in order, when there are two or more.
+    candidate, in order, when there are two or more. ``explore=False`` takes the best
+    posterior mean instead (no draw): a request that joins a busy shared compute does not
+    explore, since a single request sent elsewhere slows the whole batch and measures
+    nothing the group's load band can use.
     """
     buckets = {n: bucket if isinstance(bucket, str) else bucket[n] for n in candidates}
     first = buckets[candidates[0]]
@@ -208,13 +212,13 @@ def choose(
             shift[n] = math.log(min(max(factor, 1e-6), 1.0))
     draws: dict[str, float] = {}
     untried = all(post[n].source == "prior" for n in candidates)
-    if len(candidates) > 1 and not untried:
+    if len(candidates) > 1 and not untried and explore:
         draws = {n: rng.normalvariate(post[n].mean, post[n].sd) + shift[n] for n in candidates}
     if untried:
         best = chosen = candidates[0]
     else:
         best = max(candidates, key=lambda n: post[n].mean + shift[n])
-        chosen = max(candidates, key=lambda n: draws[n]) if draws else candidates[0]
+        chosen = max(candidates, key=lambda n: draws[n]) if draws else best
 
     def rows() -> tuple[Estimate, ...]:
         base = post[baseline] if baseline is not None else None

@@ -4,16 +4,17 @@ Backends of one ``compute_group`` (servers on the same GPU, or every CPU server 
 share their compute: two of them decoding at once each get a share of it and, on CPUs, thrash
 each other's caches and threads (measured on the local stack, docs/benchmarks.md: a wave of 8
 requests spread over two CPU servers on the same 2 cores took 21-27 s, against 5 s on one).
-So when a group already has a busy backend, sending a request to an idle one of the group
-spreads the load: :func:`load_view` marks such candidates, and the policy discounts them by
+So when a group is busy, sending a request to any backend of it but the busiest spreads the
+load: :func:`load_view` marks such candidates, and the policy discounts them by
 ``routing.shared_compute_penalty``.
 
 The concurrency a request runs at is the group's batch (running + waiting, or this gateway's
-in-flight count when higher) plus the request; decode speed is learnt per band of it (see
-:func:`gateway.routing.adaptive.bucket_of`). :func:`measured_at_load` says when both a
-speculative backend and a plain one have been measured in a band, so their speeds decide
-instead of the configured ``max_batch_for_speculation``; :func:`break_even` reads, per
-speculative backend and task, the lowest measured band at which it stopped paying.
+in-flight count when higher, or the group's recent peak) plus the request; decode speed is
+learnt per band of it (see :func:`gateway.routing.adaptive.bucket_of`).
+:func:`measured_at_load` says when both a speculative backend and a plain one have been
+measured in a band, so their speeds decide instead of the configured
+``max_batch_for_speculation``; :func:`break_even` reads, per speculative backend and task,
+the lowest measured band at which it stopped paying.
 
 Pure code: no I/O, no clock.
 """
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.routing.adaptive import ALL, Estimates, bucket_load
@@ -30,35 +31,62 @@ from gateway.routing.adaptive import ALL, Estimates, bucket_load
 
 @dataclass(frozen=True, slots=True)
 class LoadView:
-    """``concurrency``: per backend, the requests on its compute now (the group's summed
-    batch, or its own batch without a group); ``spreads``: idle backends whose group has
-    another busy backend (choosing one makes two servers compete for the same compute)."""
+    """``concurrency``: per backend, the requests on its compute before a new one joins (the
+    group's summed batch, or its own batch without a group; at least the recent peak less
+    one, see :func:`load_view`); ``spreads``: idle backends of a busy group (choosing one
+    makes two servers compete for the same compute); ``followers``: busy backends of a
+    group that has a busier one (choosing one keeps two servers competing); ``peaks``: per
+    backend, the recent peak of its group (its own without a group)."""
 
     concurrency: Mapping[str, float]
     spreads: frozenset[str]
+    followers: frozenset[str] = frozenset()
+    peaks: Mapping[str, float] = field(default_factory=dict)
 
 
-def load_view(groups: Mapping[str, str | None], batch: Mapping[str, float]) -> LoadView:
-    """The :class:`LoadView` for backends' ``compute_group`` names and current ``batch``
-    (requests running or waiting per backend; backends missing from ``batch`` count 0)."""
+def load_view(
+    groups: Mapping[str, str | None],
+    batch: Mapping[str, float],
+    recent: Mapping[str, float] | None = None,
+) -> LoadView:
+    """The :class:`LoadView` for backends' ``compute_group`` names, current ``batch``
+    (requests running or waiting per backend) and ``recent`` peak in-flight counts
+    (backends missing from either count 0).
+
+    A group's load is the higher of its summed batch and its members' highest recent peak
+    less one: a burst's first requests meet an idle server, and are routed (and learnt) at
+    the load the burst brings. When a group is busy, its idle members spread load and its
+    busy members other than the one with the largest batch follow: one server batching a
+    wave beats several time-slicing the same GPU (docs/benchmarks.md, section 7: a wave
+    split over three servers of one H200 ran at 0.5-0.8x plain alone), so the busiest
+    leads until another is clearly faster.
+    """
+    recent = recent or {}
     totals: dict[str, float] = {}
-    busy: dict[str, int] = {}
+    peaks: dict[str, float] = {}
+    leads: dict[str, float] = {}
     for name, group in groups.items():
         if group is not None:
             load = batch.get(name, 0.0)
             totals[group] = totals.get(group, 0.0) + load
-            busy[group] = busy.get(group, 0) + (load > 0)
+            peaks[group] = max(peaks.get(group, 0.0), recent.get(name, 0.0))
+            leads[group] = max(leads.get(group, 0.0), load)
     concurrency: dict[str, float] = {}
-    spreads = set()
+    peak: dict[str, float] = {}
+    spreads, followers = set(), set()
     for name, group in groups.items():
         own = batch.get(name, 0.0)
         if group is None:
-            concurrency[name] = own
+            peak[name] = recent.get(name, 0.0)
+            concurrency[name] = max(own, peak[name] - 1)
             continue
-        concurrency[name] = totals[group]
-        if own <= 0 and busy[group] > 0:
+        peak[name] = peaks[group]
+        concurrency[name] = max(totals[group], peaks[group] - 1)
+        if own <= 0 < leads[group]:
             spreads.add(name)
-    return LoadView(concurrency, frozenset(spreads))
+        elif own < leads[group]:
+            followers.add(name)
+    return LoadView(concurrency, frozenset(spreads), frozenset(followers), peak)
 
 
 def _weight(estimates: Estimates, key: tuple[str, str], name: str, decay: float) -> float:

@@ -37,12 +37,15 @@ class BackendSnapshot:
     ``demoted``: its windowed acceptance rate is under its floor; ``acceptance_rate``: that
     rate (None if unknown); ``suspect``: why the correctness canary stopped trusting it
     (None when trusted); ``sample_suspect``: why the distribution canary stopped trusting
-    its sampled output (kept from requests with temperature > 0; None when trusted).
+    its sampled output (kept from requests with temperature > 0; None when trusted);
+    ``recent``: the most of this gateway's requests in flight there at once over the last
+    10-20 s (:data:`gateway.upstream.state.PEAK_WINDOW_S`; 0: none), the load a burst brings.
     """
 
     healthy: bool
     circuit_open: bool = False
     inflight: int = 0
+    recent: float = 0.0
     running: float = 0.0
     waiting: float = 0.0
     demoted: bool = False
@@ -124,6 +127,8 @@ class _Plan:
     saturated: bool = False
     # whether a speculative backend's and a plain one's speeds were learnt at this load
     measured: Callable[[str], bool] | None = None
+    # per backend, the requests on its compute before this one (LoadView.concurrency)
+    load: Mapping[str, float] = field(default_factory=dict)
 
 
 class RoutingPolicy:
@@ -193,10 +198,14 @@ class RoutingPolicy:
             ]
         policy = (rule.policy if rule is not None else None) or self.config.routing.policy
         learnt = estimates if policy == "adaptive" else None
-        load = load_view(self.groups, {n: snap.batch for n, snap in state.items()})
+        load = load_view(
+            self.groups,
+            {n: snap.batch for n, snap in state.items()},
+            {n: snap.recent for n, snap in state.items()},
+        )
         settings = self.config.routing.adaptive
         overlap = prompt.overlap if prompt is not None else None
-        plan = _Plan(reasons=reasons)
+        plan = _Plan(reasons=reasons, load=load.concurrency)
         buckets: dict[str, str] = {}
         if learnt is not None:
             by_load: dict[float, str] = {}
@@ -282,6 +291,7 @@ class RoutingPolicy:
         """Move the adaptive pick among ``eligible`` to the front of ``order`` (in place)."""
         settings = self.config.routing.adaptive
         penalty = self.config.routing.shared_compute_penalty
+        penalties = {n: penalty for n in eligible if n in load.spreads | load.followers}
         choice = choose(
             features.task,
             buckets,
@@ -291,7 +301,8 @@ class RoutingPolicy:
             decay=settings.decay,
             prior_weight=settings.prior_weight,
             baseline=self.plain[0] if self.plain else None,
-            penalties={n: penalty for n in eligible if n in load.spreads},
+            penalties=penalties,
+            explore=not penalties,
         )
         order.remove(choice.chosen)
         order.insert(0, choice.chosen)
@@ -299,10 +310,10 @@ class RoutingPolicy:
         if choice.untried:
             why = "nothing measured yet: the rules' choice"
         plan.reasons.append(f"adaptive ({choice.bucket}): {choice.chosen}, {why}")
-        spread = sorted(load.spreads.intersection(eligible))
+        spread = sorted((load.spreads | load.followers).intersection(eligible))
         if spread:
             plan.reasons.append(
-                f"shared compute: {', '.join(spread)} idle while their compute is busy "
+                f"shared compute: {', '.join(spread)} not the busiest of their busy compute "
                 f"(expected speed x{penalty:g})"
             )
         return choice
@@ -343,7 +354,8 @@ class RoutingPolicy:
             plan.candidates.append(Candidate(name, pool, False, OFF_WHY))
             return
         plan.seen.add(name)
-        passed_over = self._pass_over(name, backend, snap, rng, features, plan.measured)
+        batch = max(snap.batch, plan.load.get(name, 0.0))
+        passed_over = self._pass_over(name, backend, snap, rng, features, plan.measured, batch)
         if passed_over is not None:
             plan.deferred.append(name)
             plan.candidates.append(Candidate(name, pool, False, passed_over))
@@ -363,10 +375,13 @@ class RoutingPolicy:
         rng: random.Random,
         features: RequestFeatures,
         measured: Callable[[str], bool] | None,
+        batch: float,
     ) -> str | None:
         """Why a speculative backend is passed over now (None: kept). ``measured(name)``:
         its speed and a plain backend's were learnt at this load, so the configured batch
-        limit gives way to them."""
+        limit gives way to them. ``batch``: the requests on its compute before this one (its
+        compute group's batch, or the group's recent peak less one: the batch it would run
+        if it took the group's load, as a busy group's requests join one backend)."""
         if not backend.spec.speculative:
             return None
         refused = features.spec_refused.get(backend.spec.method or "")
@@ -375,9 +390,8 @@ class RoutingPolicy:
         if features.speculation == SPECULATION_ON:
             return None  # the client's call: speed judgements give way
         limit = backend.max_batch_for_speculation
-        over = limit is not None and snap.batch > limit
-        if over and (measured is None or not measured(name)):
-            return f"batch {snap.batch:g} > max_batch_for_speculation {limit}: speculation loses"
+        if limit is not None and batch > limit and (measured is None or not measured(name)):
+            return f"batch {batch:g} > max_batch_for_speculation {limit}: speculation loses"
         if snap.demoted and rng.random() >= self.config.routing.probe_share:
             floor = backend.acceptance_floor(self.config.routing.min_acceptance_rate)
             rate = "unknown" if snap.acceptance_rate is None else f"{snap.acceptance_rate:.2f}"

@@ -3,6 +3,7 @@ and the registration with the :class:`~gateway.upstream.deaths.DeathWatch` (cont
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -32,7 +33,7 @@ class Attempt:
         the parsed request; None: not watched)."""
         if self.watch is not None and body is not None:
             self.token = self.watch.begin(self.name, endpoint, body)
-        self.state.inflight += 1
+        self.state.take(time.monotonic())
         self.held = True
 
     def end(self) -> None:

@@ -19,6 +19,15 @@ from gateway.upstream.circuit import CircuitBreaker
 #: a request; ``unknown`` before the first probe (a backend added by a reload).
 Health = Literal["up", "down", "unknown"]
 HEALTH_STATES: tuple[Health, ...] = ("up", "down", "unknown")
+#: Seconds a backend's peak in-flight count is remembered (10-20 s: two slots of this length).
+#: Routing reads the load a request joins as the higher of the batch now and this recent
+#: peak, so the first requests of a burst are routed for the burst, not for an idle server
+#: (a wave of c requests arrives within milliseconds; docs/benchmarks.md, section 7).
+PEAK_WINDOW_S = 10.0
+#: Seconds a routing decision counts as in flight on its backend before its attempt begins
+#: (a guard or a connection lies between them): requests that arrive together see each
+#: other's choices, so a burst is not spread by decisions that all saw an idle server.
+RESERVE_S = 2.0
 
 
 def health_of(healthy: bool | None) -> Health:
@@ -74,6 +83,10 @@ class BackendState:
     probe_failures: int = 0
     alive_at: float = 0.0
     fingerprint: bytes | None = None
+    reserved: list[float] = field(default_factory=list)
+    peak: int = 0
+    peak_prev: int = 0
+    peak_since: float = -2 * PEAK_WINDOW_S
 
     @property
     def health(self) -> Health:
@@ -86,6 +99,33 @@ class BackendState:
         the circuit breaker, demotion and the canary are separate verdicts)."""
         return self.healthy is not False
 
+    def reserve(self, now: float) -> None:
+        """A routing decision chose this backend (``now``: ``time.monotonic()``): it counts
+        as in flight until an attempt begins there, or :data:`RESERVE_S` at most."""
+        self.reserved = [t for t in self.reserved if now - t < RESERVE_S]
+        self.reserved.append(now)
+
+    def take(self, now: float) -> None:
+        """One more of this gateway's requests there (``now``: ``time.monotonic()``); keeps
+        the in-flight peak of the current :data:`PEAK_WINDOW_S` slot and of the one before,
+        and ends the oldest reservation."""
+        if self.reserved:
+            del self.reserved[0]
+        self.inflight += 1
+        age = now - self.peak_since
+        if age >= PEAK_WINDOW_S:
+            self.peak_prev = self.peak if age < 2 * PEAK_WINDOW_S else 0
+            self.peak, self.peak_since = 0, now
+        self.peak = max(self.peak, self.inflight)
+
+    def recent_peak(self, now: float) -> int:
+        """The most of this gateway's requests in flight there at once over the last
+        :data:`PEAK_WINDOW_S` to twice that (0 when none was sent for that long)."""
+        age = now - self.peak_since
+        if age >= 2 * PEAK_WINDOW_S:
+            return 0
+        return self.peak if age >= PEAK_WINDOW_S else max(self.peak, self.peak_prev)
+
     def release(self) -> None:
         """One of this gateway's requests there has ended."""
         self.inflight -= 1
@@ -97,7 +137,8 @@ class BackendState:
         return BackendSnapshot(
             healthy=self.available,
             circuit_open=not self.circuit.routable(now),
-            inflight=self.inflight,
+            inflight=self.inflight + sum(now - t < RESERVE_S for t in self.reserved),
+            recent=float(self.recent_peak(now)),
             running=self.running if fresh else 0.0,
             waiting=self.waiting if fresh else 0.0,
             demoted=self.demoted,

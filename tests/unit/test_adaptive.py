@@ -122,6 +122,27 @@ def test_a_penalty_moves_the_choice() -> None:
     assert {e.backend: e.penalty for e in held.estimates} == {"ngram": 0.25, "plain": 1.0}
 
 
+def test_without_exploration_the_best_mean_is_taken_every_time() -> None:
+    """Two close backends, few observations: Thompson shares them; explore=False (a request
+    joining a busy shared compute) always takes the better mean and draws nothing."""
+    learner = Learner()
+    for _ in range(2):
+        learner.observe(obs("ngram", 21.0))
+        learner.observe(obs("plain", 20.0))
+    drawn = {
+        choose(*KEY, ["ngram", "plain"], learner.view(), random.Random(s), decay=0.98).chosen
+        for s in range(40)
+    }
+    assert drawn == {"ngram", "plain"}
+    for s in range(40):
+        held = choose(
+            *KEY, ["ngram", "plain"], learner.view(), random.Random(s), decay=0.98,
+            explore=False,
+        )  # fmt: skip
+        assert held.chosen == held.best == "ngram" and not held.explored
+        assert all(e.draw is None for e in held.estimates)
+
+
 def test_choice_is_deterministic_for_a_state_and_seed() -> None:
     learner = Learner()
     for name, speed in [("ngram", 23.0), ("plain", 19.0), ("draft", 10.0)]:

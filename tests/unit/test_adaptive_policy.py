@@ -72,9 +72,11 @@ def test_passed_over_backends_are_not_eligible() -> None:
     learner = learnt(
         "code", "greedy/norep", {"plain": 10.0, "ngram": 50.0, "draft": 9.0, "eagle3": 9.0}
     )
-    state = healthy(ngram=9.0)  # over ngram's max_batch_for_speculation of 4
+    # over max_batch_for_speculation (4): the four share compute_group cpu, whose batch is 9
+    state = healthy(ngram=9.0)
     decision = policy.decide(features("code", 0.0), state, random.Random(0), learner.view())
-    assert decision.backends[0] != "ngram" and decision.backends[-1] == "ngram"
+    assert decision.backends[0] == "plain"
+    assert {c.backend for c in decision.candidates if not c.kept} >= {"ngram", "eagle3"}
 
 
 def test_static_policy_ignores_estimates() -> None:

@@ -96,3 +96,62 @@ def test_a_scrape_older_than_the_last_answer_does_not_count_as_load() -> None:
     assert state.snapshot(11.0).batch == 0.0
     state.scraped_at = state.done_at + 1.0  # a newer scrape counts again (other clients)
     assert state.snapshot(11.0).batch == 1.0
+
+
+def test_busy_members_follow_the_busiest_of_their_group() -> None:
+    """A group split over two busy servers: only the busiest leads; the other follows."""
+    groups = {"plain": "gpu0", "ngram": "gpu0", "eagle3": "gpu0", "draft": None}
+    view = load_view(groups, {"plain": 5, "eagle3": 2})
+    assert view.spreads == {"ngram"}  # idle member of a busy group
+    assert view.followers == {"eagle3"}  # busy, but plain is busier
+    assert view.concurrency["eagle3"] == 7
+    tie = load_view(groups, {"plain": 3, "eagle3": 3})
+    assert tie.followers == frozenset()  # two leaders: neither is discounted
+
+
+def test_a_recent_burst_sets_the_load_of_an_idle_group() -> None:
+    """The first request of a wave meets an idle group: the recent peak gives its band."""
+    groups = {"plain": "gpu0", "eagle3": "gpu0", "draft": None}
+    view = load_view(groups, {}, {"eagle3": 16.0, "draft": 4.0})
+    assert view.concurrency == {"plain": 15, "eagle3": 15, "draft": 3}
+    assert view.peaks == {"plain": 16, "eagle3": 16, "draft": 4}
+    assert view.spreads == frozenset() and view.followers == frozenset()
+
+
+def test_rag_follows_a_busy_plain_server_though_ngram_is_faster_alone() -> None:
+    """Both busy: plain holds 3 of the group's requests, ngram 1; the discount goes to the
+    follower, so rag joins plain's batch (local config: penalty 0.25, one compute group)."""
+    policy = RoutingPolicy(local_config())
+    learner = learnt("greedy/norep/c4", {"plain": 15.0, "ngram": 20.0})
+    learnt("greedy/norep", ALONE, learner=learner)
+    picks = [
+        policy.decide(RAG, busy(plain=2, ngram=1), random.Random(s), learner.view()).backends[0]
+        for s in range(20)
+    ]
+    assert picks.count("plain") == 20
+
+
+def test_backend_state_remembers_its_recent_peak() -> None:
+    state = BackendState()
+    for _ in range(3):
+        state.take(100.0)
+    for _ in range(3):
+        state.release()
+    assert state.inflight == 0
+    assert state.recent_peak(105.0) == 3 and state.snapshot(105.0).recent == 3.0
+    state.take(112.0)  # a new slot: the last one's peak is still remembered
+    assert state.recent_peak(113.0) == 3
+    assert state.recent_peak(125.0) == 1  # the 100 s slot is gone, the 112 s one ended
+    assert state.recent_peak(140.0) == 0  # nothing sent for two windows
+
+
+def test_a_decision_counts_as_in_flight_until_its_attempt_begins() -> None:
+    """Requests arriving together decide before any is forwarded: a reservation makes the
+    second see the first's choice; it ends when the attempt begins, or expires."""
+    state = BackendState()
+    state.reserve(10.0)
+    assert state.snapshot(10.1).inflight == 1
+    state.take(10.2)  # the attempt begins: the reservation becomes the in-flight request
+    assert state.inflight == 1 and state.snapshot(10.3).inflight == 1
+    state.reserve(20.0)  # never forwarded (refused after routing): expires
+    assert state.snapshot(20.5).inflight == 2 and state.snapshot(23.0).inflight == 1
