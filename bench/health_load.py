@@ -129,14 +129,14 @@ def probe(
     ``GET /health`` then ``/ready`` of ``base`` and of ``port`` (the probe port; ``None``:
     not probed) and ``/health`` of ``bare`` every ``interval_s``, each on a new connection
     (as a Kubernetes or load-balancer probe does); per :data:`PROBED` label the latencies
-    (seconds), when each probe started (``time.time()``) and the statuses other than 200 (0:
-    no answer). Run in a process of its own (:func:`start_prober`), so the clients' event
-    loop does not delay it."""
+    (seconds), when each probe started (``time.time()``) and the status (0: no answer). Run
+    in a process of its own (:func:`start_prober`), so the clients' event loop does not
+    delay it."""
     urls = (base, base, port, port, bare)
     paths = ("/health", "/ready", "/health", "/ready", "/health")
     targets = {label: (url, path) for label, url, path in zip(PROBED, urls, paths, strict=True)
                if url is not None}  # fmt: skip
-    out: dict[str, Any] = {p: {"latency": [], "at": [], "bad": []} for p in targets}
+    out: dict[str, Any] = {p: {"latency": [], "at": [], "status": []} for p in targets}
     time.sleep(max(0.0, start_at - time.time()))
     stop_at = time.perf_counter() + duration_s
     try:
@@ -158,14 +158,14 @@ def _probe_round(targets: dict[str, tuple[str, str]], out: dict[str, Any]) -> No
             conn.request("GET", path)
             response = conn.getresponse()
             response.read()
-            if response.status != 200:
-                out[label]["bad"].append(response.status)
+            status = response.status
         except OSError:
-            out[label]["bad"].append(0)
+            status = 0
         finally:
             conn.close()
         out[label]["latency"].append(time.perf_counter() - started)
         out[label]["at"].append(at)
+        out[label]["status"].append(status)
 
 
 def start_prober(
@@ -201,10 +201,11 @@ def probe_figures(samples: dict[str, Any]) -> dict[str, Any]:
     out = {}
     for path, seen in samples.items():
         latency = seen["latency"]
+        bad = Counter(status for status in seen["status"] if status != 200)
         out[path] = {
             "probes": len(latency),
-            "not_200": len(seen["bad"]),
-            "not_200_by_status": {str(k): v for k, v in sorted(Counter(seen["bad"]).items())},
+            "not_200": bad.total(),
+            "not_200_by_status": {str(k): v for k, v in sorted(bad.items())},
             "p50_ms": round(percentile(latency, 50) * 1000, 2),
             "p99_ms": round(percentile(latency, 99) * 1000, 2),
             "max_ms": round(max(latency, default=0.0) * 1000, 2),

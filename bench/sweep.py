@@ -29,7 +29,8 @@ the same two on the probe port when ``--health-port`` (default: ``SPECGATE_HEALT
 set, and the reference, a bare uvicorn app's ``/health`` started here at the gateway's
 niceness (0) under no load; per path p50/p99/max and every answer other than 200, beside the
 gateway process's CPU share (its pid: the parent of the backends' servers on ``/routes``)
-and the load average. Writes ``results.json`` and ``sweep.md`` to ``--out``.
+and the load average. Writes ``results.json``, ``sweep.md`` and ``probes.json`` (every probe:
+when, how long, what answered) to ``--out``.
 """
 
 from __future__ import annotations
@@ -321,6 +322,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             prober.send_signal(signal.SIGINT)
             stdout, _ = prober.communicate(timeout=60)
     samples = json.loads(stdout)
+    (args.out / "probes.json").write_text(json.dumps(samples))  # every probe, for timelines
     results["probes"] = probe_figures(samples)
     results["health_timeline"] = probe_timeline(samples, results["started_at"], 30.0)
     results["meta"] = {
