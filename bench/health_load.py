@@ -31,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -122,46 +123,60 @@ def bare_app() -> Any:
 
 
 def probe(
-    base: str, start_at: float, duration_s: float, interval_s: float, bare: str, port: str
+    base: str, start_at: float, duration_s: float, interval_s: float, bare: str, port: str | None
 ) -> dict[str, Any]:
-    """From ``start_at`` (``time.time()``) for ``duration_s`` seconds, ``GET /health`` then
-    ``/ready`` of ``base`` and of ``port`` (the probe port) and ``/health`` of ``bare`` every
-    ``interval_s``, each on a new
-    connection (as a Kubernetes or load-balancer probe does); per :data:`PROBED` label the
-    latencies (seconds) and the statuses other than 200 (0: no answer). Run in a process of
-    its own (:func:`start_prober`), so the clients' event loop does not delay it."""
-    out: dict[str, Any] = {p: {"latency": [], "bad": []} for p in PROBED}
-    urls = ((base, "/health"), (base, "/ready"), (port, "/health"), (port, "/ready"))
-    targets = dict(zip(PROBED, (*urls, (bare, "/health")), strict=True))
+    """From ``start_at`` (``time.time()``) for ``duration_s`` seconds (``inf``: until SIGINT),
+    ``GET /health`` then ``/ready`` of ``base`` and of ``port`` (the probe port; ``None``:
+    not probed) and ``/health`` of ``bare`` every ``interval_s``, each on a new connection
+    (as a Kubernetes or load-balancer probe does); per :data:`PROBED` label the latencies
+    (seconds), when each probe started (``time.time()``) and the status (0: no answer). Run
+    in a process of its own (:func:`start_prober`), so the clients' event loop does not
+    delay it."""
+    urls = (base, base, port, port, bare)
+    paths = ("/health", "/ready", "/health", "/ready", "/health")
+    targets = {label: (url, path) for label, url, path in zip(PROBED, urls, paths, strict=True)
+               if url is not None}  # fmt: skip
+    out: dict[str, Any] = {p: {"latency": [], "at": [], "status": []} for p in targets}
     time.sleep(max(0.0, start_at - time.time()))
     stop_at = time.perf_counter() + duration_s
-    while time.perf_counter() < stop_at:
-        for label, (url, path) in targets.items():
-            host, port = url.removeprefix("http://").split(":")
-            started = time.perf_counter()
-            conn = http.client.HTTPConnection(host, int(port), timeout=30)
-            try:
-                conn.request("GET", path)
-                response = conn.getresponse()
-                response.read()
-                if response.status != 200:
-                    out[label]["bad"].append(response.status)
-            except OSError:
-                out[label]["bad"].append(0)
-            finally:
-                conn.close()
-            out[label]["latency"].append(time.perf_counter() - started)
-        time.sleep(interval_s)
+    try:
+        while time.perf_counter() < stop_at:
+            _probe_round(targets, out)
+            time.sleep(interval_s)
+    except KeyboardInterrupt:  # the caller's way to stop an open-ended run
+        pass
     return out
 
 
+def _probe_round(targets: dict[str, tuple[str, str]], out: dict[str, Any]) -> None:
+    """One ``GET`` per target, in turn, each on a new connection; appends to ``out``."""
+    for label, (url, path) in targets.items():
+        host, port = url.removeprefix("http://").split(":")
+        at, started = time.time(), time.perf_counter()
+        conn = http.client.HTTPConnection(host, int(port), timeout=30)
+        try:
+            conn.request("GET", path)
+            response = conn.getresponse()
+            response.read()
+            status = response.status
+        except OSError:
+            status = 0
+        finally:
+            conn.close()
+        out[label]["latency"].append(time.perf_counter() - started)
+        out[label]["at"].append(at)
+        out[label]["status"].append(status)
+
+
 def start_prober(
-    base: str, start_at: float, duration_s: float, interval_s: float, bare: str, port: str
+    base: str, start_at: float, duration_s: float, interval_s: float, bare: str, port: str | None
 ) -> subprocess.Popen[str]:
-    """:func:`probe` in a child process (at this process's priority when started)."""
-    call = f"probe({base!r}, {start_at!r}, {duration_s!r}, {interval_s!r}, {bare!r}, {port!r})"
-    code = f"import json, sys; from bench.health_load import probe; print(json.dumps({call}))"
-    return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    """:func:`probe` in a child process (at this process's priority when started); it prints
+    the result as JSON when ``duration_s`` has passed or on SIGINT."""
+    call = json.dumps([base, start_at, duration_s, interval_s, bare, port])
+    code = "import json, sys; from bench.health_load import probe; "
+    code += "print(json.dumps(probe(*json.loads(sys.argv[1]))))"
+    return subprocess.Popen([sys.executable, "-c", code, call], stdout=subprocess.PIPE, text=True)
 
 
 async def run(base: str, concurrency: int, duration_s: float) -> dict[str, Any]:
@@ -181,18 +196,34 @@ async def run(base: str, concurrency: int, duration_s: float) -> dict[str, Any]:
 
 
 def probe_figures(samples: dict[str, Any]) -> dict[str, Any]:
-    """Per probed path: probes, answers other than 200, latency p50/p99/max (ms)."""
+    """Per probed path: probes, answers other than 200 (how many, and how many of each
+    status; 0: no answer), latency p50/p99/max (ms)."""
     out = {}
     for path, seen in samples.items():
         latency = seen["latency"]
+        bad = Counter(status for status in seen["status"] if status != 200)
         out[path] = {
             "probes": len(latency),
-            "not_200": len(seen["bad"]),
+            "not_200": bad.total(),
+            "not_200_by_status": {str(k): v for k, v in sorted(bad.items())},
             "p50_ms": round(percentile(latency, 50) * 1000, 2),
             "p99_ms": round(percentile(latency, 99) * 1000, 2),
             "max_ms": round(max(latency, default=0.0) * 1000, 2),
         }
     return out
+
+
+def probe_table(figures: dict[str, Any]) -> list[str]:
+    """:func:`probe_figures` as Markdown table lines, one row per probed path."""
+    lines = [
+        "| path | probes | not 200 | p50 ms | p99 ms | max ms |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for path, f in figures.items():
+        bad = f"{f['not_200']} {f['not_200_by_status']}" if f["not_200"] else "0"
+        lines.append(f"| {path} | {f['probes']} | {bad} | {f['p50_ms']} | "
+                     f"{f['p99_ms']} | {f['max_ms']} |")  # fmt: skip
+    return lines
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -252,7 +283,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 (gateway.cpu_seconds() - cpu_before) / (time.perf_counter() - wall_before), 2
             )
             stdout, _ = prober.communicate(timeout=args.duration + 60)
-            figures |= probe_figures(json.loads(stdout))
+            probes = probe_figures(json.loads(stdout))
+            figures |= probes
     meta = {
         "gateway_niceness": args.gateway_niceness,
         "concurrency": args.concurrency,
@@ -271,13 +303,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"requests: {figures['requests']} ({figures['rps']:.0f}/s), gateway CPU share "
         f"{figures['gateway_cpu_share']}",
         "",
-        "| path | probes | not 200 | p50 ms | p99 ms | max ms |",
-        "| --- | --- | --- | --- | --- | --- |",
+        *probe_table(probes),
     ]
-    for path in PROBED:
-        f = figures[path]
-        lines.append(f"| {path} | {f['probes']} | {f['not_200']} | {f['p50_ms']} | "
-                     f"{f['p99_ms']} | {f['max_ms']} |")  # fmt: skip
     (args.out / "health-load.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0

@@ -21,8 +21,16 @@ classified:
 Reported, never asserted: the three counts, every 503 (none should come while another backend
 could serve: with ``ngram`` killed, plain serves sampled requests and three backends greedy
 ones), the ``request_quarantined`` answers and the quarantine table after the run (no request
-caused the death, so none should be quarantined), and the deaths the gateway counted. Writes
-``results.json`` and ``sweep.md`` to ``--out``.
+caused the death, so none should be quarantined), and the deaths the gateway counted.
+
+Throughout the sweep, :func:`bench.health_load.probe` (a process of its own) asks the
+gateway's ``/health`` and ``/ready`` every ``--probe-interval-ms``, each on a new connection,
+the same two on the probe port when ``--health-port`` (default: ``SPECGATE_HEALTH_PORT``) is
+set, and the reference, a bare uvicorn app's ``/health`` started here at the gateway's
+niceness (0) under no load; per path p50/p99/max and every answer other than 200, beside the
+gateway process's CPU share (its pid: the parent of the backends' servers on ``/routes``)
+and the load average. Writes ``results.json``, ``sweep.md`` and ``probes.json`` (every probe:
+when, how long, what answered) to ``--out``.
 """
 
 from __future__ import annotations
@@ -31,8 +39,10 @@ import argparse
 import asyncio
 import itertools
 import json
+import math
 import os
 import signal
+import subprocess
 import sys
 import time
 from collections import Counter
@@ -41,6 +51,10 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+
+from bench.health_load import probe_figures, probe_table, start_prober
+from bench.load import percentile
+from bench.procs import CLOCK_TICKS, Server, free_port, load_average, machine
 
 MODEL = "smollm2-135m-instruct"
 PROMPTS = {
@@ -111,6 +125,31 @@ async def backend_pid(session: aiohttp.ClientSession, url: str, name: str) -> in
     return (backend.get("process") or {}).get("pid")
 
 
+def _stat(pid: int) -> list[str]:
+    """``/proc/PID/stat``'s fields from the 3rd (state) on; raises OSError when it is gone."""
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()
+
+
+def gateway_pid(routes: dict[str, Any]) -> int | None:
+    """The gateway's pid under ``specgate up``: the parent of the backends' servers
+    (``/routes``); None when specgate did not launch them."""
+    for backend in routes["backends"]:
+        pid = (backend.get("process") or {}).get("pid")
+        if pid is not None:
+            try:
+                return int(_stat(pid)[1])  # field 4: ppid
+            except OSError:
+                continue
+    return None
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of ``pid`` itself (all its threads, not its children)."""
+    fields = _stat(pid)
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime, stime (fields 14, 15)
+
+
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     """The sweep (module docstring)."""
     mixes = requests(args.max_tokens)
@@ -121,10 +160,13 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     events: dict[str, Any] = {}
     done = 0
     third, two_thirds = asyncio.Event(), asyncio.Event()
-    started = time.monotonic()
     connector = aiohttp.TCPConnector(limit=args.concurrency)
     timeout = aiohttp.ClientTimeout(total=args.timeout)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        async with session.get(f"{args.url}/routes") as resp:
+            pid = gateway_pid(await resp.json())
+        cpu_before = process_cpu_seconds(pid) if pid is not None else 0.0
+        started_at, started = time.time(), time.monotonic()
         gate = asyncio.Semaphore(args.concurrency)
 
         async def one(i: int) -> None:
@@ -170,6 +212,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
         await asyncio.gather(kill(), reload(), *(one(i) for i in range(args.requests)))
         elapsed = time.monotonic() - started
+        # near 1.0 the gateway was busy with its own work; well under it with slow probes,
+        # something else held it up (the CPU, a blocked loop)
+        cpu_share = (process_cpu_seconds(pid) - cpu_before) / elapsed if pid else None
         async with session.get(f"{args.url}/routes/quarantine") as resp:
             quarantine = await resp.json()
         async with session.get(f"{args.url}/metrics") as resp:
@@ -181,7 +226,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "requests": args.requests,
         "concurrency": args.concurrency,
+        "started_at": started_at,
         "elapsed_s": round(elapsed, 1),
+        "gateway_pid": pid,
+        "gateway_cpu_share": None if cpu_share is None else round(cpu_share, 2),
         "outcomes": dict(outcomes),
         "details": dict(details),
         "served_by": dict(served_by),
@@ -190,6 +238,53 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "quarantine": quarantine,
         "death_metrics": deaths,
     }
+
+
+def probe_timeline(
+    samples: dict[str, Any], started_at: float, window_s: float
+) -> list[dict[str, Any]]:
+    """Main-port ``/health`` per ``window_s`` window from ``started_at`` (``time.time()``):
+    start (s), probes, p50/max (ms), answers other than 200."""
+    seen = samples["/health"]
+    windows: dict[int, list[float]] = {}
+    for at, latency in zip(seen["at"], seen["latency"], strict=True):
+        windows.setdefault(int((at - started_at) // window_s), []).append(latency)
+    return [
+        {"from_s": k * window_s, "probes": len(v),
+         "p50_ms": round(percentile(v, 50) * 1000, 1), "max_ms": round(max(v) * 1000, 1)}
+        for k, v in sorted(windows.items())
+    ]  # fmt: skip
+
+
+def report(results: dict[str, Any]) -> list[str]:
+    """The outcome table and the probe table as Markdown lines."""
+    meta = results["meta"]
+    lines = [
+        f"{meta['at']}, commit {meta['commit']}, {results['requests']} requests, "
+        f"{results['concurrency']} at a time, {results['elapsed_s']} s, load average "
+        f"{meta['load_average'][0]:.1f} -> {meta['load_average'][1]:.1f}, gateway CPU share "
+        f"{results['gateway_cpu_share']}",
+        "",
+        "| outcome | count |",
+        "| --- | --- |",
+        *(f"| {k} | {v} |" for k, v in sorted(results["outcomes"].items())),
+        *(f"| {k} | {v} |" for k, v in sorted(results["details"].items())),
+        f"| 503 | {len(results['responses_503'])} |",
+        f"| quarantined | {len(results['quarantine'].get('quarantined') or [])} |",
+        f"| events | {json.dumps(results['events'])} |",
+        "",
+        *probe_table(results["probes"]),
+    ]
+    return lines
+
+
+def _commit() -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                             text=True, check=True)  # fmt: skip
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return out.stdout.strip()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -201,13 +296,47 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--kill", default="ngram")
     parser.add_argument("--max-tokens", type=int, default=12)
     parser.add_argument("--timeout", type=float, default=900.0)
+    parser.add_argument("--probe-interval-ms", type=float, default=50.0)
+    parser.add_argument("--health-port", type=int,
+                        default=os.environ.get("SPECGATE_HEALTH_PORT") or None)  # fmt: skip
     parser.add_argument("--out", type=Path, default=Path("bench/out/sweep"))
     args = parser.parse_args(argv)
-    results = asyncio.run(run(args))
     args.out.mkdir(parents=True, exist_ok=True)
+    host = args.url.removeprefix("http://").rsplit(":", 1)[0]
+    port_url = f"http://{host}:{args.health_port}" if args.health_port else None
+    bare_port = free_port()
+    bare_argv = [sys.executable, "-m", "uvicorn", "--factory", "bench.health_load:bare_app"]
+    bare_argv += ["--port", str(bare_port), "--loop", "uvloop", "--http", "httptools"]
+    bare_url = f"http://127.0.0.1:{bare_port}"
+    bare = Server("bare", bare_argv, ready_url=bare_url + "/health",
+                  log_path=args.out / "bare.log")  # fmt: skip
+    load_before = load_average()
+    with bare:
+        interval_s = args.probe_interval_ms / 1000
+        start_at = time.time() + 2.0  # the prober's imports take a moment
+        prober = start_prober(args.url, start_at, math.inf, interval_s, bare_url, port_url)
+        time.sleep(start_at - time.time())
+        try:
+            results = asyncio.run(run(args))
+        finally:
+            prober.send_signal(signal.SIGINT)
+            stdout, _ = prober.communicate(timeout=60)
+    samples = json.loads(stdout)
+    (args.out / "probes.json").write_text(json.dumps(samples))  # every probe, for timelines
+    results["probes"] = probe_figures(samples)
+    results["health_timeline"] = probe_timeline(samples, results["started_at"], 30.0)
+    results["meta"] = {
+        "commit": _commit(),
+        "probe_interval_ms": args.probe_interval_ms,
+        "health_port": args.health_port,
+        "load_average": [load_before, load_average()],
+        "machine": machine(),
+        "at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+    }
     (args.out / "results.json").write_text(json.dumps(results, indent=2))
-    print(json.dumps({k: v for k, v in results.items() if k != "quarantine"}, indent=2))
-    print("quarantined:", results["quarantine"].get("quarantined"))
+    lines = report(results)
+    (args.out / "sweep.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
     return 0
 
 

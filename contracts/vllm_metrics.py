@@ -20,6 +20,9 @@ _SPEC = {
     "vllm:spec_decode_num_accepted_tokens": "accepted_tokens",
 }
 _PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
+#: The start of every sample and ``# TYPE`` line of the families read here
+#: (``_PER_POS`` starts as the accepted-tokens family does).
+_READ = tuple(f"{p}{name}" for name in (*_GAUGES, *_SPEC) for p in ("", "# TYPE "))
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,12 +40,17 @@ class VllmMetrics:
 def parse_vllm_metrics(text: str) -> VllmMetrics:
     """Parse Prometheus text exposition from vLLM with prometheus-client's parser.
 
-    Counter families are matched by name without their ``_total`` suffix (the parser strips
-    it; the ``_created`` samples are skipped). Raises ValueError on malformed text.
+    Only the lines of the families read here are parsed: a vLLM page is ~60 kB of
+    histograms, which the parser took ~19 ms (up to hundreds under CPU contention) to read
+    on the gateway's event loop, four backends every 2 s (docs/benchmarks.md, section 10); a
+    page with none of them (not vLLM's) is parsed whole. Counter families are matched by
+    name without their ``_total`` suffix (the parser strips it; the ``_created`` samples are
+    skipped). Raises ValueError on malformed text (in the lines read).
     """
+    read = "\n".join(line for line in text.splitlines() if line.startswith(_READ))
     values: dict[str, float] = defaultdict(float)
     per_pos: dict[int, float] = defaultdict(float)
-    for family in text_string_to_metric_families(text):
+    for family in text_string_to_metric_families(read or text):
         name = family.name.removesuffix("_total")  # untyped families keep the suffix
         gauge, spec = _GAUGES.get(name), _SPEC.get(name)
         for sample in family.samples:

@@ -23,6 +23,20 @@ def test_parse_recorded_ngram_metrics() -> None:
     assert (after.running, after.waiting, after.kv_cache_usage) == (0.0, 0.0, 0.0)
 
 
+def test_only_the_families_read_are_parsed() -> None:
+    page = (DATA / "vllm-ngram-metrics-after.txt").read_text()
+    labels = '{engine="0",model_name="smollm2-135m-instruct"}'
+    for name, value in (("num_requests_running", 7), ("num_requests_waiting", 3),
+                        ("kv_cache_usage_perc", 0.25)):  # fmt: skip
+        page = page.replace(f"vllm:{name}{labels} 0.0", f"vllm:{name}{labels} {value}")
+    page += "vllm:e2e_request_latency_seconds_bucket{le= broken\n"  # a family not read
+    metrics = parse_vllm_metrics(page)
+    assert (metrics.running, metrics.waiting, metrics.kv_cache_usage) == (7.0, 3.0, 0.25)
+    assert metrics.spec is not None and metrics.spec.accepted_per_pos == (16, 11, 11, 11, 10)
+    with pytest.raises(ValueError):  # a page without vLLM's families is parsed whole
+        parse_vllm_metrics("this is { not prometheus\n")
+
+
 def test_window_over_two_real_scrapes() -> None:
     before = parse_vllm_metrics((DATA / "vllm-ngram-metrics-before.txt").read_text())
     after = parse_vllm_metrics((DATA / "vllm-ngram-metrics-after.txt").read_text())
