@@ -24,9 +24,9 @@ from gateway.failures import (
 class GatewayError(Exception):
     """An error answered to the client with ``status`` and the OpenAI envelope.
 
-    ``type`` follows OpenAI's vocabulary (``invalid_request_error``, ``server_error``...);
-    ``code`` is a short machine-readable reason such as ``model_not_found``.
-    ``headers`` are extra response headers (e.g. ``Retry-After``).
+    ``code`` is a short machine-readable reason such as ``model_not_found``;
+    ``headers`` are extra response headers (e.g. ``Retry-After``). The envelope's ``type``
+    follows from ``status`` (:attr:`type`).
     """
 
     def __init__(
@@ -34,18 +34,21 @@ class GatewayError(Exception):
         status: int,
         message: str,
         *,
-        type: str = "invalid_request_error",
         param: str | None = None,
         code: str | None = None,
         headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
-        self.status = status
-        self.message = message
-        self.type = type
-        self.param = param
-        self.code = code
+        self.status, self.message, self.param, self.code = status, message, param, code
         self.headers = headers or {}
+
+    @property
+    def type(self) -> str:
+        """OpenAI's error type for :attr:`status`: ``server_error`` (5xx),
+        ``rate_limit_error`` (429), else ``invalid_request_error``."""
+        if self.status >= 500:
+            return "server_error"
+        return "rate_limit_error" if self.status == 429 else "invalid_request_error"
 
     def envelope(self) -> dict[str, Any]:
         """The JSON body: ``{"error": {"message", "type", "param", "code"}}``."""
@@ -94,10 +97,7 @@ def from_upstream(failure: UpstreamFailure) -> GatewayError:
         return upstream_timeout()
     if isinstance(failure, AnswerBroken):
         return GatewayError(
-            502,
-            "The backend failed while sending its response.",
-            type="server_error",
-            code="upstream_error",
+            502, "The backend failed while sending its response.", code="upstream_error"
         )
     assert isinstance(failure, NoBackendAnswered), failure
     return no_backend()
@@ -111,25 +111,18 @@ def bad_request(message: str, param: str | None = None, code: str | None = None)
 def model_not_found(model: str) -> GatewayError:
     """404 for a model no backend serves, as OpenAI answers it."""
     return GatewayError(
-        404,
-        f"The model `{model}` does not exist.",
-        param="model",
-        code="model_not_found",
+        404, f"The model `{model}` does not exist.", param="model", code="model_not_found"
     )
 
 
 def no_backend(message: str = "No healthy backend can serve this request.") -> GatewayError:
     """503 when every candidate backend is down or failed before the first byte."""
-    return GatewayError(
-        503, message, type="server_error", code="no_healthy_backend", headers={"Retry-After": "2"}
-    )
+    return GatewayError(503, message, code="no_healthy_backend", headers={"Retry-After": "2"})
 
 
 def upstream_timeout() -> GatewayError:
     """504 when the chosen backend did not answer within the configured timeout."""
-    return GatewayError(
-        504, "The backend did not answer in time.", type="server_error", code="upstream_timeout"
-    )
+    return GatewayError(504, "The backend did not answer in time.", code="upstream_timeout")
 
 
 def backend_died(
@@ -157,7 +150,6 @@ def backend_died(
         500,
         f"Backend '{backend}' died while serving this request ({signal}). "
         f"The request was not retried on another backend. {after}",
-        type="server_error",
         code="backend_died",
     )
 
@@ -199,7 +191,6 @@ def too_busy(message: str, retry_after_s: int = 1) -> GatewayError:
     return GatewayError(
         429,
         message,
-        type="rate_limit_error",
         code="too_many_requests",
         headers={"Retry-After": str(retry_after_s)},
     )
