@@ -201,9 +201,7 @@ async def explain(request: Request, gateway: GatewayDep, settings: SettingsDep) 
         if isinstance(payload.get("endpoint"), str):
             endpoint = payload["endpoint"]
         payload = payload["body"]
-    return gateway.explain(
-        payload, headers.get("x-task-type"), endpoint, headers.get("x-specgate-speculation")
-    )
+    return gateway.explain(payload, headers, endpoint, runtime_of(request.app).affinity)
 
 
 @router.post("/routes/reload")
