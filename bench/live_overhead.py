@@ -24,7 +24,7 @@ from gateway.upstream.feedback import ResponseTap
 from gateway.upstream.live_ids import IdsTap
 from gateway.upstream.live_scoring import LiveScorer, LiveScoringBudget, attach_live
 from gateway.upstream.sample_canary import SampleCanary, SampleCanaryBudget
-from gateway.upstream.state import BackendRegistry
+from gateway.upstream.state import BackendRegistry, Backends
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -45,9 +45,8 @@ def main() -> None:
     """Print the figures (microseconds per call and ratios)."""
     config = load_config(ROOT / "config" / "local.yaml")
     canary = SampleCanary(
-        httpx.AsyncClient(),  # unused: no round runs
-        lambda: config,
-        BackendRegistry(config.backends),
+        # the client is unused: no round runs
+        Backends(httpx.AsyncClient(), lambda: config, BackendRegistry(config.backends)),
         SampleCanaryBudget(),
         timeout_s=5,
     )

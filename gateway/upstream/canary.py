@@ -20,14 +20,14 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 import httpx
 
 from contracts.config import BackendConfig, GatewayConfig
-from gateway.upstream.state import BackendRegistry, BackendState
+from gateway.upstream.state import BackendRegistry, Backends, BackendState
 
 logger = logging.getLogger(__name__)
 
@@ -217,29 +217,26 @@ class Canary:
 
     Requests (``max_tokens`` greedy tokens, at most ``timeout_s`` seconds each) go one at a
     time: a light, steady load, and batch-size effects stay out of the comparison. A twin
-    answers each prompt once per round. ``config`` is a callable to follow reloads.
+    answers each prompt once per round. ``backends``: :class:`~gateway.upstream.state.Backends`.
     """
 
     def __init__(
         self,
-        client: httpx.AsyncClient,
-        config: Callable[[], GatewayConfig],
-        registry: BackendRegistry,
+        backends: Backends,
         *,
         interval_s: float,
         near_tie_margin: float,
         max_tokens: int,
         timeout_s: float,
-        prompts: Sequence[str] = CANARY_PROMPTS,
     ) -> None:
-        self.client = client
-        self.config = config
-        self.registry = registry
-        self.interval_s = interval_s
-        self.near_tie_margin = near_tie_margin
-        self.max_tokens = max_tokens
-        self.timeout_s = timeout_s
-        self.prompts = tuple(prompts)
+        self.client, self.config, self.registry = (
+            backends.client,
+            backends.config,
+            backends.registry,
+        )
+        self.interval_s, self.near_tie_margin = interval_s, near_tie_margin
+        self.max_tokens, self.timeout_s = max_tokens, timeout_s
+        self.prompts = CANARY_PROMPTS
         self.results: dict[str, CanaryResult] = {}
         self.rounds = 0
         self.last_round: float | None = None

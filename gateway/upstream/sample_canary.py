@@ -25,14 +25,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
-
 from contracts.config import BackendConfig, GatewayConfig
 from gateway.routing.bands import Band, temperature_bands
 from gateway.upstream.canary import CANARY_PROMPTS, plain_twin, post_completion
 from gateway.upstream.sample_stats import per_test_alpha, rate_upper_bound, tail_bound
 from gateway.upstream.sample_stream import Scored, Stream, parse_prompt_logprobs
-from gateway.upstream.state import BackendRegistry
+from gateway.upstream.state import Backends
 
 logger = logging.getLogger(__name__)
 HOUR_S = 3600.0
@@ -65,21 +63,28 @@ class SampleCanaryBudget:
 
 class SampleCanary:
     """Runs distribution-canary rounds with the shared ``client`` (see the module
-    docstring); ``config`` is a callable to follow reloads, ``clock`` gives unix time."""
+    docstring; ``backends``: :class:`~gateway.upstream.state.Backends`); ``clock`` gives
+    unix time."""
 
     def __init__(
         self,
-        client: httpx.AsyncClient,
-        config: Callable[[], GatewayConfig],
-        registry: BackendRegistry,
+        backends: Backends,
         budget: SampleCanaryBudget,
         *,
         timeout_s: float,
-        prompts: tuple[str, ...] = CANARY_PROMPTS,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self.client, self.config, self.registry = client, config, registry
-        self.budget, self.timeout_s, self.prompts, self.clock = budget, timeout_s, prompts, clock
+        self.client, self.config, self.registry = (
+            backends.client,
+            backends.config,
+            backends.registry,
+        )
+        self.budget, self.timeout_s, self.prompts, self.clock = (
+            budget,
+            timeout_s,
+            CANARY_PROMPTS,
+            clock,
+        )
         self.streams: dict[tuple[str, str], Stream] = {}  # (backend, band label)
         self.plain: dict[tuple[str, str], Stream] = {}  # (twin, band label): the reference
         self.costs: deque[tuple[float, int, int, float]] = deque()  # time, decoded, scored, s
