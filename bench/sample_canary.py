@@ -93,7 +93,7 @@ async def live_request(
     rng: random.Random,
 ) -> None:
     """One ordinary sampled request answered by ``name``, through the scorer as the
-    routed endpoint does it (:func:`gateway.upstream.live_scoring.attach_live`)."""
+    routed endpoint does it (:meth:`gateway.upstream.live_scoring.LiveScorer.attach`)."""
     backend = config.backends[name]
     words = " ".join(f"w{rng.randrange(50_000)}" for _ in range(traffic.prompt_words))
     body = {

@@ -38,7 +38,7 @@ from gateway.settle import Settle
 from gateway.trace import RequestTrace
 from gateway.upstream.answer import Upstream
 from gateway.upstream.feedback import ResponseTap, fingerprints_known, with_usage
-from gateway.upstream.live_scoring import attach_live
+from gateway.upstream.live_scoring import Wrap, unchanged
 from gateway.upstream.quarantine import QuarantineTable, fingerprint
 from gateway.upstream.tokens import count_prompt_tokens
 
@@ -117,7 +117,7 @@ async def prepare_routed(runtime: Runtime, request: RoutedRequest) -> None:
 
 def _ask_for_feedback(runtime: Runtime, request: RoutedRequest) -> None:
     """Set ``request``'s feedback tap (wrapped for live scoring,
-    :func:`~gateway.upstream.live_scoring.attach_live`) and its :class:`Settle`. A stream
+    :meth:`~gateway.upstream.live_scoring.LiveScorer.attach`) and its :class:`Settle`. A stream
     ends with the usage chunk (and vLLM's per-request acceptance) only if asked for: ask,
     uncompressed, and the tap removes it again, once the first choice's fingerprint is known
     (:mod:`gateway.upstream.feedback`). Not every backend's: the try list ends with every
@@ -136,15 +136,13 @@ def _ask_for_feedback(runtime: Runtime, request: RoutedRequest) -> None:
         request.tap = ResponseTap(trace, strip=strip, registry=registry)
     tapped = request.tap is not None
     # the distribution canary may score this answer's sampled tokens (live scoring)
-    request.raw, live = attach_live(
-        runtime.live_scoring,
-        request.path,
-        request.body,
-        request.raw,
-        decision.backends,
-        trace,
-        request.headers,
+    scorer = runtime.live_scoring
+    live: Wrap = unchanged
+    taken = scorer and scorer.attach(
+        request.path, request.body, request.raw, decision.backends[0], trace
     )
+    if taken:
+        (request.raw, live), request.headers["accept-encoding"] = taken, "identity"
     request.tap = live(request.tap)
     request.settle = Settle(
         gateway,
