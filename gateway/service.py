@@ -41,12 +41,6 @@ from gateway.upstream.state import BackendRegistry, DecisionStats
 from gateway.upstream.view import BackendView, backend_views
 
 
-def _served_models(config: GatewayConfig) -> tuple[str, ...]:
-    """The distinct model names ``config``'s backends serve, in config order (kept per config
-    so the hot path does not rebuild them per request)."""
-    return tuple(dict.fromkeys(b.served_model for b in config.backends.values()))
-
-
 @dataclass(frozen=True, slots=True)
 class _Derived:
     """What the hot path reads from a config, computed once per config (not per request)."""
@@ -54,6 +48,7 @@ class _Derived:
     config: GatewayConfig
     wants_prompt_stats: bool  # prompt statistics feed adaptive routing and learning
     spec_methods: frozenset[str]  # the speculation methods of the configured backends
+    models: tuple[str, ...]  # the distinct served model names, in config order
 
     @classmethod
     def of(cls, config: GatewayConfig) -> _Derived:
@@ -61,7 +56,8 @@ class _Derived:
         wants = routing.feedback or routing.policy == "adaptive"
         wants = wants or any(rule.policy == "adaptive" for rule in config.rules)
         methods = {b.spec.method or "" for b in config.backends.values() if b.spec.speculative}
-        return cls(config, wants, frozenset(methods))
+        models = tuple(dict.fromkeys(b.served_model for b in config.backends.values()))
+        return cls(config, wants, frozenset(methods), models)
 
 
 class Admission:
@@ -151,7 +147,6 @@ class Gateway:
         #: The task classifier's stages (fast only unless the runtime loaded the second).
         self.classifier = classifier or ClassifierStages(None, "off: not loaded")
         self.policy = RoutingPolicy(config)
-        self._models = _served_models(config)
         self._derived = _Derived.of(config)  # rebuilt when config is swapped
         self.registry = registry or BackendRegistry(config.backends)
         self.inflight = 0
@@ -172,7 +167,6 @@ class Gateway:
         live state (health, load, acceptance, circuit); new ones start fresh.
         """
         self.policy = RoutingPolicy(config)
-        self._models = _served_models(config)
         self.registry.sync(config.backends)
         self.config = config
         self.reloads += 1
@@ -232,12 +226,12 @@ class Gateway:
         if fields is None:
             fields = read_fields(kind, body)
         view = routing_view(kind, body, fields)
-        model = fields.model
+        model, derived = fields.model, self.derived()
         if model is None:
-            model = self._models[0]
-        elif model not in self._models:
+            model = derived.models[0]
+        elif model not in derived.models:
             raise model_not_found(model)
-        wanted = self.derived().wants_prompt_stats
+        wanted = derived.wants_prompt_stats
         task = header_task(headers.get("x-task-type"))
         text = read_request(view) if wanted or task is None else None
         temperature, given = read_temperature(view, self.config.defaults.temperature)
@@ -251,7 +245,7 @@ class Gateway:
             source,
             bool(view.get("stream")),
             task_features=deciding,  # shown by /routes/explain (the dict exists anyway)
-            spec_refused=self.spec_params.refused(body, self.spec_methods(), kind.path),
+            spec_refused=self.spec_params.refused(body, derived.spec_methods, kind.path),
         )
         speculation = headers.get(control.HEADER)
         if speculation is not None:
@@ -302,7 +296,7 @@ class Gateway:
 
     def served_models(self) -> list[str]:
         """The distinct model names the backends serve, in config order."""
-        return list(self._models)
+        return list(self.derived().models)
 
     def spec_methods(self) -> set[str]:
         """The speculation methods of the configured backends."""
