@@ -266,10 +266,11 @@ async def open_runtime(parts: Parts) -> AsyncIterator[Runtime]:
         tasks = BackgroundTasks()
         stack.push_async_callback(tasks.aclose)  # should a later step fail
         await poller.check_all()
-        tasks.start(poller.run(), "specgate-health")
+        tasks.every(settings.health_interval_s, poller.check_all, "specgate-health")
         canary = build_canary(settings, client, gateway)
         if canary is not None:
-            tasks.start(canary.run(), "specgate-canary")
+            # the first round one interval after start, when the backends are warm
+            tasks.every(canary.interval_s, canary.run_round, "specgate-canary")
         sample_canary = build_sample_canary(settings, client, gateway)
         if sample_canary is not None:
             tasks.start(sample_canary.run(), "specgate-sample-canary")

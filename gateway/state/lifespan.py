@@ -155,7 +155,7 @@ async def shared_state(
         link = RedisState(client, state, shared, where=redacted(url), replica=replica)
         try:
             await link.sync()
-            tasks.start(link.run(), "specgate-state-sync")
+            tasks.every(state.sync_interval_s, link.sync, "specgate-state-sync")
             yield StateView(link)
         finally:
             await client.aclose()

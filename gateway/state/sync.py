@@ -91,12 +91,6 @@ class RedisState:
         self._published: int | None = None  # learner.observations last published
         self._raw: dict[str, tuple[bytes, dict[Key, GroupStats], int]] = {}
 
-    async def run(self) -> None:
-        """Sync every ``interval_s`` until cancelled."""
-        while True:
-            await asyncio.sleep(self.interval_s)
-            await self.sync()
-
     async def sync(self) -> bool:
         """One exchange with Redis; False (counted, logged once per outage) when it failed."""
         try:

@@ -16,7 +16,6 @@ prompt matches or near-ties clears it.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections import Counter
@@ -328,13 +327,6 @@ class Canary:
             return parse_completion(answer)
         except ValueError as exc:  # no token ids
             return f"unreadable answer ({exc})"
-
-    async def run(self) -> None:
-        """A round every ``interval_s`` seconds (the first one interval after start, when the
-        backends are warm); cancelled at shutdown."""
-        while True:
-            await asyncio.sleep(self.interval_s)
-            await self.run_round()
 
     def to_json(self) -> dict[str, Any]:
         """The canary's settings and per-backend results, for ``/routes``."""

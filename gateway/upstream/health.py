@@ -134,12 +134,6 @@ class HealthPoller:
         backends = self.config().backends
         await asyncio.gather(*(self.check(n, b) for n, b in backends.items()))
 
-    async def run(self) -> None:
-        """Poll forever, every ``interval_s`` seconds; cancelled at shutdown."""
-        while True:
-            await asyncio.sleep(self.interval_s)
-            await self.check_all()
-
 
 def probe_verdict(result: httpx.Response | Exception) -> Literal["up", "down", "slow"]:
     """One ``/health`` probe's outcome: ``up`` (200), ``down`` (refused connection or
