@@ -86,15 +86,9 @@ def from_upstream(failure: UpstreamFailure) -> GatewayError:
     time, 502 ``upstream_error`` when an answer broke off, 500 ``backend_died`` when the
     backend died with the request in flight."""
     if isinstance(failure, BackendDied):
-        return backend_died(
-            failure.backend,
-            failure.signal,
-            blame=failure.blame,
-            in_flight=failure.in_flight,
-            ttl_s=failure.ttl_s,
-        )
+        return backend_died(failure)
     if isinstance(failure, BackendTimedOut):
-        return upstream_timeout()
+        return GatewayError(504, "The backend did not answer in time.", code="upstream_timeout")
     if isinstance(failure, AnswerBroken):
         return GatewayError(
             502, "The backend failed while sending its response.", code="upstream_error"
@@ -120,35 +114,28 @@ def no_backend(message: str = "No healthy backend can serve this request.") -> G
     return GatewayError(503, message, code="no_healthy_backend", headers={"Retry-After": "2"})
 
 
-def upstream_timeout() -> GatewayError:
-    """504 when the chosen backend did not answer within the configured timeout."""
-    return GatewayError(504, "The backend did not answer in time.", code="upstream_timeout")
-
-
-def backend_died(
-    backend: str, signal: str, *, blame: str, in_flight: int, ttl_s: float
-) -> GatewayError:
-    """500 ``backend_died`` for a request in flight when its backend died (``signal``: how
-    the death showed; ``blame``: ``quarantined``, ``suspect`` or ``none``, the quarantine's
-    verdict on it). It is not sent to another backend: it may be what killed this one."""
-    if blame == "quarantined":
+def backend_died(died: BackendDied) -> GatewayError:
+    """500 ``backend_died`` for a request in flight when its backend died (see
+    :class:`~gateway.failures.BackendDied`). It is not sent to another backend: it may be
+    what killed this one."""
+    if died.blame == "quarantined":
         after = (
-            f"The same request is now refused for {ttl_s:g} s (code request_quarantined) "
+            f"The same request is now refused for {died.ttl_s:g} s (code request_quarantined) "
             "so that it cannot take down another backend."
         )
-    elif blame == "suspect":
+    elif died.blame == "suspect":
         after = (
-            f"{in_flight} requests were in flight there, so this one is only a suspect; "
+            f"{died.in_flight} requests were in flight there, so this one is only a suspect; "
             "a request in flight at a second death is quarantined."
         )
     else:
         after = (
-            f"The backend went away with {in_flight} requests in flight and no engine error "
+            f"The backend went away with {died.in_flight} requests in flight and no engine error "
             "(killed from outside), so no request is blamed."
         )
     return GatewayError(
         500,
-        f"Backend '{backend}' died while serving this request ({signal}). "
+        f"Backend '{died.backend}' died while serving this request ({died.signal}). "
         f"The request was not retried on another backend. {after}",
         code="backend_died",
     )
