@@ -298,10 +298,6 @@ class Gateway:
         """The distinct model names the backends serve, in config order."""
         return list(self.derived().models)
 
-    def spec_methods(self) -> set[str]:
-        """The speculation methods of the configured backends."""
-        return set(self.derived().spec_methods)
-
     def derived(self) -> _Derived:
         """What the hot path reads from the current config, computed once per config."""
         if self._derived.config is not self.config:

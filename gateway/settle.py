@@ -120,9 +120,9 @@ class Settle:
         # methods stay last-resort failover targets); what was learnt stays per method.
         refused = dict(self.features.spec_refused)
         refused.update(
-            gateway.spec_params.refused(self.body, gateway.spec_methods(), self.kind.path)
+            gateway.spec_params.refused(self.body, gateway.derived().spec_methods, self.kind.path)
         )
-        for name in gateway.spec_methods():
+        for name in gateway.derived().spec_methods:
             refused.setdefault(name, learnt or (UNNAMED,))
         features = dataclasses.replace(self.features, spec_refused=refused)
         decision = gateway.policy.decide(features, gateway.registry.snapshot(), gateway.rng)
