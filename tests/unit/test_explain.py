@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from cli.main import main
+from gateway.upstream.quarantine import fingerprint
 from tests.unit.conftest import MODEL, InProcess
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -79,3 +80,15 @@ async def test_explain_follows_the_conversation_as_the_route_does(gw: InProcess)
     assert out["reasons"][-1] == f"{holder}: holds previous_response_id"
     routed = await gw.client.post("/v1/responses", json=follow)
     assert routed.headers["x-specgate-backend"] == holder
+
+
+async def test_explain_refuses_a_quarantined_body_as_the_route_does(gw: InProcess) -> None:
+    table = gw.app.state.runtime.deaths.table
+    table.record(
+        [(fingerprint("/v1/chat/completions", CODE_CHAT), "/v1/chat/completions")], "plain", "500"
+    )
+    for path in ("/routes/explain", "/v1/chat/completions"):
+        resp = await gw.client.post(path, json=CODE_CHAT)
+        assert resp.status_code == 422 and resp.json()["error"]["code"] == "request_quarantined"
+    other = await gw.client.post("/routes/explain", json=CODE_CHAT | {"temperature": 0.3})
+    assert other.status_code == 200
