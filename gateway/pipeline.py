@@ -5,7 +5,9 @@ One :class:`RoutedRequest` value passes two stages (vLLM's ``OpenAIServing`` pas
 
 * :func:`prepare_routed`: parse, quarantine, read the routed fields and features, decide,
   apply the known-engine-bug guards, pin a seeded request and a Responses conversation,
-  apply the client's speculation control, then ask for the usage chunk feedback needs;
+  apply the client's speculation control (the last five through
+  :class:`~gateway.service.Gateway`'s ``prepare``, ``decide`` and ``route``, which
+  ``/routes/explain`` runs too), then ask for the usage chunk feedback needs;
 * :func:`open_routed`: the forwarder opens the decided backends in order with failover
   before the first byte (:class:`~gateway.upstream.forward.Forwarder`, a backend lease per
   attempt), :class:`~gateway.settle.Settle` judges the first answer (a speculation refusal
@@ -95,7 +97,9 @@ async def prepare_routed(runtime: Runtime, request: RoutedRequest) -> None:
     headers = request.headers
     prepared = gateway.prepare(request.kind, body, headers, fields)
     decision = gateway.decide(prepared.features, prepared.prompt)
-    tokens = await prompt_tokens(gateway, runtime.client, decision, request.path, body)
+    tokens = None
+    if gateway.config.guards:  # most configs: no coroutine to await
+        tokens = await prompt_tokens(gateway, runtime.client, decision, request.path, body)
     held = held_by(runtime.affinity, request.kind, body)
     routed = gateway.route(decision, prepared, request.path, tokens=tokens, held=held)
     if routed.error is not None:
@@ -166,12 +170,10 @@ def parse_json(raw: bytes) -> Any:
 async def prompt_tokens(
     gateway: Gateway, client: httpx.AsyncClient, decision: RouteDecision, path: str, body: Any
 ) -> int | None:
-    """The exact prompt length for the guards, from the first candidate's ``/tokenize``;
-    None (the guards use the cheap bound) unless that bound alone would make a guard
-    match."""
-    if not gateway.config.guards or not decision.backends:
-        return None
-    if not needs_token_count(gateway.config, decision, body):
+    """The exact prompt length for the config's guards, from the first candidate's
+    ``/tokenize``; None (the guards use the cheap bound) unless that bound alone would make
+    a guard match."""
+    if not decision.backends or not needs_token_count(gateway.config, decision, body):
         return None
     backend = gateway.config.backends[decision.backends[0]]
     return await count_prompt_tokens(client, backend.base_url, path, body)
