@@ -200,14 +200,12 @@ def _allowed(
 ) -> tuple[range, str]:
     """The rule's steps 2-4 (module docstring): the k the cost model may pick from, and
     why (``p``: per-position acceptance, :func:`_positions`)."""
-    k, floor, rate = len(p), f"{knobs.position_floor:.2f}", stats.rate
-    useful = next((i for i, v in enumerate(p) if v < knobs.position_floor), k)
-    high, low = f"{knobs.raise_above:.0%}", f"{knobs.lower_below:.0%}"
+    k, cut, rate = len(p), knobs.position_floor, stats.rate
+    useful = next((i for i, v in enumerate(p) if v < cut), k)
+    floor, high, low = f"{cut:.2f}", f"{knobs.raise_above:.0%}", f"{knobs.lower_below:.0%}"
     if rate > knobs.raise_above and useful == k:
         top = k
-        while (
-            top < min(2 * k, knobs.max_k) and p[-1] * alpha ** (top - k + 1) >= knobs.position_floor
-        ):
+        while top < min(2 * k, knobs.max_k) and p[-1] * alpha ** (top - k + 1) >= cut:
             top += 1
         why = f"rate {rate:.1%} > {high}: raise k; positions predicted "
         return range(k, top + 1), why + f"(a={alpha:.3f}) to clear {floor} up to k={top}"

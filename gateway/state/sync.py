@@ -73,12 +73,8 @@ class RedisState:
     def __init__(
         self, client: Redis, state: StateSettings, shared: Shared, *, where: str, replica: str
     ) -> None:
-        self.client, self.where, self.replica, self.prefix = (
-            client,
-            where,
-            replica,
-            state.key_prefix,
-        )
+        self.client, self.where, self.replica = client, where, replica
+        self.prefix = state.key_prefix
         self.learner, self.mirror = shared.learner, shared.quarantines
         self.refusals, self.affinity = shared.refusals, shared.responses
         self.interval_s, self.timeout_s = state.sync_interval_s, state.timeout_s

@@ -228,11 +228,8 @@ class Canary:
         max_tokens: int,
         timeout_s: float,
     ) -> None:
-        self.client, self.config, self.registry = (
-            backends.client,
-            backends.config,
-            backends.registry,
-        )
+        self.client, self.config = backends.client, backends.config
+        self.registry = backends.registry
         self.interval_s, self.near_tie_margin = interval_s, near_tie_margin
         self.max_tokens, self.timeout_s = max_tokens, timeout_s
         self.prompts = CANARY_PROMPTS

@@ -49,17 +49,10 @@ class HealthPoller:
         failures: int = 3,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.client, self.config, self.registry = (
-            backends.client,
-            backends.config,
-            backends.registry,
-        )
-        self.interval_s, self.timeout_s, self.failures, self.clock = (
-            interval_s,
-            timeout_s,
-            failures,
-            clock,
-        )
+        self.client, self.config = backends.client, backends.config
+        self.registry = backends.registry
+        self.interval_s, self.timeout_s = interval_s, timeout_s
+        self.failures, self.clock = failures, clock
 
     async def check(self, name: str, backend: BackendConfig) -> None:
         """Probe and scrape one backend and record the results in its state."""

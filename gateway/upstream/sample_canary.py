@@ -87,17 +87,10 @@ class SampleCanary:
         timeout_s: float,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self.client, self.config, self.registry = (
-            backends.client,
-            backends.config,
-            backends.registry,
-        )
-        self.budget, self.timeout_s, self.prompts, self.clock = (
-            budget,
-            timeout_s,
-            CANARY_PROMPTS,
-            clock,
-        )
+        self.client, self.config = backends.client, backends.config
+        self.registry = backends.registry
+        self.budget, self.timeout_s, self.clock = budget, timeout_s, clock
+        self.prompts = CANARY_PROMPTS
         self.streams: dict[tuple[str, str], Stream] = {}  # (backend, band label)
         self.plain: dict[tuple[str, str], Stream] = {}  # (twin, band label): the reference
         self.costs: deque[tuple[float, int, int, float]] = deque()  # time, decoded, scored, s
