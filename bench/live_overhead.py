@@ -2,7 +2,7 @@
 per call, against a reference measured in the same run (``json.loads`` of the request's 2 KB
 body, which the gateway does for every request anyway).
 
-Measured: :func:`gateway.upstream.live_scoring.attach_live` for a sampled request to plain
+Measured: :meth:`gateway.upstream.live_scoring.LiveScorer.attach` for a sampled request to plain
 (not taken), a greedy one to a speculative backend (not taken) and a sampled one to a
 speculative backend (taken: the flag spliced in, the tap built); and, per chunk of a taken
 stream, :class:`~gateway.upstream.live_ids.IdsTap` against the feedback tap alone. Run it
@@ -22,9 +22,9 @@ from contracts.config import load_config
 from gateway.trace import RequestTrace
 from gateway.upstream.feedback import ResponseTap
 from gateway.upstream.live_ids import IdsTap
-from gateway.upstream.live_scoring import LiveScorer, LiveScoringBudget, attach_live
+from gateway.upstream.live_scoring import LiveScorer, LiveScoringBudget
 from gateway.upstream.sample_canary import SampleCanary, SampleCanaryBudget
-from gateway.upstream.state import BackendRegistry
+from gateway.upstream.state import BackendRegistry, Backends
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -45,9 +45,8 @@ def main() -> None:
     """Print the figures (microseconds per call and ratios)."""
     config = load_config(ROOT / "config" / "local.yaml")
     canary = SampleCanary(
-        httpx.AsyncClient(),  # unused: no round runs
-        lambda: config,
-        BackendRegistry(config.backends),
+        # the client is unused: no round runs
+        Backends(httpx.AsyncClient(), lambda: config, BackendRegistry(config.backends)),
         SampleCanaryBudget(),
         timeout_s=5,
     )
@@ -65,8 +64,8 @@ def main() -> None:
     }
     print(f"reference, json.loads of the 2 KB body: {ref * 1e6:.2f} us")
     for name, (b, first) in rows.items():
-        t = per_call(lambda b=b, f=first: attach_live(scorer, path, b, raw, (f,), trace, {}), n)
-        print(f"attach_live, {name}: {t * 1e6:.2f} us ({t / ref:.2f}x the reference)")
+        t = per_call(lambda b=b, f=first: scorer.attach(path, b, raw, f, trace), n)
+        print(f"LiveScorer.attach, {name}: {t * 1e6:.2f} us ({t / ref:.2f}x the reference)")
 
     def stream(tap: ResponseTap, chunk: bytes) -> None:
         for _ in range(100):

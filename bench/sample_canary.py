@@ -46,7 +46,7 @@ from contracts.config import GatewayConfig, load_config
 from gateway.trace import RequestTrace
 from gateway.upstream.live_scoring import LiveScorer, LiveScoringBudget
 from gateway.upstream.sample_canary import SampleCanary, SampleCanaryBudget
-from gateway.upstream.state import BackendRegistry
+from gateway.upstream.state import BackendRegistry, Backends
 
 ROOT = Path(__file__).resolve().parents[1]
 FAULTY = "ngram"
@@ -93,7 +93,7 @@ async def live_request(
     rng: random.Random,
 ) -> None:
     """One ordinary sampled request answered by ``name``, through the scorer as the
-    routed endpoint does it (:func:`gateway.upstream.live_scoring.attach_live`)."""
+    routed endpoint does it (:meth:`gateway.upstream.live_scoring.LiveScorer.attach`)."""
     backend = config.backends[name]
     words = " ".join(f"w{rng.randrange(50_000)}" for _ in range(traffic.prompt_words))
     body = {
@@ -146,9 +146,8 @@ async def run_live(
 
     suspect: set[str] = set()
     async with httpx.AsyncClient(transport=transport(config, faults, seed)) as client:
-        canary = SampleCanary(
-            client, lambda: config, registry, budget, timeout_s=5, clock=lambda: now[0]
-        )
+        backends = Backends(client, lambda: config, registry)
+        canary = SampleCanary(backends, budget, timeout_s=5, clock=lambda: now[0])
         scorer = LiveScorer(canary, live, clock=lambda: now[0], monotonic=lambda: now[0])
         t, next_round = 0.0, budget.interval_s
         step = 60.0 / traffic.rate if traffic.rate > 0 else budget.interval_s  # 0: no traffic
@@ -220,9 +219,8 @@ async def run(
         state.healthy = True
     now = [0.0]
     async with httpx.AsyncClient(transport=transport(config, faults, seed)) as client:
-        canary = SampleCanary(
-            client, lambda: config, registry, budget, timeout_s=5, clock=lambda: now[0]
-        )
+        backends = Backends(client, lambda: config, registry)
+        canary = SampleCanary(backends, budget, timeout_s=5, clock=lambda: now[0])
         false = dict.fromkeys((n for n in config.backends if n not in faults), 0)
         while now[0] < until_s:
             now[0] += budget.interval_s

@@ -135,7 +135,8 @@ def cmd_explain(config_path: Path, task_type: str | None, speculation: str | Non
         return 1
     try:
         body = json.loads(sys.stdin.read())
-        result = gateway.explain(body, task_type, None, speculation)
+        headers = {"x-task-type": task_type, "x-specgate-speculation": speculation}
+        result = gateway.explain(body, {k: v for k, v in headers.items() if v is not None})
     except ValueError:
         print(
             json.dumps(

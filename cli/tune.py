@@ -24,7 +24,7 @@ import httpx
 from contracts.acceptance import AcceptanceWindow, SpecCounters
 from contracts.config import BackendConfig, ConfigError, load_config
 from contracts.vllm_metrics import parse_vllm_metrics
-from gateway.speculation.advisor import Advice, advise_window
+from gateway.speculation.advisor import DEFAULT_KNOBS, Advice, Knobs, advise_window
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,16 +67,16 @@ def window_advice(
     first: SpecCounters,
     second: SpecCounters | None,
     seconds: float,
-    **knobs: Any,
+    knobs: Knobs = DEFAULT_KNOBS,
 ) -> Advice | None:
     """Advice over ``first -> second`` (``seconds`` apart) when that holds at least
-    ``min_drafts`` drafts, else over the newest read's counters since server start (see
+    ``knobs.min_drafts`` drafts, else over the newest read's counters since server start (see
     :func:`~gateway.speculation.advisor.advise_window`)."""
     window = AcceptanceWindow(window_s=max(seconds, 1.0) * 2)
     window.add(0.0, first)
     if second is not None:
         window.add(seconds, second)
-    return advise_window(backend.spec, window, **knobs)
+    return advise_window(backend.spec, window, knobs)
 
 
 def read_counters(client: httpx.Client, backend: BackendConfig) -> SpecCounters:
@@ -91,7 +91,7 @@ def read_counters(client: httpx.Client, backend: BackendConfig) -> SpecCounters:
 
 
 def tune(
-    backends: dict[str, BackendConfig], interval_s: float, client: httpx.Client, **knobs: Any
+    backends: dict[str, BackendConfig], interval_s: float, client: httpx.Client, knobs: Knobs
 ) -> list[TuneResult]:
     """Read every speculative backend (twice, ``interval_s`` apart, when > 0) and advise."""
     speculative = {n: b for n, b in backends.items() if b.spec.speculative}
@@ -110,7 +110,7 @@ def tune(
         if isinstance(a, str) or isinstance(b, str):
             results.append(TuneResult(name, None, a if isinstance(a, str) else str(b)))
             continue
-        results.append(TuneResult(name, window_advice(backend, a, b, interval_s, **knobs)))
+        results.append(TuneResult(name, window_advice(backend, a, b, interval_s, knobs)))
     return results
 
 
@@ -178,11 +178,11 @@ def run_tune(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return 1
-    knobs = {"min_drafts": args.min_drafts, "position_floor": args.position_floor}
-    if args.draft_cost is not None:
-        knobs["draft_cost"] = args.draft_cost
+    knobs = Knobs(
+        position_floor=args.position_floor, min_drafts=args.min_drafts, draft_cost=args.draft_cost
+    )
     with httpx.Client(timeout=httpx.Timeout(5.0)) as client:
-        results = tune(config.backends, args.interval, client, **knobs)
+        results = tune(config.backends, args.interval, client, knobs)
     if not results:
         print(f"{args.config}: no speculative backend")
         return 0

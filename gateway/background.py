@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 logger = logging.getLogger(__name__)
@@ -22,6 +22,20 @@ class BackgroundTasks:
         task = asyncio.create_task(work, name=name)
         self.tasks.append(task)
         return task
+
+    def every(
+        self, interval_s: float, step: Callable[[], Awaitable[object]], name: str
+    ) -> asyncio.Task[None]:
+        """Run ``step`` every ``interval_s`` seconds, the first time one interval from now,
+        until :meth:`aclose` (a loop written once for the poller, the canary, the state
+        sync and the learning saver)."""
+
+        async def loop() -> None:
+            while True:
+                await asyncio.sleep(interval_s)
+                await step()
+
+        return self.start(loop(), name)
 
     async def aclose(self) -> None:
         """Cancel every task and wait for them to end (a task that failed is logged)."""

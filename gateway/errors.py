@@ -24,9 +24,9 @@ from gateway.failures import (
 class GatewayError(Exception):
     """An error answered to the client with ``status`` and the OpenAI envelope.
 
-    ``type`` follows OpenAI's vocabulary (``invalid_request_error``, ``server_error``...);
-    ``code`` is a short machine-readable reason such as ``model_not_found``.
-    ``headers`` are extra response headers (e.g. ``Retry-After``).
+    ``code`` is a short machine-readable reason such as ``model_not_found``;
+    ``headers`` are extra response headers (e.g. ``Retry-After``). The envelope's ``type``
+    follows from ``status`` (:attr:`type`).
     """
 
     def __init__(
@@ -34,18 +34,21 @@ class GatewayError(Exception):
         status: int,
         message: str,
         *,
-        type: str = "invalid_request_error",
         param: str | None = None,
         code: str | None = None,
         headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
-        self.status = status
-        self.message = message
-        self.type = type
-        self.param = param
-        self.code = code
+        self.status, self.message, self.param, self.code = status, message, param, code
         self.headers = headers or {}
+
+    @property
+    def type(self) -> str:
+        """OpenAI's error type for :attr:`status`: ``server_error`` (5xx),
+        ``rate_limit_error`` (429), else ``invalid_request_error``."""
+        if self.status >= 500:
+            return "server_error"
+        return "rate_limit_error" if self.status == 429 else "invalid_request_error"
 
     def envelope(self) -> dict[str, Any]:
         """The JSON body: ``{"error": {"message", "type", "param", "code"}}``."""
@@ -83,21 +86,12 @@ def from_upstream(failure: UpstreamFailure) -> GatewayError:
     time, 502 ``upstream_error`` when an answer broke off, 500 ``backend_died`` when the
     backend died with the request in flight."""
     if isinstance(failure, BackendDied):
-        return backend_died(
-            failure.backend,
-            failure.signal,
-            blame=failure.blame,
-            in_flight=failure.in_flight,
-            ttl_s=failure.ttl_s,
-        )
+        return backend_died(failure)
     if isinstance(failure, BackendTimedOut):
-        return upstream_timeout()
+        return GatewayError(504, "The backend did not answer in time.", code="upstream_timeout")
     if isinstance(failure, AnswerBroken):
         return GatewayError(
-            502,
-            "The backend failed while sending its response.",
-            type="server_error",
-            code="upstream_error",
+            502, "The backend failed while sending its response.", code="upstream_error"
         )
     assert isinstance(failure, NoBackendAnswered), failure
     return no_backend()
@@ -111,53 +105,38 @@ def bad_request(message: str, param: str | None = None, code: str | None = None)
 def model_not_found(model: str) -> GatewayError:
     """404 for a model no backend serves, as OpenAI answers it."""
     return GatewayError(
-        404,
-        f"The model `{model}` does not exist.",
-        param="model",
-        code="model_not_found",
+        404, f"The model `{model}` does not exist.", param="model", code="model_not_found"
     )
 
 
 def no_backend(message: str = "No healthy backend can serve this request.") -> GatewayError:
     """503 when every candidate backend is down or failed before the first byte."""
-    return GatewayError(
-        503, message, type="server_error", code="no_healthy_backend", headers={"Retry-After": "2"}
-    )
+    return GatewayError(503, message, code="no_healthy_backend", headers={"Retry-After": "2"})
 
 
-def upstream_timeout() -> GatewayError:
-    """504 when the chosen backend did not answer within the configured timeout."""
-    return GatewayError(
-        504, "The backend did not answer in time.", type="server_error", code="upstream_timeout"
-    )
-
-
-def backend_died(
-    backend: str, signal: str, *, blame: str, in_flight: int, ttl_s: float
-) -> GatewayError:
-    """500 ``backend_died`` for a request in flight when its backend died (``signal``: how
-    the death showed; ``blame``: ``quarantined``, ``suspect`` or ``none``, the quarantine's
-    verdict on it). It is not sent to another backend: it may be what killed this one."""
-    if blame == "quarantined":
+def backend_died(died: BackendDied) -> GatewayError:
+    """500 ``backend_died`` for a request in flight when its backend died (see
+    :class:`~gateway.failures.BackendDied`). It is not sent to another backend: it may be
+    what killed this one."""
+    if died.blame == "quarantined":
         after = (
-            f"The same request is now refused for {ttl_s:g} s (code request_quarantined) "
+            f"The same request is now refused for {died.ttl_s:g} s (code request_quarantined) "
             "so that it cannot take down another backend."
         )
-    elif blame == "suspect":
+    elif died.blame == "suspect":
         after = (
-            f"{in_flight} requests were in flight there, so this one is only a suspect; "
+            f"{died.in_flight} requests were in flight there, so this one is only a suspect; "
             "a request in flight at a second death is quarantined."
         )
     else:
         after = (
-            f"The backend went away with {in_flight} requests in flight and no engine error "
+            f"The backend went away with {died.in_flight} requests in flight and no engine error "
             "(killed from outside), so no request is blamed."
         )
     return GatewayError(
         500,
-        f"Backend '{backend}' died while serving this request ({signal}). "
+        f"Backend '{died.backend}' died while serving this request ({died.signal}). "
         f"The request was not retried on another backend. {after}",
-        type="server_error",
         code="backend_died",
     )
 
@@ -199,7 +178,6 @@ def too_busy(message: str, retry_after_s: int = 1) -> GatewayError:
     return GatewayError(
         429,
         message,
-        type="rate_limit_error",
         code="too_many_requests",
         headers={"Retry-After": str(retry_after_s)},
     )

@@ -31,12 +31,6 @@ async def save_soon(store: LearningStore, gateway: Gateway) -> None:
         await asyncio.to_thread(store.write, data)
 
 
-async def _every(interval_s: float, store: LearningStore, gateway: Gateway) -> None:
-    while True:
-        await asyncio.sleep(interval_s)
-        await save_soon(store, gateway)
-
-
 @contextlib.asynccontextmanager
 async def persisted_learning(
     gateway: Gateway, settings: Settings, tasks: BackgroundTasks
@@ -58,8 +52,8 @@ async def persisted_learning(
         task.add_done_callback(pending.discard)
 
     gateway.reload_hooks.append(after_reload)
-    saver = tasks.start(
-        _every(settings.state_save_interval_s, store, gateway), "specgate-state-saver"
+    saver = tasks.every(
+        settings.state_save_interval_s, lambda: save_soon(store, gateway), "specgate-state-saver"
     )
     try:
         yield

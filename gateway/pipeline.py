@@ -5,7 +5,9 @@ One :class:`RoutedRequest` value passes two stages (vLLM's ``OpenAIServing`` pas
 
 * :func:`prepare_routed`: parse, quarantine, read the routed fields and features, decide,
   apply the known-engine-bug guards, pin a seeded request and a Responses conversation,
-  apply the client's speculation control, then ask for the usage chunk feedback needs;
+  apply the client's speculation control (the last five through
+  :class:`~gateway.service.Gateway`'s ``prepare``, ``decide`` and ``route``, which
+  ``/routes/explain`` runs too), then ask for the usage chunk feedback needs;
 * :func:`open_routed`: the forwarder opens the decided backends in order with failover
   before the first byte (:class:`~gateway.upstream.forward.Forwarder`, a backend lease per
   attempt), :class:`~gateway.settle.Settle` judges the first answer (a speculation refusal
@@ -28,19 +30,18 @@ from typing import Any
 
 import httpx
 
-from gateway.classify.protocol import ResponsesFields, RoutedFields, read_fields
-from gateway.errors import bad_request, guarded, no_backend, quarantined, too_busy
-from gateway.routing import control
+from gateway.classify.protocol import RoutedFields, read_fields
+from gateway.errors import bad_request, no_backend, quarantined, too_busy
 from gateway.routing.control import served
 from gateway.routing.guards import needs_token_count
 from gateway.routing.policy import RouteDecision
 from gateway.runtime import Runtime
-from gateway.service import Gateway
-from gateway.settle import Settle, pin
+from gateway.service import Gateway, held_by
+from gateway.settle import Settle
 from gateway.trace import RequestTrace
 from gateway.upstream.answer import Upstream
 from gateway.upstream.feedback import ResponseTap, fingerprints_known, with_usage
-from gateway.upstream.live_scoring import attach_live
+from gateway.upstream.live_scoring import Wrap, unchanged
 from gateway.upstream.quarantine import QuarantineTable, fingerprint
 from gateway.upstream.tokens import count_prompt_tokens
 
@@ -95,11 +96,16 @@ async def prepare_routed(runtime: Runtime, request: RoutedRequest) -> None:
     if runtime.deaths.table.blocking:
         refuse_quarantined(runtime.deaths.table, request.path, body)
     headers = request.headers
-    prepared = gateway.prepare(
-        request.kind, body, headers.get("x-task-type"), fields, headers.get(control.HEADER)
-    )
+    prepared = gateway.prepare(request.kind, body, headers, fields)
     decision = gateway.decide(prepared.features, prepared.prompt)
-    decision = await _guarded_and_pinned(runtime, request, decision)
+    tokens = None
+    if gateway.config.guards:  # most configs: no coroutine to await
+        tokens = await prompt_tokens(gateway, runtime.client, decision, request.path, body)
+    held = held_by(runtime.affinity, request.kind, body)
+    routed = gateway.route(decision, prepared, request.path, tokens=tokens, held=held)
+    if routed.error is not None:
+        raise routed.error
+    decision = routed.decision
     trace.task, trace.rule = prepared.features.task, decision.rule
     trace.features, trace.prompt = prepared.features, prepared.prompt
     trace.concurrency = decision.concurrency
@@ -115,29 +121,9 @@ async def prepare_routed(runtime: Runtime, request: RoutedRequest) -> None:
     _ask_for_feedback(runtime, request)
 
 
-async def _guarded_and_pinned(
-    runtime: Runtime, request: RoutedRequest, decision: RouteDecision
-) -> RouteDecision:
-    """``decision`` after the guards, seed pinning, Responses affinity and the client's
-    speculation control."""
-    gateway, body = runtime.gateway, request.body
-    assert body is not None
-    if gateway.config.guards:
-        decision = await guard_decision(gateway, runtime.client, decision, request.path, body)
-    decision = gateway.pin_seed(decision, body, request.path)
-    previous = body.get("previous_response_id")
-    if request.kind is ResponsesFields and isinstance(previous, str):
-        held = runtime.affinity.backend_of(previous)
-        bug = dict(decision.guarded).get(held or "")
-        if bug is not None:  # the conversation lives where this request hits a known bug
-            raise guarded(bug, gateway.config.guards[bug].why)
-        decision = pin(decision, held, "holds previous_response_id")
-    return gateway.control(decision)
-
-
 def _ask_for_feedback(runtime: Runtime, request: RoutedRequest) -> None:
     """Set ``request``'s feedback tap (wrapped for live scoring,
-    :func:`~gateway.upstream.live_scoring.attach_live`) and its :class:`Settle`. A stream
+    :meth:`~gateway.upstream.live_scoring.LiveScorer.attach`) and its :class:`Settle`. A stream
     ends with the usage chunk (and vLLM's per-request acceptance) only if asked for: ask,
     uncompressed, and the tap removes it again, once the first choice's fingerprint is known
     (:mod:`gateway.upstream.feedback`). Not every backend's: the try list ends with every
@@ -156,15 +142,13 @@ def _ask_for_feedback(runtime: Runtime, request: RoutedRequest) -> None:
         request.tap = ResponseTap(trace, strip=strip, registry=registry)
     tapped = request.tap is not None
     # the distribution canary may score this answer's sampled tokens (live scoring)
-    request.raw, live = attach_live(
-        runtime.live_scoring,
-        request.path,
-        request.body,
-        request.raw,
-        decision.backends,
-        trace,
-        request.headers,
+    scorer = runtime.live_scoring
+    live: Wrap = unchanged
+    taken = scorer and scorer.attach(
+        request.path, request.body, request.raw, decision.backends[0], trace
     )
+    if taken:
+        (request.raw, live), request.headers["accept-encoding"] = taken, "identity"
     request.tap = live(request.tap)
     request.settle = Settle(
         gateway,
@@ -185,15 +169,24 @@ def parse_json(raw: bytes) -> Any:
         raise bad_request("The request body is not valid JSON.", code="invalid_json") from None
 
 
+async def prompt_tokens(
+    gateway: Gateway, client: httpx.AsyncClient, decision: RouteDecision, path: str, body: Any
+) -> int | None:
+    """The exact prompt length for the config's guards, from the first candidate's
+    ``/tokenize``; None (the guards use the cheap bound) unless that bound alone would make
+    a guard match."""
+    if not decision.backends or not needs_token_count(gateway.config, decision, body):
+        return None
+    backend = gateway.config.backends[decision.backends[0]]
+    return await count_prompt_tokens(client, backend.base_url, path, body)
+
+
 async def guard_decision(
     gateway: Gateway, client: httpx.AsyncClient, decision: RouteDecision, path: str, body: Any
 ) -> RouteDecision:
-    """Apply the known-engine-bug guards; the exact prompt length comes from the first
-    candidate's ``/tokenize`` only when the cheap bound alone would make a guard match."""
-    tokens = None
-    if decision.backends and needs_token_count(gateway.config, decision, body):
-        backend = gateway.config.backends[decision.backends[0]]
-        tokens = await count_prompt_tokens(client, backend.base_url, path, body)
+    """Apply the known-engine-bug guards (:meth:`~gateway.service.Gateway.guard`) with the
+    :func:`prompt_tokens` of ``body``."""
+    tokens = await prompt_tokens(gateway, client, decision, path, body)
     return gateway.guard(decision, body, tokens)
 
 

@@ -52,7 +52,7 @@ from gateway.upstream.health import HealthPoller
 from gateway.upstream.live_scoring import LiveScorer, LiveScoringBudget
 from gateway.upstream.quarantine import QuarantineTable
 from gateway.upstream.sample_canary import SampleCanary, SampleCanaryBudget
-from gateway.upstream.state import BackendRegistry
+from gateway.upstream.state import BackendRegistry, Backends
 
 logger = logging.getLogger(__name__)
 Processes = Callable[[], dict[str, Any]]
@@ -161,9 +161,7 @@ def build_canary(settings: Settings, client: httpx.AsyncClient, gateway: Gateway
     if settings.canary_interval_s <= 0:
         return None
     return Canary(
-        client,
-        lambda: gateway.config,
-        gateway.registry,
+        Backends(client, lambda: gateway.config, gateway.registry),
         interval_s=settings.canary_interval_s,
         near_tie_margin=settings.canary_near_tie_margin,
         max_tokens=settings.canary_max_tokens,
@@ -189,9 +187,7 @@ def build_sample_canary(
         window_s=settings.sample_canary_window_s,
     )
     return SampleCanary(
-        client,
-        lambda: gateway.config,
-        gateway.registry,
+        Backends(client, lambda: gateway.config, gateway.registry),
         budget,
         timeout_s=settings.first_byte_timeout_s,
     )
@@ -262,9 +258,7 @@ async def open_runtime(parts: Parts) -> AsyncIterator[Runtime]:
             stream_failure=stream_failure_event,
         )
         poller = HealthPoller(
-            client,
-            lambda: gateway.config,
-            registry,
+            Backends(client, lambda: gateway.config, registry),
             interval_s=settings.health_interval_s,
             timeout_s=settings.health_timeout_s,
             failures=settings.health_failures,
@@ -272,10 +266,11 @@ async def open_runtime(parts: Parts) -> AsyncIterator[Runtime]:
         tasks = BackgroundTasks()
         stack.push_async_callback(tasks.aclose)  # should a later step fail
         await poller.check_all()
-        tasks.start(poller.run(), "specgate-health")
+        tasks.every(settings.health_interval_s, poller.check_all, "specgate-health")
         canary = build_canary(settings, client, gateway)
         if canary is not None:
-            tasks.start(canary.run(), "specgate-canary")
+            # the first round one interval after start, when the backends are warm
+            tasks.every(canary.interval_s, canary.run_round, "specgate-canary")
         sample_canary = build_sample_canary(settings, client, gateway)
         if sample_canary is not None:
             tasks.start(sample_canary.run(), "specgate-sample-canary")

@@ -17,13 +17,14 @@ from gateway.classify.classifier import classify_text
 from gateway.classify.embedding_stage import ClassifierStages
 from gateway.classify.features import RequestFeatures, header_task, read_temperature
 from gateway.classify.protocol import (
+    ResponsesFields,
     RoutedFields,
     kind_of,
     read_fields,
     routing_view,
 )
 from gateway.classify.text import RequestText, read_request
-from gateway.errors import bad_request, guarded, model_not_found, too_busy
+from gateway.errors import GatewayError, bad_request, guarded, model_not_found, too_busy
 from gateway.learning.observer import FeedbackCollector
 from gateway.routing import control
 from gateway.routing.explain import decision_json
@@ -31,25 +32,13 @@ from gateway.routing.guards import apply_guards
 from gateway.routing.load import break_even
 from gateway.routing.policy import RouteDecision, RoutingPolicy
 from gateway.routing.seeds import pin_seeded, seeded
-from gateway.speculation.prompt_stats import PromptStats, prompt_stats, stats_of
+from gateway.speculation.prompt_stats import PromptStats, stats_of
 from gateway.speculation.spec_params import SpecParams
 from gateway.trace import RequestTrace
+from gateway.upstream.affinity import ResponseAffinity
 from gateway.upstream.quarantine import fingerprint
 from gateway.upstream.state import BackendRegistry, DecisionStats
 from gateway.upstream.view import BackendView, backend_views
-
-
-class _Unread:
-    """Marks a prompt not read yet (None means read, and not text)."""
-
-
-UNREAD = _Unread()
-
-
-def _served_models(config: GatewayConfig) -> tuple[str, ...]:
-    """The distinct model names ``config``'s backends serve, in config order (kept per config
-    so the hot path does not rebuild them per request)."""
-    return tuple(dict.fromkeys(b.served_model for b in config.backends.values()))
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +48,7 @@ class _Derived:
     config: GatewayConfig
     wants_prompt_stats: bool  # prompt statistics feed adaptive routing and learning
     spec_methods: frozenset[str]  # the speculation methods of the configured backends
+    models: tuple[str, ...]  # the distinct served model names, in config order
 
     @classmethod
     def of(cls, config: GatewayConfig) -> _Derived:
@@ -66,7 +56,8 @@ class _Derived:
         wants = routing.feedback or routing.policy == "adaptive"
         wants = wants or any(rule.policy == "adaptive" for rule in config.rules)
         methods = {b.spec.method or "" for b in config.backends.values() if b.spec.speculative}
-        return cls(config, wants, frozenset(methods))
+        models = tuple(dict.fromkeys(b.served_model for b in config.backends.values()))
+        return cls(config, wants, frozenset(methods), models)
 
 
 class Admission:
@@ -95,13 +86,46 @@ class Admission:
 
 @dataclass(frozen=True, slots=True)
 class Prepared:
-    """A routed request read for routing: its typed ``fields``, routing ``features`` and
-    prompt statistics (the step the routed endpoints and ``/routes/explain`` share)."""
+    """A routed request read for routing: its parsed ``body``, typed ``fields``, routing
+    ``features`` and prompt statistics (the step the routed endpoints and
+    ``/routes/explain`` share); ``dry``: explain's, counting nothing."""
 
     kind: type[RoutedFields]
+    body: Any
     fields: RoutedFields
     features: RequestFeatures
     prompt: PromptStats | None
+    dry: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Routed:
+    """A decision after the guards, seed pinning, Responses affinity and the speculation
+    control (:meth:`Gateway.route`); ``error``: what the endpoint answers instead of routing
+    it (None: routed), ``why``: the line ``/routes/explain`` adds for it."""
+
+    decision: RouteDecision
+    error: GatewayError | None = None
+    why: str | None = None
+
+
+def pin(decision: RouteDecision, backend: str | None, why: str) -> RouteDecision:
+    """``decision`` sent to ``backend`` only (no failover: the state is there), or
+    unchanged when ``backend`` is None or no longer configured."""
+    if backend is None or backend not in {c.backend for c in decision.candidates} | set(
+        decision.backends
+    ):
+        return decision
+    return replace(decision, backends=(backend,), reasons=(*decision.reasons, f"{backend}: {why}"))
+
+
+def held_by(affinity: ResponseAffinity | None, kind: type[RoutedFields], body: Any) -> str | None:
+    """The backend holding a Responses request's ``previous_response_id`` (None for other
+    requests, or when not known)."""
+    if affinity is None or kind is not ResponsesFields:
+        return None
+    previous = body.get("previous_response_id")
+    return affinity.backend_of(previous) if isinstance(previous, str) else None
 
 
 class Gateway:
@@ -123,7 +147,6 @@ class Gateway:
         #: The task classifier's stages (fast only unless the runtime loaded the second).
         self.classifier = classifier or ClassifierStages(None, "off: not loaded")
         self.policy = RoutingPolicy(config)
-        self._models = _served_models(config)
         self._derived = _Derived.of(config)  # rebuilt when config is swapped
         self.registry = registry or BackendRegistry(config.backends)
         self.inflight = 0
@@ -144,7 +167,6 @@ class Gateway:
         live state (health, load, acceptance, circuit); new ones start fresh.
         """
         self.policy = RoutingPolicy(config)
-        self._models = _served_models(config)
         self.registry.sync(config.backends)
         self.config = config
         self.reloads += 1
@@ -155,16 +177,6 @@ class Gateway:
         """Observer: feed a finished request to the adaptive learner (``routing.feedback``)."""
         if self.config.routing.feedback:
             self.feedback.observe(trace)
-
-    def _wants_prompt_stats(self) -> bool:
-        """Prompt statistics feed adaptive routing and learning: off when both are."""
-        return self.derived().wants_prompt_stats
-
-    def prompt_stats(self, body: Mapping[str, Any]) -> PromptStats | None:
-        """Prompt statistics for adaptive routing and learning (None when both are off)."""
-        if not self._wants_prompt_stats():
-            return None
-        return prompt_stats(body, self.config.routing.adaptive.max_prompt_chars)
 
     def break_even(self) -> dict[str, Any]:
         """Per speculative backend and task, its learnt speed relative to the first plain
@@ -199,25 +211,49 @@ class Gateway:
         self,
         kind: type[RoutedFields],
         body: Any,
-        task_header: str | None,
+        headers: Mapping[str, str],
         fields: RoutedFields | None = None,
-        speculation: str | None = None,
         *,
-        count: bool = True,
+        dry: bool = False,
     ) -> Prepared:
-        """Read a parsed body of a routed endpoint for routing (its fields, unless already
-        read, the routing view's features and prompt statistics); ``speculation``: the
-        request's ``X-Specgate-Speculation`` (:meth:`control_of`; ``count``: count a
-        refusal). Raises :class:`~gateway.errors.GatewayError` 400/404 as the endpoint
-        answers."""
+        """Read a parsed body of a routed endpoint for routing: its fields (unless already
+        read), the routing view's features (the task from ``headers``' ``x-task-type``, else
+        the classifier; the speculation control from its ``X-Specgate-Speculation``,
+        :meth:`control_of`, counted unless ``dry``) and prompt statistics, from one bounded
+        read of the prompt (:func:`~gateway.classify.text.read_request`). A model None
+        (absent or unreadable) is the first served model, as vLLM serves its only model
+        then. Raises :class:`~gateway.errors.GatewayError` 400/404 as the endpoint answers."""
         if fields is None:
             fields = read_fields(kind, body)
         view = routing_view(kind, body, fields)
-        features, prompt = self.read(view, fields.model, task_header, body, kind.path)
+        model, derived = fields.model, self.derived()
+        if model is None:
+            model = derived.models[0]
+        elif model not in derived.models:
+            raise model_not_found(model)
+        wanted = derived.wants_prompt_stats
+        task = header_task(headers.get("x-task-type"))
+        text = read_request(view) if wanted or task is None else None
+        temperature, given = read_temperature(view, self.config.defaults.temperature)
+        task, confidence, source, deciding = self._task(task, text)
+        features = RequestFeatures(
+            model,
+            temperature,
+            given,
+            task,
+            confidence,
+            source,
+            bool(view.get("stream")),
+            task_features=deciding,  # shown by /routes/explain (the dict exists anyway)
+            spec_refused=self.spec_params.refused(body, derived.spec_methods, kind.path),
+        )
+        speculation = headers.get(control.HEADER)
         if speculation is not None:
-            wanted = self.control_of(speculation, count=count)
-            features = replace(features, speculation=wanted, speculation_header=speculation)
-        return Prepared(kind, fields, features, prompt)
+            wanted_control = self.control_of(speculation, count=not dry)
+            features = replace(features, speculation=wanted_control, speculation_header=speculation)
+        limit = self.config.routing.adaptive.max_prompt_chars
+        prompt = stats_of(text, limit) if wanted else None
+        return Prepared(kind, body, fields, features, prompt, dry)
 
     def control_of(self, value: str, *, count: bool = True) -> str:
         """The speculation control an ``X-Specgate-Speculation`` ``value`` asks for, under
@@ -248,35 +284,6 @@ class Gateway:
             )
         return wanted
 
-    def control(self, decision: RouteDecision, *, count: bool = True) -> RouteDecision:
-        """The final ``decision`` (guards applied, seed pinned) with the effect of the
-        request's ``X-Specgate-Speculation`` (:func:`gateway.routing.control.outcome`);
-        unchanged without the header. Raises :class:`~gateway.errors.GatewayError` 400
-        ``speculation_unavailable`` when the request's own parameters make the control
-        impossible (:func:`gateway.routing.control.conflict`); ``count``: count the
-        result in ``stats.speculation``."""
-        features = decision.features
-        if features.speculation_header is None:
-            return decision
-        refused = control.conflict(self.config, decision)
-        if refused is not None:
-            if count:
-                self.stats.speculation[features.speculation, "refused"] += 1
-            message, param = refused
-            raise bad_request(
-                f"{control.HEADER}: {features.speculation} cannot be honoured for this "
-                f"request: {message}.",
-                param=param,
-                code="speculation_unavailable",
-            )
-        text, result = control.outcome(self.config, decision)
-        if count:
-            value = features.speculation
-            if result == "ignored":  # the value the client sent, as far as it is one
-                value = control.read_value(features.speculation_header) or "invalid"
-            self.stats.speculation[value, result] += 1
-        return replace(decision, speculation=text)
-
     def new_trace(self, request_id: str, path: str) -> RequestTrace:
         """A :class:`RequestTrace` for one request, wired to the registered observers."""
         endpoint = path.removeprefix("/v1/")
@@ -289,11 +296,7 @@ class Gateway:
 
     def served_models(self) -> list[str]:
         """The distinct model names the backends serve, in config order."""
-        return list(self._models)
-
-    def spec_methods(self) -> set[str]:
-        """The speculation methods of the configured backends."""
-        return set(self.derived().spec_methods)
+        return list(self.derived().models)
 
     def derived(self) -> _Derived:
         """What the hot path reads from the current config, computed once per config."""
@@ -301,115 +304,73 @@ class Gateway:
             self._derived = _Derived.of(self.config)
         return self._derived
 
-    def features(
-        self,
-        body: Mapping[str, Any],
-        model: str | None,
-        task_header: str | None,
-        raw_body: Mapping[str, Any] | None = None,
-        endpoint: str = "/v1/chat/completions",
-        text: RequestText | None | _Unread = UNREAD,
-    ) -> RequestFeatures:
-        """Read routing features from a routing view (see :func:`routing_view`); the
-        sampling parameters speculation refuses on ``endpoint`` are read from ``raw_body``
-        (the client's own body; default ``body``); ``text``: the view's
-        :func:`~gateway.classify.text.read_request`, when already read.
-
-        ``model`` None (absent or unreadable) is the first served model, as vLLM serves
-        its only model then. Raises :class:`~gateway.errors.GatewayError` 404 when no
-        backend serves ``model``.
-        """
-        if model is None:
-            model = self._models[0]
-        elif model not in self._models:
-            raise model_not_found(model)
-        temperature, given = read_temperature(body, self.config.defaults.temperature)
-        refused = self.spec_params.refused(
-            body if raw_body is None else raw_body, self.spec_methods(), endpoint
-        )
-        stream = bool(body.get("stream"))
-        task = header_task(task_header)
+    def _task(
+        self, task: str | None, text: RequestText | None
+    ) -> tuple[str, float, str, Mapping[str, float]]:
+        """The request's task, confidence, source and the classifier's deciding features:
+        the ``X-Task-Type`` header's ``task`` when it names one, else the classifier's guess
+        from the prompt's ``text``."""
         if task is not None:
-            return RequestFeatures(
-                model, temperature, given, task, 1.0, "header", stream, spec_refused=refused
-            )
-        if isinstance(text, _Unread):
-            text = read_request(body)
-        guess = classify_text(
-            text, default_task=self.config.defaults.task, second=self.classifier.second
-        )
-        return RequestFeatures(
-            model,
-            temperature,
-            given,
-            guess.task,
-            guess.confidence,
-            "classifier" if guess.stage == "fast" else "classifier+embedding",
-            stream,
-            task_features=guess.features,  # shown by /routes/explain (the dict exists anyway)
-            spec_refused=refused,
-        )
-
-    def read(
-        self,
-        body: Mapping[str, Any],
-        model: str | None,
-        task_header: str | None,
-        raw_body: Mapping[str, Any] | None = None,
-        endpoint: str = "/v1/chat/completions",
-    ) -> tuple[RequestFeatures, PromptStats | None]:
-        """Routing features and prompt statistics of a routing view, from one bounded read
-        of its prompt (:func:`~gateway.classify.text.read_request`) shared by the classifier
-        and the statistics. Arguments and errors as for :meth:`features`."""
-        wanted = self._wants_prompt_stats()
-        text: RequestText | None | _Unread = UNREAD
-        if wanted or header_task(task_header) is None:
-            text = read_request(body)
-        features = self.features(body, model, task_header, raw_body, endpoint, text)
-        if not wanted or isinstance(text, _Unread):
-            return features, None
-        return features, stats_of(text, self.config.routing.adaptive.max_prompt_chars)
+            return task, 1.0, "header", {}
+        config, second = self.config, self.classifier.second
+        guess = classify_text(text, default_task=config.defaults.task, second=second)
+        source = "classifier" if guess.stage == "fast" else "classifier+embedding"
+        return guess.task, guess.confidence, source, guess.features
 
     def explain(
         self,
         body: Any,
-        task_header: str | None,
+        headers: Mapping[str, str],
         endpoint: str | None = None,
-        speculation: str | None = None,
+        affinity: ResponseAffinity | None = None,
     ) -> dict[str, Any]:
         """The decision for a body of a routed ``endpoint`` (default: guessed from the body,
-        see :func:`~gateway.classify.protocol.kind_of`) against the current state, without calling a
-        backend or counting it (see :func:`decision_json` for the shape); ``speculation``:
-        the request's ``X-Specgate-Speculation``. Raises
-        :class:`~gateway.errors.GatewayError` 400/404 as the real endpoint would.
-        """
+        see :func:`~gateway.classify.protocol.kind_of`) against the current state, through
+        the routed request's own steps (:meth:`prepare`, :meth:`decide`, :meth:`route`) but
+        without calling a backend (the guards use the prompt's length bound) or counting it
+        (see :func:`decision_json` for the shape; a refusal clears ``backend`` and says why
+        in ``reasons``); ``headers``: the request's (lower-case names), ``affinity``: where
+        stored Responses are held. Raises :class:`~gateway.errors.GatewayError` 400/404 as
+        the real endpoint would."""
         kind = kind_of(body, endpoint)
-        prepared = self.prepare(kind, body, task_header, None, speculation, count=False)
-        decision = self.policy.decide(
-            prepared.features,
-            self.registry.snapshot(),
-            random.Random(0),
-            self.feedback.learner.view(),
-            prepared.prompt,
-        )
-        verdict = apply_guards(self.config, decision, body)
-        path = endpoint or prepared.kind.path
-        pinned = self.pin_seed(verdict.decision, body, path)
-        conflict = None
-        if prepared.features.speculation_header is not None:
-            conflict = control.conflict(self.config, pinned)
-            if conflict is None:
-                pinned = replace(pinned, speculation=control.outcome(self.config, pinned)[0])
-        out = decision_json(pinned)
-        if verdict.refused_by is not None and decision.last_resort is not None:
-            out["reasons"].append("no last-resort backend is free of known engine bugs: 503")
-        elif verdict.refused_by is not None:
+        prepared = self.prepare(kind, body, headers, dry=True)
+        decision = self.decide(prepared.features, prepared.prompt, dry=True)
+        held = held_by(affinity, kind, body)
+        routed = self.route(decision, prepared, endpoint or kind.path, held=held)
+        out = decision_json(routed.decision)
+        if routed.why is not None:
+            out["reasons"].append(routed.why)
+        if routed.error is not None:
             out["backend"], out["backends"] = None, []
-            out["reasons"].append(f"refused: 400 engine_bug_guard '{verdict.refused_by}'")
-        elif conflict is not None:
-            out["backend"], out["backends"] = None, []
-            out["reasons"].append(f"refused: 400 speculation_unavailable ({conflict[0]})")
         return out
+
+    def route(
+        self,
+        decision: RouteDecision,
+        prepared: Prepared,
+        path: str,
+        *,
+        tokens: int | None = None,
+        held: str | None = None,
+    ) -> Routed:
+        """The steps after the policy's ``decision`` for ``prepared`` (sent to ``path``),
+        shared by routed requests and ``/routes/explain``: the known-engine-bug guards
+        (``tokens``: the exact prompt length when known), seed pinning, the Responses
+        conversation's backend (``held``, see :func:`held_by`) and the client's speculation
+        control; counted unless ``prepared.dry``. A refusal is returned, not raised: 400
+        ``engine_bug_guard`` or ``speculation_unavailable``."""
+        body, note = prepared.body, None
+        if self.config.guards:
+            guarded_by = self._guarded(decision, body, tokens, count=not prepared.dry)
+            if guarded_by.error is not None:
+                return guarded_by
+            decision, note = guarded_by.decision, guarded_by.why
+        decision = self.pin_seed(decision, body, path)
+        bug = dict(decision.guarded).get(held or "")
+        if bug is not None:  # the conversation lives where this request hits a known bug
+            return self._refused_by(bug, decision)
+        routed = self._control(pin(decision, held, "holds previous_response_id"), prepared.dry)
+        return routed if note is None or routed.error is not None else replace(routed, why=note)
 
     def guard(
         self,
@@ -425,14 +386,59 @@ class Gateway:
         are out, so an empty list is the caller's 503)."""
         if not self.config.guards:
             return decision
-        verdict = apply_guards(self.config, decision, body, prompt_tokens)
-        for name in dict.fromkeys(g for _, g in verdict.hits):
-            self.stats.guarded[name] += 1
-        if decision.last_resort is not None:
-            return verdict.decision  # a guard only removes a last resort (none left: 503)
-        if verdict.refused_by is not None:
-            raise guarded(verdict.refused_by, self.config.guards[verdict.refused_by].why)
-        return verdict.decision
+        routed = self._guarded(decision, body, prompt_tokens, count=True)
+        if routed.error is not None:
+            raise routed.error
+        return routed.decision
+
+    def _guarded(
+        self, decision: RouteDecision, body: Mapping[str, Any], tokens: int | None, *, count: bool
+    ) -> Routed:
+        """:meth:`guard`'s verdict, a refusal returned (``count``: count the hits)."""
+        verdict = apply_guards(self.config, decision, body, tokens)
+        if count:
+            for name in dict.fromkeys(g for _, g in verdict.hits):
+                self.stats.guarded[name] += 1
+        if verdict.refused_by is None:
+            return Routed(verdict.decision)
+        if decision.last_resort is not None:  # a guard only removes a last resort (none: 503)
+            why = "no last-resort backend is free of known engine bugs: 503"
+            return Routed(verdict.decision, why=why)
+        return self._refused_by(verdict.refused_by, verdict.decision)
+
+    def _refused_by(self, guard: str, decision: RouteDecision) -> Routed:
+        """The 400 ``engine_bug_guard`` of ``guard`` for ``decision``."""
+        error = guarded(guard, self.config.guards[guard].why)
+        return Routed(decision, error, f"refused: 400 engine_bug_guard '{guard}'")
+
+    def _control(self, decision: RouteDecision, dry: bool) -> Routed:
+        """The final ``decision`` with the effect of the request's ``X-Specgate-Speculation``
+        (:func:`gateway.routing.control.outcome`; unchanged without the header), counted in
+        ``stats.speculation`` unless ``dry``; the 400 ``speculation_unavailable`` when the
+        request's own parameters make the control impossible
+        (:func:`gateway.routing.control.conflict`)."""
+        features = decision.features
+        if features.speculation_header is None:
+            return Routed(decision)
+        refused = control.conflict(self.config, decision)
+        if refused is not None:
+            if not dry:
+                self.stats.speculation[features.speculation, "refused"] += 1
+            message, param = refused
+            error = bad_request(
+                f"{control.HEADER}: {features.speculation} cannot be honoured for this "
+                f"request: {message}.",
+                param=param,
+                code="speculation_unavailable",
+            )
+            return Routed(decision, error, f"refused: 400 speculation_unavailable ({message})")
+        text, result = control.outcome(self.config, decision)
+        if not dry:
+            value = features.speculation
+            if result == "ignored":  # the value the client sent, as far as it is one
+                value = control.read_value(features.speculation_header) or "invalid"
+            self.stats.speculation[value, result] += 1
+        return Routed(replace(decision, speculation=text))
 
     def pin_seed(
         self, decision: RouteDecision, body: Mapping[str, Any], path: str
@@ -444,13 +450,16 @@ class Gateway:
             return decision  # most requests: no fingerprint to compute
         return pin_seeded(self.config, decision, body, fingerprint(path, body))
 
-    def decide(self, features: RequestFeatures, prompt: PromptStats | None = None) -> RouteDecision:
+    def decide(
+        self, features: RequestFeatures, prompt: PromptStats | None = None, *, dry: bool = False
+    ) -> RouteDecision:
         """Route one request against the current backend state and what was learnt (for
-        adaptive rules), and count the decision."""
-        estimates = self.feedback.learner.view()
-        decision = self.policy.decide(
-            features, self.registry.snapshot(), self.rng, estimates, prompt
-        )
+        adaptive rules), and count the decision; ``dry`` (explain): ties broken by a fixed
+        seed, nothing counted."""
+        estimates, rng = self.feedback.learner.view(), random.Random(0) if dry else self.rng
+        decision = self.policy.decide(features, self.registry.snapshot(), rng, estimates, prompt)
+        if dry:
+            return decision
         self.stats.by_rule[decision.rule] += 1
         self.stats.by_task[features.task] += 1
         if features.spec_refused:

@@ -25,7 +25,6 @@ from typing import Any
 
 from gateway.classify.features import RequestFeatures
 from gateway.classify.protocol import ResponsesFields, RoutedFields
-from gateway.routing.policy import RouteDecision
 from gateway.service import Gateway
 from gateway.speculation.spec_params import names_speculation
 from gateway.trace import RequestTrace
@@ -41,18 +40,6 @@ logger = logging.getLogger(__name__)
 Opener = Callable[[tuple[str, ...], ResponseTap | None], Awaitable[Upstream]]
 #: A stranger's backend that named no parameter: still never retried on that method.
 UNNAMED = "(parameter not named by the backend)"
-
-
-def pin(decision: RouteDecision, backend: str | None, why: str) -> RouteDecision:
-    """``decision`` sent to ``backend`` only (no failover: the state is there), or
-    unchanged when ``backend`` is None or no longer configured."""
-    if backend is None or backend not in {c.backend for c in decision.candidates} | set(
-        decision.backends
-    ):
-        return decision
-    return dataclasses.replace(
-        decision, backends=(backend,), reasons=(*decision.reasons, f"{backend}: {why}")
-    )
 
 
 @dataclass(slots=True)
@@ -133,9 +120,9 @@ class Settle:
         # methods stay last-resort failover targets); what was learnt stays per method.
         refused = dict(self.features.spec_refused)
         refused.update(
-            gateway.spec_params.refused(self.body, gateway.spec_methods(), self.kind.path)
+            gateway.spec_params.refused(self.body, gateway.derived().spec_methods, self.kind.path)
         )
-        for name in gateway.spec_methods():
+        for name in gateway.derived().spec_methods:
             refused.setdefault(name, learnt or (UNNAMED,))
         features = dataclasses.replace(self.features, spec_refused=refused)
         decision = gateway.policy.decide(features, gateway.registry.snapshot(), gateway.rng)

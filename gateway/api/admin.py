@@ -12,8 +12,9 @@ from contracts.config import ConfigError, GatewayConfig
 from contracts.launch_profile import Speculation
 from gateway.api.deps import GatewayDep, SettingsDep
 from gateway.api.openai import read_body
+from gateway.classify.protocol import kind_of
 from gateway.errors import config_invalid
-from gateway.pipeline import parse_json
+from gateway.pipeline import parse_json, refuse_quarantined
 from gateway.runtime import runtime_of
 from gateway.service import Gateway
 from gateway.speculation.advisor import advise_window
@@ -190,7 +191,8 @@ async def explain(request: Request, gateway: GatewayDep, settings: SettingsDep) 
     backend state, without calling any backend. The body is the request body itself, or
     ``{"body": {...}, "headers": {"X-Task-Type": ...}, "endpoint": "/v1/messages"}``
     (without ``endpoint`` it is guessed from the body); ``X-Task-Type`` and
-    ``X-Specgate-Speculation`` headers on this request count too."""
+    ``X-Specgate-Speculation`` headers on this request count too. A quarantined body is
+    the 422 the endpoint answers."""
     payload = parse_json(await read_body(request.receive, request.headers, settings.max_body_bytes))
     headers = {k.lower(): v for k, v in request.headers.items()}
     endpoint = None
@@ -201,9 +203,10 @@ async def explain(request: Request, gateway: GatewayDep, settings: SettingsDep) 
         if isinstance(payload.get("endpoint"), str):
             endpoint = payload["endpoint"]
         payload = payload["body"]
-    return gateway.explain(
-        payload, headers.get("x-task-type"), endpoint, headers.get("x-specgate-speculation")
-    )
+    runtime = runtime_of(request.app)
+    if runtime.deaths.table.blocking and isinstance(payload, dict):
+        refuse_quarantined(runtime.deaths.table, endpoint or kind_of(payload).path, payload)
+    return gateway.explain(payload, headers, endpoint, runtime.affinity)
 
 
 @router.post("/routes/reload")

@@ -172,9 +172,7 @@ class ProxyEndpoint:
         except Exception:  # never expected
             trace.finish(500, "internal_error")
             logger.exception("unhandled error")
-            internal = GatewayError(
-                500, "Internal gateway error.", type="server_error", code="internal_error"
-            )
+            internal = GatewayError(500, "Internal gateway error.", code="internal_error")
             with contextlib.suppress(RuntimeError):  # the response had already started
                 await send_error(send, internal)
 

@@ -92,7 +92,7 @@ async def passthrough(
         return Response(status_code=499)  # nobody is left to read it
     if relayed.parsed is not None and runtime.deaths.table.blocking:
         refuse_quarantined(runtime.deaths.table, relayed.target, relayed.parsed)
-    order = _targets(gateway, catalog, found, path, relayed.parsed, runtime.affinity)
+    order = _targets(runtime, found, path, relayed.parsed)
     relayed.order = await _guarded(runtime, path, relayed.parsed, order)
     relayed.stateful = found.template in STATEFUL_TEMPLATES
     return relayed
@@ -223,26 +223,22 @@ def _streams(body: dict[str, Any] | None) -> bool:
 
 
 def _targets(
-    gateway: Gateway,
-    catalog: BackendCatalog,
-    found: PathTemplate,
-    path: str,
-    body: dict[str, Any] | None,
-    affinity: Any,
+    runtime: Runtime, found: PathTemplate, path: str, body: dict[str, Any] | None
 ) -> tuple[str, ...]:
     """Backends to try in order: the holder of a stored Response, else healthy backends
     listing the path and serving the body's ``model``, below their ``max_inflight`` cap
     (plain first, least in flight). Raises 404 for a model nobody serves, 429 when every
     such backend is at its cap."""
+    gateway = runtime.gateway
     if found.template in STATEFUL_TEMPLATES:
-        held = affinity.backend_of(path.split("/")[3])
+        held = runtime.affinity.backend_of(path.split("/")[3])
         if held is not None and held in gateway.config.backends:
             return (held,)
     model = body.get("model") if body is not None else None
     model = model if isinstance(model, str) and model else None
     if model is not None and model not in gateway.served_models():
         raise model_not_found(model)
-    return _ranked(gateway, catalog, found, model)
+    return _ranked(gateway, runtime.catalog, found, model)
 
 
 def _ranked(

@@ -137,59 +137,38 @@ def _tokens_per_step(stats: AcceptanceStats, p: list[float], alpha: float, j: in
     return stats.mean_length + sum(p[-1] * alpha**m for m in range(1, j - k + 1))
 
 
+@dataclass(frozen=True, slots=True)
+class Knobs:
+    """The rule's thresholds (module docstring): a position accepted in fewer than
+    ``position_floor`` of the drafts is wasted; raise k above rate ``raise_above``, lower it
+    below ``lower_below``; advise only from ``min_drafts`` drafts on; never beyond ``max_k``;
+    ``draft_cost``: Leviathan's c (None: :data:`DRAFT_COST` of the method)."""
+
+    position_floor: float = 0.3
+    raise_above: float = 0.7
+    lower_below: float = 0.5
+    min_drafts: float = 50
+    max_k: int = 16
+    draft_cost: float | None = None
+
+
+DEFAULT_KNOBS = Knobs()
+
+
 def advise(
-    spec: Speculation,
-    stats: AcceptanceStats | None,
-    *,
-    position_floor: float = 0.3,
-    raise_above: float = 0.7,
-    lower_below: float = 0.5,
-    min_drafts: float = 50,
-    max_k: int = 16,
-    draft_cost: float | None = None,
+    spec: Speculation, stats: AcceptanceStats | None, knobs: Knobs = DEFAULT_KNOBS
 ) -> Advice | None:
     """Recommend k for one backend (None for a plain backend); see the module docstring."""
     if not spec.speculative or spec.num_speculative_tokens is None:
         return None
-    k = spec.num_speculative_tokens
-    c = DRAFT_COST.get(spec.method, DEFAULT_DRAFT_COST) if draft_cost is None else draft_cost
-    if stats is None or stats.drafts < min_drafts:
-        seen = 0 if stats is None else int(stats.drafts)
-        return _keep(spec, stats, c, f"{seen} drafts measured, {min_drafts:g} needed: keep k={k}")
+    k, c = spec.num_speculative_tokens, knobs.draft_cost
+    c = DRAFT_COST.get(spec.method, DEFAULT_DRAFT_COST) if c is None else c
+    if stats is None or stats.drafts < knobs.min_drafts:
+        seen, needed = 0 if stats is None else int(stats.drafts), knobs.min_drafts
+        return _keep(spec, stats, c, f"{seen} drafts measured, {needed:g} needed: keep k={k}")
     alpha = fit_alpha(stats.mean_length, k)
     p = _positions(stats, k, alpha)
-    useful = next((i for i, v in enumerate(p) if v < position_floor), k)
-    floor = f"{position_floor:.2f}"
-    if stats.rate > raise_above and useful == k:
-        top = k
-        while top < min(2 * k, max_k) and p[-1] * alpha ** (top - k + 1) >= position_floor:
-            top += 1
-        allowed = range(k, top + 1)
-        why = (
-            f"rate {stats.rate:.1%} > {raise_above:.0%}: raise k; positions predicted "
-            f"(a={alpha:.3f}) to clear {floor} up to k={top}"
-        )
-    elif stats.rate < lower_below:
-        if useful == 0:
-            allowed = range(1, 2)
-            why = (
-                f"rate {stats.rate:.1%} < {lower_below:.0%} and position 1 accepted "
-                f"{p[0]:.2f} < {floor}: k=1, change the draft (or route away from it)"
-            )
-        else:
-            allowed = range(1, min(useful, k - 1, max_k) + 1) if k > 1 else range(1, 2)
-            why = (
-                f"rate {stats.rate:.1%} < {lower_below:.0%}: lower k (by one at least); "
-                f"{useful} of {k} positions clear {floor}"
-            )
-    elif useful < k:
-        allowed = range(1, useful + 1)
-        dropped = f"position {k}" if useful == k - 1 else f"positions {useful + 1}-{k}"
-        why = f"{dropped} accepted under {floor}: wasted verification work"
-    else:
-        allowed = range(k, k + 1)
-        why = f"rate {stats.rate:.1%} between {lower_below:.0%} and {raise_above:.0%}, all "
-        why += f"{k} positions clear {floor}: keep k"
+    allowed, why = _allowed(stats, p, alpha, knobs)
 
     def speedup(j: int) -> float:
         return _tokens_per_step(stats, p, alpha, j) / (1.0 + c * j)
@@ -214,6 +193,34 @@ def advise(
         reason=why,
         speculative_config=config_json(spec, best),
     )
+
+
+def _allowed(
+    stats: AcceptanceStats, p: list[float], alpha: float, knobs: Knobs
+) -> tuple[range, str]:
+    """The rule's steps 2-4 (module docstring): the k the cost model may pick from, and
+    why (``p``: per-position acceptance, :func:`_positions`)."""
+    k, cut, rate = len(p), knobs.position_floor, stats.rate
+    useful = next((i for i, v in enumerate(p) if v < cut), k)
+    floor, high, low = f"{cut:.2f}", f"{knobs.raise_above:.0%}", f"{knobs.lower_below:.0%}"
+    if rate > knobs.raise_above and useful == k:
+        top = k
+        while top < min(2 * k, knobs.max_k) and p[-1] * alpha ** (top - k + 1) >= cut:
+            top += 1
+        why = f"rate {rate:.1%} > {high}: raise k; positions predicted "
+        return range(k, top + 1), why + f"(a={alpha:.3f}) to clear {floor} up to k={top}"
+    if rate < knobs.lower_below and useful == 0:
+        why = f"rate {rate:.1%} < {low} and position 1 accepted {p[0]:.2f} < {floor}: "
+        return range(1, 2), why + "k=1, change the draft (or route away from it)"
+    if rate < knobs.lower_below:
+        allowed = range(1, min(useful, k - 1, knobs.max_k) + 1) if k > 1 else range(1, 2)
+        why = f"rate {rate:.1%} < {low}: lower k (by one at least); "
+        return allowed, why + f"{useful} of {k} positions clear {floor}"
+    if useful < k:
+        dropped = f"position {k}" if useful == k - 1 else f"positions {useful + 1}-{k}"
+        return range(1, useful + 1), f"{dropped} accepted under {floor}: wasted verification work"
+    why = f"rate {rate:.1%} between {low} and {high}, all {k} positions clear {floor}: keep k"
+    return range(k, k + 1), why
 
 
 def _keep(spec: Speculation, stats: AcceptanceStats | None, c: float, reason: str) -> Advice:
@@ -244,12 +251,13 @@ def since_start(counters: SpecCounters) -> AcceptanceStats | None:
     return window.stats()
 
 
-def advise_window(spec: Speculation, window: AcceptanceWindow, **knobs: Any) -> Advice | None:
-    """:func:`advise` over ``window``'s span; when that holds fewer than ``min_drafts``
+def advise_window(
+    spec: Speculation, window: AcceptanceWindow, knobs: Knobs = DEFAULT_KNOBS
+) -> Advice | None:
+    """:func:`advise` over ``window``'s span; when that holds fewer than ``knobs.min_drafts``
     drafts (an idle or young window) and the newest scrape's cumulative counters hold more,
-    over those instead: the server's whole life since start, a slower but valid window.
-    ``knobs`` are :func:`advise`'s keyword arguments."""
-    min_drafts = knobs.get("min_drafts", 50)
+    over those instead: the server's whole life since start, a slower but valid window."""
+    min_drafts = knobs.min_drafts
     stats = window.stats()
     label = "no data"
     if stats is not None:
@@ -258,5 +266,5 @@ def advise_window(spec: Speculation, window: AcceptanceWindow, **knobs: Any) -> 
         lifetime = since_start(window.samples[-1][1])
         if lifetime is not None and lifetime.drafts > (0 if stats is None else stats.drafts):
             stats, label = lifetime, "since server start"
-    advice = advise(spec, stats, **knobs)
+    advice = advise(spec, stats, knobs)
     return None if advice is None else replace(advice, window=label)

@@ -13,11 +13,9 @@ are split into words (about 10 microseconds for 1,000 characters).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
-from gateway.classify.text import RequestText, read_request
+from gateway.classify.text import RequestText
 
 #: Fewer word bigrams than this give no meaningful repeat share (reported as 0.0).
 MIN_BIGRAMS = 8
@@ -48,11 +46,6 @@ def self_overlap(text: str, max_chars: int = 1000) -> float:
     if total < MIN_BIGRAMS:
         return 0.0
     return 1.0 - len(set(zip(words, words[1:], strict=False))) / total
-
-
-def prompt_stats(body: Mapping[str, Any], max_chars: int = 1000) -> PromptStats:
-    """The :class:`PromptStats` of a completions or chat body (already validated)."""
-    return stats_of(read_request(body), max_chars)
 
 
 def stats_of(text: RequestText | None, max_chars: int = 1000) -> PromptStats:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
@@ -83,7 +83,7 @@ class SpecParams:
         self.refusals = 0
 
     def refused(
-        self, body: Mapping[str, Any], methods: set[str], endpoint: str
+        self, body: Mapping[str, Any], methods: Iterable[str], endpoint: str
     ) -> dict[str, tuple[str, ...]]:
         """For each method in ``methods``, the parameters set in ``body`` (top level) that
         its backends refuse on ``endpoint``; methods with none are left out."""

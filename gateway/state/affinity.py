@@ -19,38 +19,13 @@ from redis.asyncio import Redis
 from gateway.upstream.affinity import ResponseAffinity
 
 
-class SharedAffinity(ResponseAffinity):
-    """A :class:`ResponseAffinity` that also queues what it learns for publication
-    (:attr:`pending`); :meth:`adopt` records a peer's entry without queueing it."""
-
-    def __init__(
-        self,
-        *,
-        max_entries: int = 100_000,
-        ttl_s: float = 3600.0,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        super().__init__(max_entries=max_entries, ttl_s=ttl_s, clock=clock)
-        self.pending: dict[str, str] = {}
-
-    def remember(self, response_id: str, backend: str) -> None:
-        """Record ``backend`` as the holder of ``response_id`` here and for the peers."""
-        super().remember(response_id, backend)
-        if len(self.pending) < self.max_entries:
-            self.pending[response_id] = backend
-
-    def adopt(self, response_id: str, backend: str) -> None:
-        """Record a peer's entry (not published again)."""
-        super().remember(response_id, backend)
-
-
 class AffinityMirror:
-    """Publishes ``affinity.pending`` and adopts the peers' entries (module docstring);
-    ``clock``: Unix seconds."""
+    """Publishes a shared ``affinity``'s ``pending`` entries and adopts the peers' (module
+    docstring); ``clock``: Unix seconds."""
 
     def __init__(
         self,
-        affinity: SharedAffinity,
+        affinity: ResponseAffinity,
         *,
         prefix: str,
         interval_s: float,
@@ -65,7 +40,9 @@ class AffinityMirror:
 
     async def sync(self, client: Redis) -> None:
         """One exchange (raises what redis-py raises; a failed sync keeps ``pending``)."""
-        now, pending = self.clock(), dict(self.affinity.pending)
+        queue = self.affinity.pending
+        assert queue is not None, "a shared ResponseAffinity"
+        now, pending = self.clock(), dict(queue)
         async with client.pipeline(transaction=False) as pipe:
             if pending:
                 pipe.zadd(self.zset, dict.fromkeys(pending, now))
@@ -75,7 +52,7 @@ class AffinityMirror:
             pipe.zrangebyscore(self.zset, self.since - self.slack_s, "+inf")
             *_, expired, fresh = await pipe.execute()
         for key in pending:
-            self.affinity.pending.pop(key, None)
+            queue.pop(key, None)
         self.since = now
         ids = [i.decode() if isinstance(i, bytes) else i for i in fresh]
         ids = [i for i in ids if i not in pending and self.affinity.backend_of(i) is None]

@@ -25,11 +25,11 @@ from redis.backoff import NoBackoff
 
 from gateway.service import Gateway
 from gateway.settings import Settings
-from gateway.state.affinity import AffinityMirror, SharedAffinity
+from gateway.state.affinity import AffinityMirror
 from gateway.state.learning import SharedLearner
 from gateway.state.quarantine import QuarantineMirror
 from gateway.state.refusals import RefusalMirror
-from gateway.state.sync import RedisState, redacted
+from gateway.state.sync import RedisState, Shared, redacted
 from gateway.upstream.affinity import ResponseAffinity
 from gateway.upstream.quarantine import QuarantineTable
 
@@ -94,10 +94,13 @@ class StateCollector(Collector):
 
 
 def build_affinity(settings: Settings, shared: bool) -> ResponseAffinity:
-    """The app's response affinity (a :class:`SharedAffinity` when ``shared``: the config's
-    ``state.backend`` is ``redis``), bounded by ``settings``."""
-    kind = SharedAffinity if shared else ResponseAffinity
-    return kind(max_entries=settings.response_affinity_max, ttl_s=settings.response_affinity_ttl_s)
+    """The app's response affinity (``shared``: the config's ``state.backend`` is
+    ``redis``), bounded by ``settings``."""
+    return ResponseAffinity(
+        max_entries=settings.response_affinity_max,
+        ttl_s=settings.response_affinity_ttl_s,
+        shared=shared,
+    )
 
 
 def redis_client(url: str, timeout_s: float) -> Redis:
@@ -131,51 +134,30 @@ async def shared_state(
 
     gateway.reload_hooks.append(on_reload)
     try:
-        async with _backend(gateway, settings, table, affinity, tasks) as view:
-            yield view
+        if state.backend == "embedded" or affinity.pending is None:
+            yield StateView()
+            return
+        # an empty SPECGATE_STATE_URL (compose's ``${SPECGATE_STATE_URL:-}``) is no override
+        secret = settings.state_url.get_secret_value() if settings.state_url else ""
+        url = secret or state.url or ""
+        old = gateway.feedback.learner
+        learner = SharedLearner(old.decay)
+        learner.groups, learner.observations = old.groups, old.observations
+        gateway.feedback.learner = learner
+        replica = settings.replica_id or socket.gethostname()
+        shared = Shared(
+            learner,
+            QuarantineMirror(table, replica=replica, prefix=state.key_prefix),
+            RefusalMirror(gateway.spec_params, prefix=state.key_prefix),
+            AffinityMirror(affinity, prefix=state.key_prefix, interval_s=state.sync_interval_s),
+        )
+        client = redis_client(url, state.timeout_s)
+        link = RedisState(client, state, shared, where=redacted(url), replica=replica)
+        try:
+            await link.sync()
+            tasks.every(state.sync_interval_s, link.sync, "specgate-state-sync")
+            yield StateView(link)
+        finally:
+            await client.aclose()
     finally:
         gateway.reload_hooks.remove(on_reload)
-
-
-@contextlib.asynccontextmanager
-async def _backend(
-    gateway: Gateway,
-    settings: Settings,
-    table: QuarantineTable,
-    affinity: ResponseAffinity,
-    tasks: BackgroundTasks,
-) -> AsyncIterator[StateView]:
-    state = gateway.config.state
-    if state.backend == "embedded" or not isinstance(affinity, SharedAffinity):
-        yield StateView()
-        return
-    # an empty SPECGATE_STATE_URL (compose's ``${SPECGATE_STATE_URL:-}``) is no override
-    secret = settings.state_url.get_secret_value() if settings.state_url else ""
-    url = secret or state.url or ""
-    old = gateway.feedback.learner
-    learner = SharedLearner(old.decay)
-    learner.groups, learner.observations = old.groups, old.observations
-    gateway.feedback.learner = learner
-    replica = settings.replica_id or socket.gethostname()
-    client = redis_client(url, state.timeout_s)
-    link = RedisState(
-        client,
-        where=redacted(url),
-        replica=replica,
-        prefix=state.key_prefix,
-        learner=learner,
-        mirror=QuarantineMirror(table, replica=replica, prefix=state.key_prefix),
-        refusals=RefusalMirror(gateway.spec_params, prefix=state.key_prefix),
-        affinity=AffinityMirror(
-            affinity, prefix=state.key_prefix, interval_s=state.sync_interval_s
-        ),
-        interval_s=state.sync_interval_s,
-        timeout_s=state.timeout_s,
-        peer_ttl_s=state.peer_ttl_s,
-    )
-    try:
-        await link.sync()
-        tasks.start(link.run(), "specgate-state-sync")
-        yield StateView(link)
-    finally:
-        await client.aclose()

@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -30,6 +30,7 @@ from pydantic import ValidationError
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
+from contracts.config import StateSettings
 from gateway.learning.store import LearnedState, dump_state, restore_state
 from gateway.routing.adaptive import GroupStats, Learner
 from gateway.state.affinity import AffinityMirror
@@ -50,34 +51,34 @@ def redacted(url: str) -> str:
     return urlunsplit(parts._replace(netloc=netloc))
 
 
+@dataclass(frozen=True, slots=True)
+class Shared:
+    """What a replica shares: its adaptive ``learner`` and the mirrors of its quarantines,
+    learnt speculation refusals and stored Responses' backends."""
+
+    learner: SharedLearner
+    quarantines: QuarantineMirror
+    refusals: RefusalMirror
+    responses: AffinityMirror
+
+
 class RedisState:
     """One replica's link to the fleet's shared state (module docstring).
 
     ``client``: a ``redis.asyncio`` client (short socket timeouts, no retries of its own:
-    the loop is the retry); ``where``: its URL, password redacted; ``clock``: Unix seconds.
+    the loop is the retry); ``state``: the config's ``state`` block (key prefix, interval,
+    timeout, peer TTL); ``where``: the client's URL, password redacted.
     """
 
     def __init__(
-        self,
-        client: Redis,
-        *,
-        where: str,
-        replica: str,
-        prefix: str,
-        learner: SharedLearner,
-        mirror: QuarantineMirror,
-        refusals: RefusalMirror,
-        affinity: AffinityMirror,
-        interval_s: float,
-        timeout_s: float,
-        peer_ttl_s: float,
-        clock: Callable[[], float] = time.time,
+        self, client: Redis, state: StateSettings, shared: Shared, *, where: str, replica: str
     ) -> None:
-        self.client, self.where, self.replica, self.prefix = client, where, replica, prefix
-        self.learner, self.mirror, self.refusals = learner, mirror, refusals
-        self.affinity = affinity
-        self.interval_s, self.timeout_s, self.peer_ttl_s = interval_s, timeout_s, peer_ttl_s
-        self.clock = clock
+        self.client, self.where, self.replica = client, where, replica
+        self.prefix = state.key_prefix
+        self.learner, self.mirror = shared.learner, shared.quarantines
+        self.refusals, self.affinity = shared.refusals, shared.responses
+        self.interval_s, self.timeout_s = state.sync_interval_s, state.timeout_s
+        self.peer_ttl_s = state.peer_ttl_s
         self.up: bool | None = None  # None: not tried yet
         self.error: str | None = None
         self.failures = 0
@@ -85,12 +86,6 @@ class RedisState:
         self.peers: list[str] = []
         self._published: int | None = None  # learner.observations last published
         self._raw: dict[str, tuple[bytes, dict[Key, GroupStats], int]] = {}
-
-    async def run(self) -> None:
-        """Sync every ``interval_s`` until cancelled."""
-        while True:
-            await asyncio.sleep(self.interval_s)
-            await self.sync()
 
     async def sync(self) -> bool:
         """One exchange with Redis; False (counted, logged once per outage) when it failed."""
@@ -106,7 +101,7 @@ class RedisState:
             return self._failed(exc, expected=False)
         if self.up is False:
             logger.info("shared state: Redis at %s is back; state published and read", self.where)
-        self.up, self.error, self.last_ok = True, None, self.clock()
+        self.up, self.error, self.last_ok = True, None, time.time()
         return True
 
     def _failed(self, exc: Exception, *, expected: bool) -> bool:
@@ -124,7 +119,7 @@ class RedisState:
         return False
 
     async def _learning(self) -> None:
-        now, own = self.clock(), f"{self.prefix}:learning:{self.replica}"
+        now, own = time.time(), f"{self.prefix}:learning:{self.replica}"
         replicas, ttl = f"{self.prefix}:replicas", max(1, round(self.peer_ttl_s))
         observations = self.learner.observations
         async with self.client.pipeline(transaction=False) as pipe:
@@ -167,7 +162,7 @@ class RedisState:
 
     def to_json(self) -> dict[str, Any]:
         """What ``GET /routes`` shows under ``state``."""
-        now = self.clock()
+        now = time.time()
         return {
             "backend": "redis",
             "url": self.where,

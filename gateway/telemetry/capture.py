@@ -43,9 +43,16 @@ PROMPT_FIELDS: dict[str, tuple[str, ...]] = {
     "/v1/responses": ("instructions", "input"),
     "/v1/messages": ("system", "messages"),
 }
-#: Queue bounds: records waiting, and their request bodies' bytes.
-MAX_PENDING = 1024
-MAX_PENDING_BYTES = 32 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class QueueBounds:
+    """The queue's bounds: records waiting, and their request bodies' bytes."""
+
+    records: int = 1024
+    bytes: int = 32 * 1024 * 1024
+
+
 #: Seconds shutdown waits for the queue to be written.
 FLUSH_TIMEOUT_S = 10.0
 
@@ -95,12 +102,10 @@ class Capture:
         store: CaptureStore,
         metrics: CaptureMetrics,
         *,
-        max_pending: int = MAX_PENDING,
-        max_pending_bytes: int = MAX_PENDING_BYTES,
+        bounds: QueueBounds = QueueBounds(),
         rng: random.Random | None = None,
     ) -> None:
-        self.settings, self.store, self.metrics = settings, store, metrics
-        self.max_pending, self.max_pending_bytes = max_pending, max_pending_bytes
+        self.settings, self.store, self.metrics, self.bounds = settings, store, metrics, bounds
         self.rng = rng or random.Random()
         self.pending: list[Pending] = []
         self.pending_bytes = 0  # of the queue and of the batch being written
@@ -122,8 +127,8 @@ class Capture:
         prompt = {k: body[k] for k in PROMPT_FIELDS.get(endpoint, ()) if k in body}
         if not prompt:
             return
-        if len(self.pending) >= self.max_pending or (
-            self.pending_bytes + size > self.max_pending_bytes
+        if len(self.pending) >= self.bounds.records or (
+            self.pending_bytes + size > self.bounds.bytes
         ):
             self.metrics.dropped.labels("queue_full").inc()
             return

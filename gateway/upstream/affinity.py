@@ -18,7 +18,9 @@ from typing import Any
 
 class ResponseAffinity:
     """``response id -> backend name``, at most ``max_entries`` (the oldest are forgotten
-    first), each for ``ttl_s`` seconds after it was stored. ``clock`` is injectable."""
+    first), each for ``ttl_s`` seconds after it was stored. ``clock`` is injectable.
+    ``shared`` (replicas share it through Redis, :mod:`gateway.state.affinity`): what it
+    learns is also queued in :attr:`pending` for publication (None otherwise)."""
 
     def __init__(
         self,
@@ -26,15 +28,24 @@ class ResponseAffinity:
         max_entries: int = 100_000,
         ttl_s: float = 3600.0,
         clock: Callable[[], float] = time.monotonic,
+        shared: bool = False,
     ) -> None:
         self.max_entries, self.ttl_s, self.clock = max_entries, ttl_s, clock
         self._entries: OrderedDict[str, tuple[str, float]] = OrderedDict()
+        self.pending: dict[str, str] | None = {} if shared else None
 
     def __len__(self) -> int:
         return len(self._entries)
 
     def remember(self, response_id: str, backend: str) -> None:
-        """Record that ``backend`` holds ``response_id`` (refreshes its time to live)."""
+        """Record that ``backend`` holds ``response_id`` (refreshes its time to live), and
+        queue it for the peers when shared."""
+        self.adopt(response_id, backend)
+        if self.pending is not None and len(self.pending) < self.max_entries:
+            self.pending[response_id] = backend
+
+    def adopt(self, response_id: str, backend: str) -> None:
+        """Record an entry without queueing it (a peer's, read from Redis)."""
         self._entries.pop(response_id, None)
         self._entries[response_id] = (backend, self.clock() + self.ttl_s)
         while len(self._entries) > self.max_entries:

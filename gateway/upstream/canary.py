@@ -16,18 +16,17 @@ prompt matches or near-ties clears it.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 import httpx
 
 from contracts.config import BackendConfig, GatewayConfig
-from gateway.upstream.state import BackendRegistry, BackendState
+from gateway.upstream.state import BackendRegistry, Backends, BackendState
 
 logger = logging.getLogger(__name__)
 
@@ -217,29 +216,23 @@ class Canary:
 
     Requests (``max_tokens`` greedy tokens, at most ``timeout_s`` seconds each) go one at a
     time: a light, steady load, and batch-size effects stay out of the comparison. A twin
-    answers each prompt once per round. ``config`` is a callable to follow reloads.
+    answers each prompt once per round. ``backends``: :class:`~gateway.upstream.state.Backends`.
     """
 
     def __init__(
         self,
-        client: httpx.AsyncClient,
-        config: Callable[[], GatewayConfig],
-        registry: BackendRegistry,
+        backends: Backends,
         *,
         interval_s: float,
         near_tie_margin: float,
         max_tokens: int,
         timeout_s: float,
-        prompts: Sequence[str] = CANARY_PROMPTS,
     ) -> None:
-        self.client = client
-        self.config = config
-        self.registry = registry
-        self.interval_s = interval_s
-        self.near_tie_margin = near_tie_margin
-        self.max_tokens = max_tokens
-        self.timeout_s = timeout_s
-        self.prompts = tuple(prompts)
+        self.client, self.config = backends.client, backends.config
+        self.registry = backends.registry
+        self.interval_s, self.near_tie_margin = interval_s, near_tie_margin
+        self.max_tokens, self.timeout_s = max_tokens, timeout_s
+        self.prompts = CANARY_PROMPTS
         self.results: dict[str, CanaryResult] = {}
         self.rounds = 0
         self.last_round: float | None = None
@@ -331,13 +324,6 @@ class Canary:
             return parse_completion(answer)
         except ValueError as exc:  # no token ids
             return f"unreadable answer ({exc})"
-
-    async def run(self) -> None:
-        """A round every ``interval_s`` seconds (the first one interval after start, when the
-        backends are warm); cancelled at shutdown."""
-        while True:
-            await asyncio.sleep(self.interval_s)
-            await self.run_round()
 
     def to_json(self) -> dict[str, Any]:
         """The canary's settings and per-backend results, for ``/routes``."""

@@ -32,7 +32,7 @@ import itertools
 import logging
 import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -100,10 +100,9 @@ class DeathWatch:
         *,
         probe_timeout_s: float,
         min_event_s: float = 5.0,
-        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.client, self.registry, self.table = client, registry, table
-        self.probe_timeout_s, self.min_event_s, self.clock = probe_timeout_s, min_event_s, clock
+        self.probe_timeout_s, self.min_event_s = probe_timeout_s, min_event_s
         self._ids = itertools.count(1)
         self._inflight: dict[str, dict[int, tuple[str, Mapping[str, Any]]]] = {}
         self._events: dict[str, DeathEvent] = {}  # open events
@@ -127,7 +126,7 @@ class DeathWatch:
         if event is None:
             return None
         state = self.registry.states.get(backend)
-        if self.clock() - event.at < self.min_event_s or (state and state.healthy is not True):
+        if time.monotonic() - event.at < self.min_event_s or (state and state.healthy is not True):
             return event
         del self._events[backend]
         return None
@@ -186,7 +185,7 @@ class DeathWatch:
         return response.status_code != 200
 
     def _new_event(self, backend: str, signal: str, confirmed: bool) -> DeathEvent:
-        now = self.clock()
+        now = time.monotonic()
         event = DeathEvent(backend, signal, now, confirmed=confirmed)
         for attempt, (endpoint, body) in self._inflight.get(backend, {}).items():
             event.participants[attempt] = (fingerprint(endpoint, body), endpoint)
@@ -222,7 +221,7 @@ class DeathWatch:
 
     def to_json(self) -> dict[str, Any]:
         """Deaths per backend and each backend's last death (seconds ago)."""
-        now = self.clock()
+        now = time.monotonic()
         last = {
             name: {
                 "signal": e.signal,

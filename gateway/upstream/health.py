@@ -11,9 +11,9 @@ from typing import Literal
 import httpx
 
 from contracts.acceptance import is_demoted
-from contracts.config import BackendConfig, GatewayConfig
+from contracts.config import BackendConfig
 from contracts.vllm_metrics import parse_vllm_metrics
-from gateway.upstream.state import BackendRegistry, BackendState
+from gateway.upstream.state import Backends, BackendState
 
 logger = logging.getLogger(__name__)
 
@@ -35,29 +35,24 @@ class HealthPoller:
       ``failures`` such probes in a row (and comes back on one passing probe).
 
     A scrape updates the load figures and, for speculative backends, the acceptance window
-    and demotion; a failed scrape keeps the previous figures. ``config`` is a callable so a
-    reloaded config is followed. ``clock`` is ``time.monotonic`` (the clock of
-    :attr:`~gateway.upstream.state.BackendState.alive_at`).
+    and demotion; a failed scrape keeps the previous figures. ``backends``: see
+    :class:`~gateway.upstream.state.Backends` (a reloaded config is followed). ``clock`` is
+    ``time.monotonic`` (the clock of :attr:`~gateway.upstream.state.BackendState.alive_at`).
     """
 
     def __init__(
         self,
-        client: httpx.AsyncClient,
-        config: Callable[[], GatewayConfig],
-        registry: BackendRegistry,
+        backends: Backends,
         *,
         interval_s: float,
         timeout_s: float,
         failures: int = 3,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.client = client
-        self.config = config
-        self.registry = registry
-        self.interval_s = interval_s
-        self.timeout_s = timeout_s
-        self.failures = failures
-        self.clock = clock
+        self.client, self.config = backends.client, backends.config
+        self.registry = backends.registry
+        self.interval_s, self.timeout_s = interval_s, timeout_s
+        self.failures, self.clock = failures, clock
 
     async def check(self, name: str, backend: BackendConfig) -> None:
         """Probe and scrape one backend and record the results in its state."""
@@ -131,12 +126,6 @@ class HealthPoller:
         """Probe every configured backend once, concurrently."""
         backends = self.config().backends
         await asyncio.gather(*(self.check(n, b) for n, b in backends.items()))
-
-    async def run(self) -> None:
-        """Poll forever, every ``interval_s`` seconds; cancelled at shutdown."""
-        while True:
-            await asyncio.sleep(self.interval_s)
-            await self.check_all()
 
 
 def probe_verdict(result: httpx.Response | Exception) -> Literal["up", "down", "slow"]:

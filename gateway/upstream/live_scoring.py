@@ -7,11 +7,11 @@ backend, a token bucket of ``tokens_per_minute`` **scored** tokens (what scoring
 plain twin prefills prompt + sampled ids; the sampled ids themselves were decoded for the
 client anyway) decides which requests are read:
 
-1. On the request path (:func:`attach_live`, one call from the routed endpoint): a
+1. On the request path (:meth:`LiveScorer.attach`, one call from the pipeline): a
    request (JSON or stream) that samples, qualifies (:func:`~gateway.upstream.live_ids.
    qualifies`), goes first to a speculative backend whose bucket is not empty, is sent
-   with ``return_token_ids: true`` spliced in; an :class:`~gateway.upstream.live_ids.
-   IdsTap` takes the ids out of the answer again, unless the client asked for them itself.
+   with ``return_token_ids: true`` spliced in (uncompressed); an :class:`~gateway.upstream.
+   live_ids.IdsTap` takes the ids out of the answer again, unless the client asked for them itself.
 2. The ids go to a bounded queue (full: the sample is dropped and counted), charged to the
    bucket of the backend that answered (a plain backend's answer is not scored).
 3. Off the request path, :meth:`LiveScorer.run` scores them under the plain twin exactly
@@ -52,7 +52,8 @@ SCORED_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
 Wrap = Callable[[ResponseTap | None], ResponseTap | None]
 
 
-def _unchanged(tap: ResponseTap | None) -> ResponseTap | None:
+def unchanged(tap: ResponseTap | None) -> ResponseTap | None:
+    """The :data:`Wrap` of a request live scoring does not take."""
     return tap
 
 
@@ -278,24 +279,3 @@ class LiveScorer:
                 "live_seconds": round(sum(c[3] for c in recent), 3),
             },
         }
-
-
-def attach_live(
-    scorer: LiveScorer | None,
-    path: str,
-    body: Any,
-    raw: bytes,
-    backends: tuple[str, ...],
-    trace: RequestTrace,
-    headers: dict[str, str],
-) -> tuple[bytes, Wrap]:
-    """The request path's one call: ``(raw to send, wrap for each response tap)``; the
-    body unchanged and an identity wrap when ``scorer`` is None or does not take the
-    request. A taken request asks its backend for an uncompressed answer."""
-    taken = None
-    if scorer is not None and backends:
-        taken = scorer.attach(path, body, raw, backends[0], trace)
-    if taken is None:
-        return raw, _unchanged
-    headers["accept-encoding"] = "identity"
-    return taken

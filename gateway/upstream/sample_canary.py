@@ -25,14 +25,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
-
 from contracts.config import BackendConfig, GatewayConfig
 from gateway.routing.bands import Band, temperature_bands
 from gateway.upstream.canary import CANARY_PROMPTS, plain_twin, post_completion
 from gateway.upstream.sample_stats import per_test_alpha, rate_upper_bound, tail_bound
 from gateway.upstream.sample_stream import Scored, Stream, parse_prompt_logprobs
-from gateway.upstream.state import BackendRegistry
+from gateway.upstream.state import Backends
 
 logger = logging.getLogger(__name__)
 HOUR_S = 3600.0
@@ -63,23 +61,36 @@ class SampleCanaryBudget:
         return HOUR_S / self.interval_s
 
 
+@dataclass(slots=True)
+class Round:
+    """One round of :class:`SampleCanary`: the config it read, the band it tests at level
+    ``alpha``, its unix time, and its cost so far (tokens decoded, tokens scored)."""
+
+    config: GatewayConfig
+    band: Band
+    alpha: float
+    now: float
+    decoded: int = 0
+    scored: int = 0
+
+
 class SampleCanary:
     """Runs distribution-canary rounds with the shared ``client`` (see the module
-    docstring); ``config`` is a callable to follow reloads, ``clock`` gives unix time."""
+    docstring; ``backends``: :class:`~gateway.upstream.state.Backends`); ``clock`` gives
+    unix time."""
 
     def __init__(
         self,
-        client: httpx.AsyncClient,
-        config: Callable[[], GatewayConfig],
-        registry: BackendRegistry,
+        backends: Backends,
         budget: SampleCanaryBudget,
         *,
         timeout_s: float,
-        prompts: tuple[str, ...] = CANARY_PROMPTS,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self.client, self.config, self.registry = client, config, registry
-        self.budget, self.timeout_s, self.prompts, self.clock = budget, timeout_s, prompts, clock
+        self.client, self.config = backends.client, backends.config
+        self.registry = backends.registry
+        self.budget, self.timeout_s, self.clock = budget, timeout_s, clock
+        self.prompts = CANARY_PROMPTS
         self.streams: dict[tuple[str, str], Stream] = {}  # (backend, band label)
         self.plain: dict[tuple[str, str], Stream] = {}  # (twin, band label): the reference
         self.costs: deque[tuple[float, int, int, float]] = deque()  # time, decoded, scored, s
@@ -95,18 +106,17 @@ class SampleCanary:
         """Test the next band: every speculative backend routed there, against the twin."""
         config = self.config()
         started, now = time.monotonic(), self.clock()
-        cost = [0, 0]
         bands = temperature_bands(config)
         edges = sorted({b for bs in bands.values() for b in bs}, key=lambda b: b.high)
+        run = None
         if edges:
-            band = edges[self.next_band % len(edges)]
+            run = Round(config, edges[self.next_band % len(edges)], self.alpha(bands), now)
             self.next_band += 1
-            tested = [n for n, bs in bands.items() if band in bs]
-            alpha = self.alpha(bands)
-            for name in tested:
-                await self._test(config, name, band, alpha, now, cost)
+            for name in [n for n, bs in bands.items() if run.band in bs]:
+                await self._test(run, name)
         self.apply_verdicts(bands)
-        self.costs.append((now, cost[0], cost[1], time.monotonic() - started))
+        cost = (0, 0) if run is None else (run.decoded, run.scored)
+        self.costs.append((now, *cost, time.monotonic() - started))
         while self.costs and self.costs[0][0] < now - HOUR_S:
             self.costs.popleft()
         self.rounds += 1
@@ -137,16 +147,9 @@ class SampleCanary:
                 counts[b] = counts.get(b, 0) + 1
         return max(counts.values(), default=1)
 
-    async def _test(
-        self,
-        config: GatewayConfig,
-        name: str,
-        band: Band,
-        alpha: float,
-        now: float,
-        cost: list[int],
-    ) -> None:
-        """One backend's stream in ``band``: sample, score, file, judge."""
+    async def _test(self, run: Round, name: str) -> None:
+        """One backend's stream in the round's band: sample, score, file, judge."""
+        config, band, now = run.config, run.band, run.now
         stream = self.stream(name, band)
         backend, state = config.backends[name], self.registry.states.get(name)
         twin = plain_twin(config, self.registry, backend.served_model)
@@ -156,18 +159,18 @@ class SampleCanary:
         reference = self.plain.setdefault((twin, band.label), Stream(self.budget.window_s))
         reference.window_s = self.budget.window_s
         if not reference.rounds or reference.rounds[-1][0] != now:
-            plain_samples = await self._samples(config.backends[twin], twin, config, band, cost)
+            plain_samples = await self._samples(run, config.backends[twin], twin)
             if isinstance(plain_samples, str):
                 stream.note = f"plain twin {twin}: {plain_samples}"
                 return
             reference.add(now, plain_samples, self.budget.floor, band.label, band.temperature)
-        samples = await self._samples(backend, twin, config, band, cost)
+        samples = await self._samples(run, backend, twin)
         if isinstance(samples, str):
             stream.note = samples
             return
         stream.note = None
         stream.add(now, samples, self.budget.floor, band.label, band.temperature)
-        self.judge(name, band, alpha)
+        self.judge(name, band, run.alpha)
 
     def stream(self, name: str, band: Band) -> Stream:
         """The stream of backend ``name`` in ``band`` (made on first use), its window as the
@@ -239,17 +242,10 @@ class SampleCanary:
                 logger.info("distribution canary: %s passes again; sampled traffic resumes", name)
             state.sample_suspect = reason
 
-    async def _samples(
-        self,
-        backend: BackendConfig,
-        twin: str,
-        config: GatewayConfig,
-        band: Band,
-        cost: list[int],
-    ) -> list[Scored] | str:
-        """``prompts`` completions sampled on ``backend`` at the band's temperature, scored
-        under ``twin``; or why there are none."""
-        out = []
+    async def _samples(self, run: Round, backend: BackendConfig, twin: str) -> list[Scored] | str:
+        """``prompts`` completions sampled on ``backend`` at the round's band's temperature,
+        scored under ``twin`` (counted in the round's cost); or why there are none."""
+        out, band = [], run.band
         for i in range(self.budget.prompts):
             prompt = (self.rounds * self.budget.prompts + i) % len(self.prompts)
             body = {
@@ -270,9 +266,9 @@ class SampleCanary:
                 return "answer without choices[0].token_ids and prompt_token_ids"
             if not ids:
                 continue
-            scored = await self.score(config.backends[twin], prompt_ids, ids, prompt)
-            cost[0] += len(ids)
-            cost[1] += len(ids) + len(prompt_ids)
+            scored = await self.score(run.config.backends[twin], prompt_ids, ids, prompt)
+            run.decoded += len(ids)
+            run.scored += len(ids) + len(prompt_ids)
             if isinstance(scored, str):
                 return f"scoring on {twin}: {scored}"
             out.append(scored)

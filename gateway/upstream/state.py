@@ -8,7 +8,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Literal
 
+import httpx
+
 from contracts.acceptance import AcceptanceStats, AcceptanceWindow
+from contracts.config import GatewayConfig
 from gateway.routing.policy import BackendSnapshot
 from gateway.upstream.circuit import CircuitBreaker
 
@@ -200,3 +203,14 @@ class BackendRegistry:
         """Every backend's :class:`BackendSnapshot`, for one routing decision."""
         now = self.clock()
         return {name: state.snapshot(now) for name, state in self.states.items()}
+
+
+@dataclass(frozen=True, slots=True)
+class Backends:
+    """The backends as a background loop (health poller, canaries) reaches them: the
+    app's shared httpx ``client``, the current ``config`` (a callable, so a reload is
+    followed) and their live ``registry``."""
+
+    client: httpx.AsyncClient
+    config: Callable[[], GatewayConfig]
+    registry: BackendRegistry

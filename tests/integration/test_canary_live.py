@@ -8,7 +8,7 @@ import pytest
 
 from contracts.config import GatewayConfig
 from gateway.upstream.canary import CANARY_PROMPTS, Canary
-from gateway.upstream.state import BackendRegistry
+from gateway.upstream.state import BackendRegistry, Backends
 
 pytestmark = pytest.mark.integration
 
@@ -17,9 +17,7 @@ async def test_canary_round_finds_no_fault_in_float32(stack_config: GatewayConfi
     registry = BackendRegistry(stack_config.backends)
     async with httpx.AsyncClient(timeout=httpx.Timeout(300.0, connect=5.0)) as client:
         canary = Canary(
-            client,
-            lambda: stack_config,
-            registry,
+            Backends(client, lambda: stack_config, registry),
             interval_s=300,
             near_tie_margin=0.1,
             max_tokens=24,

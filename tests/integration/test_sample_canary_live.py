@@ -32,7 +32,7 @@ from contracts.tasks import TASKS
 from gateway.app import create_app
 from gateway.upstream.sample_canary import SampleCanary, SampleCanaryBudget
 from gateway.upstream.sample_stream import parse_prompt_logprobs
-from gateway.upstream.state import BackendRegistry
+from gateway.upstream.state import BackendRegistry, Backends
 from tests.fakes.servers import running_server
 from tests.integration.conftest import MODEL, live_settings
 
@@ -49,7 +49,8 @@ async def test_canary_catches_unguarded_speculative_sampling(stack_config: Gatew
     registry = BackendRegistry(stack_config.backends)
     budget = SampleCanaryBudget(prompts=4, max_tokens=32)
     async with httpx.AsyncClient(timeout=httpx.Timeout(300.0, connect=5.0)) as client:
-        canary = SampleCanary(client, lambda: stack_config, registry, budget, timeout_s=300)
+        backends = Backends(client, lambda: stack_config, registry)
+        canary = SampleCanary(backends, budget, timeout_s=300)
         for _ in range(ROUNDS):  # the fault's rate varies between runs: add evidence until
             await canary.run_round()  # one speculative server fails (each round: band 1)
             view = canary.to_json()

@@ -11,6 +11,7 @@ from contracts.acceptance import AcceptanceStats, AcceptanceWindow, SpecCounters
 from contracts.launch_profile import Speculation
 from contracts.vllm_metrics import parse_vllm_metrics
 from gateway.speculation.advisor import (
+    Knobs,
     advise,
     advise_window,
     config_json,
@@ -77,7 +78,7 @@ def test_h200_ngram_figures_keep_k5() -> None:
 def test_h200_positions_under_a_higher_floor_are_dropped(
     floor: float, k: int, tokens: float, dropped: str
 ) -> None:
-    advice = advise(NGRAM, H200, position_floor=floor)
+    advice = advise(NGRAM, H200, Knobs(position_floor=floor))
     assert advice is not None and advice.recommended_k == k
     assert advice.tokens_per_step_recommended == pytest.approx(tokens)  # 3.64 - dropped p_i
     assert dropped in advice.reason and "wasted verification work" in advice.reason
@@ -109,7 +110,7 @@ def test_recorded_cpu_pages() -> None:
     advice = advise(NGRAM, stats)
     assert advice is not None and advice.recommended_k == 5
     assert advice.reason == "18 drafts measured, 50 needed: keep k=5"
-    advice = advise(NGRAM, stats, min_drafts=10)
+    advice = advise(NGRAM, stats, Knobs(min_drafts=10))
     assert advice is not None and advice.recommended_k == 5
     assert advice.rate == pytest.approx(59 / 90)
     assert advice.alpha == pytest.approx(0.86241, abs=1e-5)
@@ -135,14 +136,14 @@ def test_perfect_draft_raises_k_at_most_doubling() -> None:
     assert advice is not None and advice.recommended_k == 6
     assert advice.tokens_per_step_recommended == pytest.approx(7.0)
     assert advice.speedup_recommended == pytest.approx(7.0 / 1.6)
-    advice = advise(DRAFT, perfect, max_k=4)
+    advice = advise(DRAFT, perfect, Knobs(max_k=4))
     assert advice is not None and advice.recommended_k == 4
 
 
 def test_high_rate_raise_is_trimmed_by_the_cost_model() -> None:
     stats = stats_from(3, (0.9, 0.8, 0.72))  # rate 80.7%, fitted a = 0.896
     cheap = advise(DRAFT, stats)
-    costly = advise(DRAFT, stats, draft_cost=0.3)
+    costly = advise(DRAFT, stats, Knobs(draft_cost=0.3))
     assert cheap is not None and costly is not None
     assert (cheap.recommended_k, costly.recommended_k) == (6, 5)
     assert "cost model (c=0.3) prefers k=5" in costly.reason

@@ -277,7 +277,7 @@ async def test_unexpected_error_is_a_500_envelope_and_frees_the_slot(
     def broken(*_args: object) -> None:
         raise RuntimeError("bug")
 
-    monkeypatch.setattr(gateway, "features", broken)
+    monkeypatch.setattr(gateway, "decide", broken)  # a bug in the routing step
     resp = await gw.client.post("/v1/completions", json=CODE)
     assert_envelope(resp, 500, "internal_error")
     assert "bug" not in resp.text  # no traceback or detail leaks

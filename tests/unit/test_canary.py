@@ -22,6 +22,7 @@ from gateway.upstream.canary import (
     first_divergence,
     parse_completion,
 )
+from gateway.upstream.state import Backends
 from tests.fakes.fake_vllm import FakeBehaviour, create_fake_vllm
 from tests.fakes.transport import BackendsTransport
 from tests.unit.conftest import MODEL, InProcess, local_config, static_config
@@ -140,9 +141,7 @@ def canary(gw: InProcess) -> Canary:
     """A canary over the in-process gateway's fakes, shown on its /routes."""
     runtime = gw.app.state.runtime
     made = Canary(
-        runtime.client,
-        lambda: runtime.gateway.config,
-        runtime.gateway.registry,
+        Backends(runtime.client, lambda: runtime.gateway.config, runtime.gateway.registry),
         interval_s=300,
         near_tie_margin=MARGIN,
         max_tokens=24,

@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry
 
 from contracts.capture_store import CaptureStore, capture_files
 from contracts.config import CaptureSettings, ConfigError, GatewayConfig, parse_config
-from gateway.telemetry.capture import Capture, CaptureMetrics
+from gateway.telemetry.capture import Capture, CaptureMetrics, QueueBounds
 from tests.unit.conftest import MODEL, gateway_settings, in_process, local_config
 
 SECRET = "sk-client-secret-4242"
@@ -177,9 +177,7 @@ async def test_a_full_queue_drops_and_counts(tmp_path: Path) -> None:
     registry = CollectorRegistry()
     store = CaptureStore(tmp_path / "cap", max_bytes=1 << 20, max_file_bytes=1 << 16)
     settings = CaptureSettings(enabled=True, dir=tmp_path / "cap")
-    capture = Capture(
-        lambda: settings, store, CaptureMetrics(registry), max_pending=2, max_pending_bytes=100
-    )
+    capture = Capture(lambda: settings, store, CaptureMetrics(registry), bounds=QueueBounds(2, 100))
     body = {"prompt": "x"}
     for _ in range(3):  # no writer running: the queue fills
         capture.offer("/v1/completions", "code", body, 10)

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from cli.main import main
+from gateway.upstream.quarantine import fingerprint
 from tests.unit.conftest import MODEL, InProcess
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -67,3 +68,27 @@ def test_explain_cli(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixt
     monkeypatch.setattr("sys.stdin", io.StringIO('{"model": "x", "prompt": "y"}'))
     assert main(["explain", "--config", str(ROOT / "config" / "local.yaml")]) == 1
     assert json.loads(capsys.readouterr().out)["error"]["code"] == "model_not_found"
+
+
+async def test_explain_follows_the_conversation_as_the_route_does(gw: InProcess) -> None:
+    first = {"model": MODEL, "input": "Write a short poem about the sea.", "temperature": 0}
+    created = await gw.client.post("/v1/responses", json=first, headers={"x-task-type": "code"})
+    holder, rid = created.headers["x-specgate-backend"], created.json()["id"]
+    follow = {"model": MODEL, "input": "And again?", "previous_response_id": rid}
+    out = (await gw.client.post("/routes/explain", json=follow)).json()
+    assert (out["backend"], out["backends"]) == (holder, [holder])
+    assert out["reasons"][-1] == f"{holder}: holds previous_response_id"
+    routed = await gw.client.post("/v1/responses", json=follow)
+    assert routed.headers["x-specgate-backend"] == holder
+
+
+async def test_explain_refuses_a_quarantined_body_as_the_route_does(gw: InProcess) -> None:
+    table = gw.app.state.runtime.deaths.table
+    table.record(
+        [(fingerprint("/v1/chat/completions", CODE_CHAT), "/v1/chat/completions")], "plain", "500"
+    )
+    for path in ("/routes/explain", "/v1/chat/completions"):
+        resp = await gw.client.post(path, json=CODE_CHAT)
+        assert resp.status_code == 422 and resp.json()["error"]["code"] == "request_quarantined"
+    other = await gw.client.post("/routes/explain", json=CODE_CHAT | {"temperature": 0.3})
+    assert other.status_code == 200

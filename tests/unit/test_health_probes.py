@@ -13,7 +13,7 @@ import pytest
 
 from contracts.config import parse_config
 from gateway.upstream.health import HealthPoller, probe_verdict
-from gateway.upstream.state import BackendRegistry
+from gateway.upstream.state import BackendRegistry, Backends
 from tests.unit.conftest import MODEL, InProcess
 
 CONFIG = parse_config(
@@ -60,9 +60,8 @@ def probe() -> Probe:
 def poller(probe: Probe, clock: Clock) -> HealthPoller:
     client = httpx.AsyncClient(transport=httpx.MockTransport(probe))
     registry = BackendRegistry(CONFIG.backends)
-    return HealthPoller(
-        client, lambda: CONFIG, registry, interval_s=2.0, timeout_s=5.0, failures=3, clock=clock
-    )
+    backends = Backends(client, lambda: CONFIG, registry)
+    return HealthPoller(backends, interval_s=2.0, timeout_s=5.0, failures=3, clock=clock)
 
 
 async def rounds(p: HealthPoller, clock: Clock, n: int) -> list[bool | None]:

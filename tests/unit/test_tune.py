@@ -17,6 +17,7 @@ from cli.main import main
 from cli.tune import window_advice
 from contracts.config import parse_config
 from contracts.vllm_metrics import parse_vllm_metrics
+from gateway.speculation.advisor import Knobs
 from tests.fakes.servers import free_port, running_server
 from tests.fakes.vllm_metrics import vllm_metrics_page
 
@@ -56,7 +57,7 @@ def test_recorded_pages() -> None:
     advice = window_advice(backend, before, after, 2.0)
     assert advice is not None and advice.window == "last 2 s"
     assert advice.reason == "18 drafts measured, 50 needed: keep k=5"
-    advice = window_advice(backend, before, after, 2.0, min_drafts=10)
+    advice = window_advice(backend, before, after, 2.0, Knobs(min_drafts=10))
     assert advice is not None and advice.window == "last 2 s"
     assert advice.rate == pytest.approx(59 / 90) and advice.recommended_k == 5
 
