@@ -38,6 +38,12 @@ def run_gateway(
     # what requests allocate (measured: gen-2 pauses of 70-120 ms CPU with 400 requests in
     # flight, blocking the event loop; bench.health_load, docs/benchmarks.md).
     gc.freeze()
+    # A request's objects die by reference counting when it ends, so a young generation
+    # of 700 (the default) is collected every few requests only to scan what is still in
+    # flight: at c=32, 278 young collections per 2,100 requests, 7% of the gateway's CPU
+    # (gc.callbacks, docs/benchmarks.md section 1); at 10,000 a collection runs only once
+    # that many objects outlive their request (cycles), which bounds the garbage as before.
+    gc.set_threshold(10_000, 20, 100)
     uvicorn.run(
         app,
         host=settings.host,
