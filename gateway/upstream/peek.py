@@ -12,6 +12,7 @@ requests that need it are peeked; the plain relay never comes here.
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import AsyncGenerator
 
 import httpx
@@ -45,14 +46,26 @@ def is_event_stream(upstream: Upstream) -> bool:
     return False
 
 
-async def peek_event(upstream: Upstream) -> tuple[ServerSentEvent | None, Upstream]:
+async def peek_event(
+    upstream: Upstream, *, containing: bytes | None = None
+) -> tuple[ServerSentEvent | None, Upstream]:
     """The stream's first SSE event (None when it ends, or fails, before one), and the
     upstream to relay in its place. Waits at most as long as the relay would for a first
     chunk (the forwarder's first-byte timeout; a backend failing there ends the stream
-    with an error event, which is then the first event)."""
+    with an error event, which is then the first event). ``containing``: the caller wants
+    the event only when its bytes hold these; when the first chunk is a whole event with a
+    ``data`` field (vLLM's first chunk is) and lacks them, it is not parsed: None."""
     seen: list[bytes] = []
+    if containing is not None:
+        first = await anext(upstream.body, None)
+        if first is not None:
+            seen.append(first)
+            if containing not in first and _whole_data_event(first):
+                return None, await _replaying(upstream, first)
 
     async def source() -> AsyncGenerator[bytes, None]:
+        for chunk in tuple(seen):
+            yield chunk
         while True:
             try:
                 chunk = await anext(upstream.body)
@@ -72,6 +85,17 @@ async def peek_event(upstream: Upstream) -> tuple[ServerSentEvent | None, Upstre
         await events.aclose()
         await tee.aclose()
     return event, await _replaying(upstream, b"".join(seen))
+
+
+#: Two line endings in a row: always the end of an SSE event, never part of one line ending
+#: (``\n\r\n`` also is, and is left to the parser).
+_EVENT_END = re.compile(rb"\n\n|\r\r|\r\n\r\n")
+
+
+def _whole_data_event(chunk: bytes) -> bool:
+    """Whether ``chunk`` begins with a whole SSE event that has a ``data`` field (so the
+    parser's first event is that one: a block of comments alone would not be one)."""
+    return chunk.startswith(b"data:") and _EVENT_END.search(chunk) is not None
 
 
 async def peek_body(upstream: Upstream) -> tuple[bytes, Upstream]:
