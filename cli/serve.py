@@ -40,9 +40,10 @@ def run_gateway(
     gc.freeze()
     # A request's objects die by reference counting when it ends, so a young generation
     # of 700 (the default) is collected every few requests only to scan what is still in
-    # flight: at c=32, 278 young collections per 2,100 requests, 7% of the gateway's CPU
-    # (gc.callbacks, docs/benchmarks.md section 1); at 10,000 a collection runs only once
-    # that many objects outlive their request (cycles), which bounds the garbage as before.
+    # flight: 7% of the gateway's CPU at c=32, ~11% at 400 concurrent (gc.callbacks,
+    # docs/benchmarks.md sections 1 and 6). At 10,000 a young collection waits for that
+    # many more container objects alive (in flight, or garbage cycles): ~0% and ~4%, and
+    # cyclic garbage is still collected.
     gc.set_threshold(10_000, 20, 100)
     uvicorn.run(
         app,
