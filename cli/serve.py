@@ -38,6 +38,13 @@ def run_gateway(
     # what requests allocate (measured: gen-2 pauses of 70-120 ms CPU with 400 requests in
     # flight, blocking the event loop; bench.health_load, docs/benchmarks.md).
     gc.freeze()
+    # A request's objects die by reference counting when it ends, so a young generation
+    # of 700 (the default) is collected every few requests only to scan what is still in
+    # flight: 7% of the gateway's CPU at c=32, ~11% at 400 concurrent (gc.callbacks,
+    # docs/benchmarks.md sections 1 and 6). At 10,000 a young collection waits for that
+    # many more container objects alive (in flight, or garbage cycles): ~0% and ~4%, and
+    # cyclic garbage is still collected.
+    gc.set_threshold(10_000, 20, 100)
     uvicorn.run(
         app,
         host=settings.host,

@@ -20,11 +20,9 @@ the answer.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -203,18 +201,19 @@ def refuse_quarantined(table: QuarantineTable, path: str, body: Any) -> None:
     raise quarantined(fp, death.backend, death.signal, remaining)
 
 
-@contextlib.asynccontextmanager
 async def open_routed(
     runtime: Runtime, request: RoutedRequest
-) -> AsyncIterator[tuple[Upstream, list[tuple[bytes, bytes]]]]:
+) -> tuple[Upstream, list[tuple[bytes, bytes]]]:
     """The open stage: open the prepared ``request``'s backends in its decision's order
     (failing over before the first byte), let its ``settle`` judge the first answer (a
-    refusal it retries elsewhere), and yield the answer with the response headers to send
+    refusal it retries elsewhere), and return the answer with the response headers to send
     (ASGI byte pairs): the backend's, except the gateway's own ``x-specgate-*`` and
     ``x-request-id``, which are set here (``x-specgate-last-resort`` only when a backend
-    outside the rule's pools answers: why the rule's pools did not). Raises
+    outside the rule's pools answers: why the rule's pools did not). The caller owns the
+    answer and closes it (``async with``); an answer replaced on the way (a peeked or
+    refused one) is closed by the one that replaced it, or by ``settle``. Raises
     :class:`~gateway.failures.UpstreamFailure` when no backend answers (from the
-    forwarder); every answer is closed on the way out."""
+    forwarder)."""
     gateway, decision, settle = runtime.gateway, request.decision, request.settle
     assert decision is not None and settle is not None, "prepare_routed first"
 
@@ -239,10 +238,13 @@ async def open_routed(
         gateway.stats.failovers += 1  # a refusal routed again
         return await open_on(order, tap)
 
-    async with contextlib.AsyncExitStack() as answers:  # each answer closed on every way out
-        first = await answers.enter_async_context(await open_on(decision.backends, request.tap))
-        upstream = await answers.enter_async_context(await settle.settle(first, reopen_on))
-        yield upstream, answer_headers(gateway, decision, upstream, request.trace.request_id)
+    # settle owns the first answer from here: it closes whatever it holds on any error
+    upstream = await settle.settle(await open_on(decision.backends, request.tap), reopen_on)
+    try:
+        return upstream, answer_headers(gateway, decision, upstream, request.trace.request_id)
+    except BaseException:
+        await upstream.aclose()
+        raise
 
 
 def answer_headers(

@@ -92,7 +92,7 @@ class Settle:
                 content, upstream = await peek_body(upstream)
                 text = content.decode("utf-8", "replace")
             elif upstream.status == 200 and trace.stream and is_event_stream(upstream):
-                event, upstream = await peek_event(upstream)
+                event, upstream = await peek_event(upstream, containing=b"error")
                 text = event.data if event is not None and "error" in event.data else ""
             else:
                 return None, upstream

@@ -24,7 +24,6 @@ import json
 import logging
 import os
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
-from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -49,7 +48,6 @@ from gateway.failures import UpstreamFailure
 from gateway.pipeline import RoutedRequest, open_routed, prepare_routed
 from gateway.runtime import Runtime, runtime_of
 from gateway.service import Gateway
-from gateway.upstream.answer import Upstream
 from gateway.upstream.catalog import merge_cards
 
 Scope = MutableMapping[str, Any]
@@ -192,21 +190,17 @@ class ProxyEndpoint:
         )
         with admission:
             await prepare_routed(state, request)
-            work = send_opened(open_routed(state, request), send, stream=request.stream)
+            work = send_routed(state, request, send)
             if not await until_disconnect(receive, work):
                 request.trace.finish(499, "client_closed")
 
 
-async def send_opened(
-    opened: AbstractAsyncContextManager[tuple[Upstream, list[tuple[bytes, bytes]]]],
-    send: Send,
-    *,
-    stream: bool,
-) -> None:
-    """Send the answer ``opened`` yields (:func:`gateway.pipeline.open_routed`) with its
-    headers, then close it."""
-    async with opened as (upstream, headers):
-        await send_answer(upstream, headers, send, stream=stream)
+async def send_routed(state: Runtime, request: RoutedRequest, send: Send) -> None:
+    """Open the prepared ``request`` (:func:`gateway.pipeline.open_routed`), send its answer
+    with its headers, then close it."""
+    upstream, headers = await open_routed(state, request)
+    async with upstream:
+        await send_answer(upstream, headers, send, stream=request.stream)
 
 
 async def send_error(send: Send, error: GatewayError) -> None:

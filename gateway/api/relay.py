@@ -64,8 +64,11 @@ async def _cancel_on_disconnect(receive: Receive, task: asyncio.Task[Any]) -> No
 
 
 async def relay_stream(upstream: Upstream, headers: list[tuple[bytes, bytes]], send: Send) -> None:
-    """Send the status and headers, then each upstream chunk as it arrives."""
+    """Send the status and headers, then what was read already (``head``) and each
+    upstream chunk as it arrives."""
     await send({"type": "http.response.start", "status": upstream.status, "headers": headers})
+    if upstream.head:
+        await send({"type": "http.response.body", "body": upstream.head, "more_body": True})
     async for chunk in upstream.body:
         await send({"type": "http.response.body", "body": chunk, "more_body": True})
     await send({"type": "http.response.body", "body": b""})

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 class Upstream:
     """An open backend response whose status and headers are settled.
 
-    ``headers`` are ASGI byte pairs (lower-case names). ``body`` yields the raw bytes and
+    ``headers`` are ASGI byte pairs (lower-case names). ``body`` yields the raw bytes (after
+    ``head``, when a peek read some) and
     closes the response (and the in-flight count) when it ends, fails, or is closed early
     because the client left; for a JSON answer a failure part-way raises
     :class:`~gateway.failures.AnswerBroken`, a stream ends with an SSE error event.
@@ -25,6 +26,9 @@ class Upstream:
     headers: list[tuple[bytes, bytes]]
     body: AsyncGenerator[bytes, None]
     attempts: int
+    #: Bytes already read from ``body`` (an answer peeked at, :mod:`gateway.upstream.peek`),
+    #: to be sent before the rest of it.
+    head: bytes = b""
 
     async def aclose(self) -> None:
         """Close the response and end the backend lease (idempotent: a body already ended
@@ -42,4 +46,4 @@ class Upstream:
 async def read_all(upstream: Upstream) -> bytes:
     """Read a non-streamed answer whole; raises :class:`~gateway.failures.AnswerBroken` (or
     :class:`~gateway.failures.BackendDied`) when the backend fails part-way."""
-    return b"".join([chunk async for chunk in upstream.body])
+    return upstream.head + b"".join([chunk async for chunk in upstream.body])
