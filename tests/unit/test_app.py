@@ -199,8 +199,8 @@ async def test_long_queue_moves_low_temperature_code_to_plain(gw: InProcess) -> 
         assert resp.headers["x-specgate-rule"] == "code-rag-speculative"
     explained = (await gw.client.post("/routes/explain", json=CODE | {"prompt": "def f():"})).json()
     why = {c["backend"]: c["why"] for c in explained["candidates"] if not c["kept"]}
-    for name in ("eagle3", "ngram", "draft"):
-        assert why[name] == "batch 16 > max_batch_for_speculation 4: speculation loses"
+    for name in ("eagle3", "ngram", "draft"):  # the compute group's batch: 3 x (4 + 12)
+        assert why[name] == "batch 48 > max_batch_for_speculation 4: speculation loses"
     # the queue drains: speculation is back
     for name in ("eagle3", "ngram", "draft"):
         gw.fakes[name].metrics_text = queue_metrics(running=1, waiting=0)
