@@ -96,6 +96,8 @@ async def prepare_routed(runtime: Runtime, request: RoutedRequest) -> None:
     headers = request.headers
     prepared = gateway.prepare(request.kind, body, headers, fields)
     decision = gateway.decide(prepared.features, prepared.prompt)
+    first = decision.backend
+    _reserve(gateway, first)  # before any await: requests arriving together see each other
     tokens = None
     if gateway.config.guards:  # most configs: no coroutine to await
         tokens = await prompt_tokens(gateway, runtime.client, decision, request.path, body)
@@ -115,8 +117,20 @@ async def prepare_routed(runtime: Runtime, request: RoutedRequest) -> None:
     runtime.capture.offer(request.path, prepared.features.task, body, len(request.raw))
     headers["x-request-id"] = trace.request_id
     request.decision = decision
-    gateway.registry.states[decision.backends[0]].reserve(time.monotonic())
+    if decision.backends[0] != first:  # a guard, a pin or the client moved it
+        _reserve(gateway, decision.backends[0], instead_of=first)
     _ask_for_feedback(runtime, request)
+
+
+def _reserve(gateway: Gateway, name: str | None, instead_of: str | None = None) -> None:
+    """Count a routing decision as in flight on backend ``name`` until its attempt begins
+    (:meth:`~gateway.upstream.state.BackendState.reserve`), moving the reservation from
+    ``instead_of`` when the decision changed; a request refused meanwhile lets it expire."""
+    states = gateway.registry.states
+    if instead_of is not None and instead_of in states:
+        states[instead_of].unreserve()
+    if name is not None and name in states:
+        states[name].reserve(time.monotonic())
 
 
 def _ask_for_feedback(runtime: Runtime, request: RoutedRequest) -> None:

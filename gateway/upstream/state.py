@@ -108,6 +108,11 @@ class BackendState:
         self.reserved = [t for t in self.reserved if now - t < RESERVE_S]
         self.reserved.append(now)
 
+    def unreserve(self) -> None:
+        """The newest reservation went elsewhere (the decision changed before forwarding)."""
+        if self.reserved:
+            self.reserved.pop()
+
     def take(self, now: float) -> None:
         """One more of this gateway's requests there (``now``: ``time.monotonic()``); keeps
         the in-flight peak of the current :data:`PEAK_WINDOW_S` slot and of the one before,

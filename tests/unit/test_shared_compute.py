@@ -155,3 +155,6 @@ def test_a_decision_counts_as_in_flight_until_its_attempt_begins() -> None:
     assert state.inflight == 1 and state.snapshot(10.3).inflight == 1
     state.reserve(20.0)  # never forwarded (refused after routing): expires
     assert state.snapshot(20.5).inflight == 2 and state.snapshot(23.0).inflight == 1
+    state.reserve(30.0)
+    state.unreserve()  # the decision moved to another backend before forwarding
+    assert state.snapshot(30.1).inflight == 1
