@@ -125,12 +125,21 @@ async def prepare_routed(runtime: Runtime, request: RoutedRequest) -> None:
 def _reserve(gateway: Gateway, name: str | None, instead_of: str | None = None) -> None:
     """Count a routing decision as in flight on backend ``name`` until its attempt begins
     (:meth:`~gateway.upstream.state.BackendState.reserve`), moving the reservation from
-    ``instead_of`` when the decision changed; a request refused meanwhile lets it expire."""
-    states = gateway.registry.states
+    ``instead_of`` when the decision changed; a request refused meanwhile lets it expire.
+    Backends of a compute group also note the group's in-flight total as their peak, so a
+    wave split over two servers still reads as one wave of its whole size next time."""
+    states, backends = gateway.registry.states, gateway.config.backends
     if instead_of is not None and instead_of in states:
         states[instead_of].unreserve()
-    if name is not None and name in states:
-        states[name].reserve(time.monotonic())
+    if name is None or name not in states:
+        return
+    now = time.monotonic()
+    states[name].reserve(now)
+    group = backends[name].compute_group if name in backends else None
+    if group is not None:  # the group's peak, split or not: what routing reads as its load
+        members = [n for n, b in backends.items() if b.compute_group == group and n in states]
+        load = sum(states[n].inflight + len(states[n].reserved) for n in members)
+        states[name].note_load(now, load)
 
 
 def _ask_for_feedback(runtime: Runtime, request: RoutedRequest) -> None:

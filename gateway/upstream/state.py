@@ -120,11 +120,16 @@ class BackendState:
         if self.reserved:
             del self.reserved[0]
         self.inflight += 1
+        self.note_load(now, self.inflight)
+
+    def note_load(self, now: float, load: int) -> None:
+        """Keep ``load`` (requests in flight there, or on its whole compute group when a
+        request was routed here) in the current :data:`PEAK_WINDOW_S` slot's peak."""
         age = now - self.peak_since
         if age >= PEAK_WINDOW_S:
             self.peak_prev = self.peak if age < 2 * PEAK_WINDOW_S else 0
             self.peak, self.peak_since = 0, now
-        self.peak = max(self.peak, self.inflight)
+        self.peak = max(self.peak, load)
 
     def recent_peak(self, now: float) -> int:
         """The most of this gateway's requests in flight there at once over the last

@@ -4,6 +4,7 @@ is learnt per concurrency band, and measured speeds replace max_batch_for_specul
 from __future__ import annotations
 
 import random
+import time
 
 from gateway.classify.features import RequestFeatures
 from gateway.routing.adaptive import Learner, Observation
@@ -158,3 +159,24 @@ def test_a_decision_counts_as_in_flight_until_its_attempt_begins() -> None:
     state.reserve(30.0)
     state.unreserve()  # the decision moved to another backend before forwarding
     assert state.snapshot(30.1).inflight == 1
+
+
+def test_a_split_wave_reads_as_its_whole_size() -> None:
+    """Nine requests routed to eagle3 and seven to plain on one GPU: the last one routed
+    notes the group's 16 as its peak, so the next wave is routed as a wave of 16."""
+    from types import SimpleNamespace
+
+    from gateway.pipeline import _reserve
+
+    config = local_config()
+    states = {n: BackendState() for n in config.backends}
+    gateway = SimpleNamespace(registry=SimpleNamespace(states=states), config=config)
+    for name in ["eagle3"] * 9 + ["plain"] * 7:
+        _reserve(gateway, name)  # type: ignore[arg-type]
+    assert states["plain"].recent_peak(time.monotonic()) == 16
+    view = load_view(
+        {n: b.compute_group for n, b in config.backends.items()},
+        {},
+        {n: float(s.recent_peak(time.monotonic())) for n, s in states.items()},
+    )
+    assert set(view.concurrency.values()) == {15}
