@@ -178,7 +178,7 @@ def choose(
     prior_weight: float = 2.0,
     baseline: str | None = None,
     penalties: Mapping[str, float] | None = None,
-    explore: bool = True,
+    explore: float = 1.0,
 ) -> AdaptiveChoice:
     """Pick one of ``candidates`` (non-empty, in try-list order: the rules' order) by
     Thompson sampling.
@@ -189,10 +189,10 @@ def choose(
     of spreading load over backends that share compute, see :mod:`gateway.routing.policy`).
     While no candidate has been observed for the task the rules' first candidate is taken
     (a fresh gateway routes like the static policy); then one ``rng.normalvariate`` draw per
-    candidate, in order, when there are two or more. ``explore=False`` takes the best
-    posterior mean instead (no draw): a request that joins a busy shared compute does not
-    explore, since a single request sent elsewhere slows the whole batch and measures
-    nothing the group's load band can use.
+    candidate, in order, when there are two or more. ``explore`` in [0, 1] scales each
+    draw's spread: 0 takes the best posterior mean (no draw), as for a request joining a busy
+    shared compute (one request sent elsewhere slows the whole batch and measures nothing
+    its load band can use); below 1 where a choice commits a whole burst to one backend.
     """
     buckets = {n: bucket if isinstance(bucket, str) else bucket[n] for n in candidates}
     first = buckets[candidates[0]]
@@ -212,8 +212,10 @@ def choose(
             shift[n] = math.log(min(max(factor, 1e-6), 1.0))
     draws: dict[str, float] = {}
     untried = all(post[n].source == "prior" for n in candidates)
-    if len(candidates) > 1 and not untried and explore:
-        draws = {n: rng.normalvariate(post[n].mean, post[n].sd) + shift[n] for n in candidates}
+    if len(candidates) > 1 and not untried and explore > 0:
+        draws = {
+            n: rng.normalvariate(post[n].mean, post[n].sd * explore) + shift[n] for n in candidates
+        }
     if untried:
         best = chosen = candidates[0]
     else:

@@ -302,7 +302,7 @@ class RoutingPolicy:
             prior_weight=settings.prior_weight,
             baseline=self.plain[0] if self.plain else None,
             penalties=penalties,
-            explore=not penalties,
+            explore=_exploration(penalties, load, eligible),
         )
         order.remove(choice.chosen)
         order.insert(0, choice.chosen)
@@ -482,6 +482,17 @@ class RoutingPolicy:
                 why += "; failover target after the rule's backends"
             plan.candidates.append(Candidate(name, LAST_RESORT, True, why))
         return [name for *_, name in sorted(found)]
+
+
+def _exploration(penalties: Mapping[str, float], load: LoadView, eligible: list[str]) -> float:
+    """How widely a choice explores (``explore`` of :func:`choose`): not at all while a
+    candidate's compute group is busy (it joins the busiest); else the inverse square root
+    of the requests the choice commits (an idle group's recent peak: a wave follows its first
+    request, so exploring costs the whole wave), 1 for a lone request."""
+    if penalties:
+        return 0.0
+    burst = max((load.peaks.get(n, 0.0) for n in eligible), default=1.0)
+    return float(max(burst, 1.0) ** -0.5)
 
 
 def _out_reason(pools: list[str], candidates: Iterable[Candidate]) -> str:

@@ -180,3 +180,20 @@ def test_a_split_wave_reads_as_its_whole_size() -> None:
         {n: float(s.recent_peak(time.monotonic())) for n, s in states.items()},
     )
     assert set(view.concurrency.values()) == {15}
+
+
+def test_a_burst_explores_less_than_a_lone_request() -> None:
+    """After a wave of 16 the group is idle again: the next wave's first request is chosen
+    with a quarter of the draw's spread (the wave follows it), a lone request with all of it."""
+    policy = RoutingPolicy(local_config())
+    learner = learnt("greedy/norep/c16", {"plain": 15.0, "ngram": 16.0}, n=4)
+    learnt("greedy/norep", {"plain": 15.0, "ngram": 16.0}, n=2, learner=learner)
+    lone = {
+        policy.decide(RAG, busy(), random.Random(s), learner.view()).backends[0] for s in range(60)
+    }
+    burst = busy() | {"plain": BackendSnapshot(True, recent=16.0)}
+    wave = [
+        policy.decide(RAG, burst, random.Random(s), learner.view()).backends[0] for s in range(60)
+    ]
+    assert {"plain", "ngram"} <= lone  # close speeds, few observations: both tried
+    assert wave.count("ngram") > 45  # the better mean, nearly always
