@@ -278,8 +278,11 @@ def test_the_fleet_config_is_the_twins_rules_over_every_simulated_backend() -> N
     assert len(config.pools["speculative"]) == 6
     eagle = config.backends["eagle3-g2"]
     assert eagle.compute_group == "gpu2"
-    assert eagle.max_batch_for_speculation == 8  # config/gpu-twin.yaml's
     twin = load_config("config/gpu-twin.yaml")
+    for kind in ("eagle3", "ngram"):  # the twin config's own per-backend settings
+        sim = config.backends[f"{kind}-g2"]
+        assert sim.max_batch_for_speculation == twin.backends[kind].max_batch_for_speculation
+        assert sim.min_acceptance_rate == twin.backends[kind].min_acceptance_rate
     assert [r.name for r in config.rules] == [r.name for r in twin.rules]  # the twin's rules
     without = fleet_config(names, {n: "http://x" for n in names}, False)
     assert all("compute_group" not in b for b in without["backends"].values())
