@@ -140,8 +140,9 @@ class RoutingPolicy:
        are those the greedy canary suspects and, for a request with temperature > 0,
        those the distribution canary suspects (``sample_suspect``).
     3. Speculative backends whose method refuses a parameter of the request
-       (``features.spec_refused``), over ``max_batch_for_speculation`` (load-aware: vLLM measured
-       1.4-1.8x slowdowns from speculation at high QPS) or demoted for low acceptance are
+       (``features.spec_refused``), over ``max_batch_for_speculation`` (the batch of their
+       compute group, or its recent peak; load-aware: vLLM measured 1.4-1.8x slowdowns from
+       speculation at high QPS) or demoted for low acceptance are
        passed over: plain backends serving the model are tried first, the passed-over ones
        stay last-resort failover targets. A demoted backend still takes ``probe_share`` of
        its traffic so its recovery shows.
@@ -152,10 +153,11 @@ class RoutingPolicy:
        :mod:`gateway.routing.adaptive_choice`); the rest keep their order for failover.
        Once a speculative backend and a plain one were both measured at this request's load
        band, their learnt speeds replace ``max_batch_for_speculation`` in step 3.
-    6. Shared compute (:mod:`gateway.routing.load`): an idle candidate whose
-       ``compute_group`` has a busy backend would spread load over competing servers; its
-       expected speed is discounted by ``routing.shared_compute_penalty`` (adaptive), or a
-       candidate that keeps the load together goes first (static).
+    6. Shared compute (:mod:`gateway.routing.load`): a candidate whose ``compute_group`` is
+       busy, other than its busiest backend, would spread load over competing servers; its
+       expected speed is discounted by ``routing.shared_compute_penalty`` and nothing is
+       explored (adaptive; an idle group's choice explores less the larger its recent burst),
+       or a busy candidate goes before an idle one (static).
     7. Last resort: every other backend serving the model that could take the request
        (healthy, circuit closed, trusted, under its cap, and no speculation method refusing
        the request's parameters), plain ones first, then least outstanding, ends the try
