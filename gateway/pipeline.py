@@ -128,17 +128,16 @@ def _reserve(gateway: Gateway, name: str | None, instead_of: str | None = None) 
     ``instead_of`` when the decision changed; a request refused meanwhile lets it expire.
     Backends of a compute group also note the group's in-flight total as their peak, so a
     wave split over two servers still reads as one wave of its whole size next time."""
-    states, backends = gateway.registry.states, gateway.config.backends
+    states, groups = gateway.registry.states, gateway.policy.groups
     if instead_of is not None and instead_of in states:
         states[instead_of].unreserve()
     if name is None or name not in states:
         return
     now = time.monotonic()
     states[name].reserve(now)
-    group = backends[name].compute_group if name in backends else None
+    group = groups.get(name)
     if group is not None:  # the group's peak, split or not: what routing reads as its load
-        members = [n for n, b in backends.items() if b.compute_group == group and n in states]
-        load = sum(states[n].inflight + len(states[n].reserved) for n in members)
+        load = sum(s.load(now) for n, s in states.items() if groups.get(n) == group)
         states[name].note_load(now, load)
 
 

@@ -108,6 +108,11 @@ class BackendState:
         self.reserved = [t for t in self.reserved if now - t < RESERVE_S]
         self.reserved.append(now)
 
+    def load(self, now: float) -> int:
+        """This gateway's requests there: in flight, plus decisions not yet forwarded (their
+        reservations younger than :data:`RESERVE_S`)."""
+        return self.inflight + sum(now - t < RESERVE_S for t in self.reserved)
+
     def unreserve(self) -> None:
         """The newest reservation went elsewhere (the decision changed before forwarding)."""
         if self.reserved:
@@ -150,7 +155,7 @@ class BackendState:
         return BackendSnapshot(
             healthy=self.available,
             circuit_open=not self.circuit.routable(now),
-            inflight=self.inflight + sum(now - t < RESERVE_S for t in self.reserved),
+            inflight=self.load(now),
             recent=float(self.recent_peak(now)),
             running=self.running if fresh else 0.0,
             waiting=self.waiting if fresh else 0.0,

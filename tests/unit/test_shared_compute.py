@@ -170,7 +170,9 @@ def test_a_split_wave_reads_as_its_whole_size() -> None:
 
     config = local_config()
     states = {n: BackendState() for n in config.backends}
-    gateway = SimpleNamespace(registry=SimpleNamespace(states=states), config=config)
+    gateway = SimpleNamespace(
+        registry=SimpleNamespace(states=states), policy=RoutingPolicy(config), config=config
+    )
     for name in ["eagle3"] * 9 + ["plain"] * 7:
         _reserve(gateway, name)  # type: ignore[arg-type]
     assert states["plain"].recent_peak(time.monotonic()) == 16
