@@ -41,9 +41,18 @@ PROMPTS = (
 
 @pytest.fixture(scope="module")
 def live_gateway(stack_config: GatewayConfig) -> Iterator[str]:
-    """Static rules, no engine guards (a config object), live scoring judging every 5 s."""
+    """Static rules, no engine guards (a config object), live scoring judging every 5 s.
+
+    No ``max_batch_for_speculation``: it counts the batch of the whole CPU (one compute
+    group), so a wave of 6 would send half its requests to plain and leave too few sampled
+    tokens on the corrupting servers for live evidence within the test's 8 waves.
+    """
     routing = stack_config.routing.model_copy(update={"policy": "static"})
-    config = stack_config.model_copy(update={"routing": routing})
+    backends = {
+        name: b.model_copy(update={"max_batch_for_speculation": None})
+        for name, b in stack_config.backends.items()
+    }
+    config = stack_config.model_copy(update={"routing": routing, "backends": backends})
     settings = Settings(
         health_interval_s=0.5,
         state_persist=False,
