@@ -16,8 +16,8 @@ import logging
 import random
 import signal
 from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import httpx
 
@@ -54,7 +54,11 @@ from gateway.upstream.quarantine import QuarantineTable
 from gateway.upstream.sample_canary import SampleCanary, SampleCanaryBudget
 from gateway.upstream.state import BackendRegistry, Backends
 
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
 logger = logging.getLogger(__name__)
+D = TypeVar("D", bound="DataclassInstance")
 Processes = Callable[[], dict[str, Any]]
 
 
@@ -118,6 +122,11 @@ def sighup_reload(gateway: Gateway, settings: Settings) -> Iterator[bool]:
         loop.remove_signal_handler(signal.SIGHUP)
 
 
+def with_settings(cls: type[D], settings: Settings, prefix: str) -> D:
+    """A ``cls`` (a dataclass) whose every field is the setting ``prefix`` + its name."""
+    return cls(**{f.name: getattr(settings, prefix + f.name) for f in fields(cls)})
+
+
 @dataclass(frozen=True, slots=True)
 class Parts:
     """What :func:`open_runtime` is given: built by ``create_app`` from its arguments."""
@@ -176,16 +185,7 @@ def build_sample_canary(
     None); each of its requests is bounded by ``first_byte_timeout_s``."""
     if settings.sample_canary_interval_s <= 0:
         return None
-    budget = SampleCanaryBudget(
-        interval_s=settings.sample_canary_interval_s,
-        prompts=settings.sample_canary_prompts,
-        max_tokens=settings.sample_canary_max_tokens,
-        floor=settings.sample_canary_floor,
-        vocab_size=settings.sample_canary_vocab_size,
-        numerics_slack=settings.sample_canary_numerics_slack,
-        alpha_hour=settings.sample_canary_alpha_hour,
-        window_s=settings.sample_canary_window_s,
-    )
+    budget = with_settings(SampleCanaryBudget, settings, "sample_canary_")
     return SampleCanary(
         Backends(client, lambda: gateway.config, gateway.registry),
         budget,
@@ -198,11 +198,7 @@ def build_live_scoring(settings: Settings, canary: SampleCanary | None) -> LiveS
     ``sample_canary_live_tokens_per_minute > 0`` (the default; else None)."""
     if canary is None or settings.sample_canary_live_tokens_per_minute <= 0:
         return None
-    budget = LiveScoringBudget(
-        tokens_per_minute=settings.sample_canary_live_tokens_per_minute,
-        queue=settings.sample_canary_live_queue,
-        judge_interval_s=settings.sample_canary_live_judge_interval_s,
-    )
+    budget = with_settings(LiveScoringBudget, settings, "sample_canary_live_")
     return LiveScorer(canary, budget)
 
 

@@ -83,8 +83,7 @@ async def passthrough(
     if path in OWN_PATHS or path in ROUTED:
         raise _not_allowed(method, path, "POST" if path in ROUTED else "GET")
     runtime = runtime_of(request.app)
-    catalog = runtime.catalog
-    found = await _client_path(gateway, catalog, method, path)
+    found = await _client_path(runtime, method, path)
     admission = gateway.admission(settings.max_inflight)
     admission.check()  # refused before reading the body
     relayed = Relayed(runtime, request, path, admission)
@@ -98,16 +97,21 @@ async def passthrough(
     return relayed
 
 
-async def _client_path(
-    gateway: Gateway, catalog: BackendCatalog, method: str, path: str
-) -> PathTemplate:
-    """The client path template ``path`` matches among the backends' (their catalog
-    refreshed); raises 404 for an unknown or operator path, 405 for a method it lacks."""
+async def listed(runtime: Runtime, path: str) -> PathTemplate | None:
+    """The template ``path`` matches among the paths the available backends list (every
+    backend's when none is available), their catalog refreshed first."""
+    gateway, catalog = runtime.gateway, runtime.catalog
     names = [n for n, s in gateway.registry.states.items() if s.available] or list(
         gateway.config.backends
     )
     await catalog.refresh(gateway.config.backends, names)
-    found = match([t for n in names for t in catalog.paths(n)], path)
+    return match([t for n in names for t in catalog.paths(n)], path)
+
+
+async def _client_path(runtime: Runtime, method: str, path: str) -> PathTemplate:
+    """The client path template ``path`` matches (:func:`listed`); raises 404 for an
+    unknown or operator path, 405 for a method it lacks."""
+    found = await listed(runtime, path)
     if found is None:
         raise _not_found(path)
     if not is_client_path(found.template):
@@ -184,17 +188,16 @@ class Relayed(Response):
 
     async def __call__(self, scope: Any, receive: Receive, send: Send) -> None:
         """Forward and answer (see the class docstring)."""
-        gateway = self.runtime.gateway
         request_id = self.headers_in.get("x-request-id") or os.urandom(16).hex()
         self.headers_in["x-request-id"] = request_id
-        trace = RequestTrace(request_id, self.path, stream=_streams(self.parsed))
-        if self.admission is None:
-            await until_disconnect(receive, self._forward(gateway, trace, send))
-            return
-        with self.admission:  # counted once the body is in, so slow senders hold no slot
-            await until_disconnect(receive, self._forward(gateway, trace, send))
+        stream = self.parsed is not None and self.parsed.get("stream") is True
+        trace = RequestTrace(request_id, self.path, stream=stream)
+        # the slot is counted once the body is in, so slow senders hold no slot
+        with self.admission or contextlib.nullcontext():
+            await until_disconnect(receive, self._forward(trace, send))
 
-    async def _forward(self, gateway: Gateway, trace: RequestTrace, send: Send) -> None:
+    async def _forward(self, trace: RequestTrace, send: Send) -> None:
+        gateway = self.runtime.gateway
         upstream = await self.runtime.forwarder.open(
             gateway.config.backends,
             gateway.registry.states,
@@ -215,11 +218,6 @@ class Relayed(Response):
                 (b"x-request-id", trace.request_id.encode()),
             ]
             await send_answer(upstream, out, send, stream=trace.stream)
-
-
-def _streams(body: dict[str, Any] | None) -> bool:
-    """Whether a relayed body asks for a stream (``"stream": true``)."""
-    return body is not None and body.get("stream") is True
 
 
 def _targets(

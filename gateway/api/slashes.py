@@ -17,7 +17,8 @@ from starlette.datastructures import URL
 from starlette.responses import RedirectResponse
 from starlette.routing import BaseRoute, Match
 
-from gateway.upstream.endpoints import is_client_path, match
+from gateway.api.passthrough import listed
+from gateway.upstream.endpoints import is_client_path
 
 
 def _own_route(routes: list[BaseRoute], catch_all: BaseRoute | None, scope: dict[str, Any]) -> bool:
@@ -33,12 +34,7 @@ async def _relayed(app: Any, path: str) -> bool:
     runtime = getattr(app.state, "runtime", None)
     if runtime is None:
         return False
-    gateway = runtime.gateway
-    names = [n for n, s in gateway.registry.states.items() if s.available] or list(
-        gateway.config.backends
-    )
-    await runtime.catalog.refresh(gateway.config.backends, names)
-    found = match([t for n in names for t in runtime.catalog.paths(n)], path)
+    found = await listed(runtime, path)
     return found is not None and is_client_path(found.template)
 
 

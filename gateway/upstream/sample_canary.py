@@ -20,9 +20,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from contracts.config import BackendConfig, GatewayConfig
@@ -141,11 +141,7 @@ class SampleCanary:
     @staticmethod
     def _tests_per_round(bands: dict[str, list[Band]]) -> int:
         """The most streams one round tests (the size of the largest band's set)."""
-        counts: dict[Band, int] = {}
-        for bs in bands.values():
-            for b in bs:
-                counts[b] = counts.get(b, 0) + 1
-        return max(counts.values(), default=1)
+        return max(Counter(b for bs in bands.values() for b in bs).values(), default=1)
 
     async def _test(self, run: Round, name: str) -> None:
         """One backend's stream in the round's band: sample, score, file, judge."""
@@ -255,7 +251,7 @@ class SampleCanary:
                 "temperature": band.temperature,
                 "return_token_ids": True,
             }
-            answer = await self._post(backend, body)
+            answer = await post_completion(self.client, backend, body, self.timeout_s)
             if isinstance(answer, str):
                 return answer
             try:
@@ -293,7 +289,7 @@ class SampleCanary:
             "temperature": 0,
             "prompt_logprobs": 0,
         }
-        scored = await self._post(twin, body)
+        scored = await post_completion(self.client, twin, body, self.timeout_s)
         if isinstance(scored, str):
             return scored
         try:
@@ -301,10 +297,6 @@ class SampleCanary:
         except ValueError as exc:
             return str(exc)
         return Scored(prompt, tuple(ids), tuple(logprobs), tuple(texts), request)
-
-    async def _post(self, backend: BackendConfig, body: dict[str, Any]) -> Any:
-        """POST ``body`` to the backend's ``/v1/completions``: the JSON answer, or why not."""
-        return await post_completion(self.client, backend, body, self.timeout_s)
 
     async def run(self) -> None:
         """A round every ``interval_s`` seconds, the first one a minute (at most an interval)
@@ -335,16 +327,7 @@ class SampleCanary:
         """Settings, cost and every stream's verdict and evidence, for ``/routes``."""
         bands = temperature_bands(self.config())
         return {
-            "budget": {
-                "interval_s": self.budget.interval_s,
-                "prompts": self.budget.prompts,
-                "max_tokens": self.budget.max_tokens,
-                "floor": self.budget.floor,
-                "vocab_size": self.budget.vocab_size,
-                "numerics_slack": self.budget.numerics_slack,
-                "alpha_hour": self.budget.alpha_hour,
-                "window_s": self.budget.window_s,
-            },
+            "budget": asdict(self.budget),
             "bands": {n: [b.label for b in bs] for n, bs in bands.items()},
             "rounds": self.rounds,
             "last_round": self.last_round,
