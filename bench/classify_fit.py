@@ -26,7 +26,8 @@ from scipy import optimize, sparse
 
 from contracts.tasks import TASKS
 from gateway.classify import task_model
-from gateway.classify.classifier import FEATURES, PRIOR, TaskModel
+from gateway.classify.classifier import PRIOR, TaskModel
+from gateway.classify.signals import FEATURES
 
 L2_FEATURES = 0.3  # per unit of item weight summed over the training set
 L2_WORDS = 3.0

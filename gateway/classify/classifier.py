@@ -42,20 +42,8 @@ from typing import Any, NamedTuple
 from contracts.tasks import TASKS
 from gateway.classify import task_model
 from gateway.classify.embedding import SecondStage, combine
-from gateway.classify.signals import FEATURES, extract_features, read_signals
+from gateway.classify.signals import read_signals
 from gateway.classify.text import RequestText, read_request
-
-__all__ = [
-    "FEATURES",
-    "PRIOR",
-    "TaskGuess",
-    "TaskModel",
-    "classify",
-    "classify_text",
-    "with_prior",
-    "extract_features",
-    "probabilities",
-]
 
 Weights = tuple[float, float, float, float]
 

@@ -64,10 +64,6 @@ class StateCollector(Collector):
     def __init__(self, view: StateView) -> None:
         self.view = view
 
-    def describe(self) -> list[Metric]:
-        """Nothing up front (no collect at register)."""
-        return []
-
     def collect(self) -> Iterator[Metric]:
         """The state backend's families now."""
         backend = "embedded" if self.view.redis is None else "redis"

@@ -1,12 +1,6 @@
-"""Prometheus families of containment and supervision, read at scrape time.
-
-``specgate_backend_deaths_total{backend}``: deaths the gateway linked to requests (see
-:mod:`gateway.upstream.deaths`); ``specgate_quarantined_requests`` and
-``specgate_quarantine_suspects``: fingerprints in the table now;
-``specgate_quarantine_refused_total``: requests answered ``request_quarantined``;
-``specgate_backend_restarts_total{backend}`` and ``specgate_backend_process_up{backend}``:
-the supervisor's restarts and whether the process runs (only under ``specgate up``).
-"""
+"""Prometheus families of containment (deaths linked to requests, see
+:mod:`gateway.upstream.deaths`, and the quarantine's counts) and of supervision (restarts and
+process liveness, only under ``specgate up``), read at scrape time."""
 
 from __future__ import annotations
 
@@ -27,10 +21,6 @@ class ContainmentCollector(Collector):
         self, watch: DeathWatch, processes: Callable[[], dict[str, Any]] | None = None
     ) -> None:
         self.watch, self.processes = watch, processes
-
-    def describe(self) -> list[Metric]:
-        """Nothing up front (no collect at register)."""
-        return []
 
     def collect(self) -> Iterator[Metric]:
         """One sample per backend with a death or a supervised process, plus the counts."""

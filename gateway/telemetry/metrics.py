@@ -129,10 +129,6 @@ class BackendCollector(Collector):
     def __init__(self, gateway: Gateway) -> None:
         self.gateway = gateway
 
-    def describe(self) -> list[Metric]:
-        """Nothing up front: the families depend on the live config (no collect at register)."""
-        return []
-
     def collect(self) -> Iterator[Metric]:
         """One family per figure, one sample per configured backend (acceptance figures only
         for speculative backends with a measured window)."""

@@ -1,15 +1,7 @@
-"""Prometheus families of the distribution canary, read at scrape time.
-
-Per speculative backend and temperature band (``backend``, ``band`` labels):
-``specgate_sample_canary_failing`` (1 while the stream fails, 0 when it passes; absent while
-pending), ``specgate_sample_canary_p_value``, ``specgate_sample_canary_window_tokens`` and
-``specgate_sample_canary_window_tail_tokens`` (sampled tokens in the evidence window and
-those below the floor). Per backend: ``specgate_backend_sample_suspect`` (1 while it gets
-no sampled traffic). Cost: ``specgate_sample_canary_tokens_last_hour{kind}`` (``sampled``:
-decoded by the tested servers; ``scored``: prefilled by the plain twin; ``live_scored``:
-prefilled by the plain twin to score live traffic, :mod:`gateway.upstream.live_scoring`),
-``specgate_sample_canary_seconds_last_hour`` and ``specgate_sample_canary_rounds``.
-"""
+"""Prometheus families of the distribution canary, read at scrape time: per speculative
+backend and temperature band (``backend``, ``band`` labels) its verdict, p-value and window
+counts; per backend whether it is kept from sampled traffic; the canary's cost over the last
+hour (each family's help text says what it counts)."""
 
 from __future__ import annotations
 
@@ -26,10 +18,6 @@ class SampleCanaryCollector(Collector):
 
     def __init__(self, canary: SampleCanary) -> None:
         self.canary = canary
-
-    def describe(self) -> list[Metric]:
-        """Nothing up front (no collect at register)."""
-        return []
 
     def collect(self) -> Iterator[Metric]:
         """One sample per stream with a verdict, per backend, and the cost figures."""

@@ -17,10 +17,8 @@ not healthy again (and at least ``min_event_s``); a participant that fails after
 still belongs to it. Every attempt in flight there when the event opens is a participant;
 the backend is marked unhealthy at once (the poller marks it healthy again once it answers
 ``/health``). The participants are judged once per event by the
-:class:`~gateway.upstream.quarantine.QuarantineTable`'s rule: quarantined when the engine
-said it died and one request was alone there, a strike each when the culprit cannot be told
-from its victims, nobody blamed when the process vanished under several requests (killed
-from outside); an event confirmed later by another participant's answer is judged again. A
+:class:`~gateway.upstream.quarantine.QuarantineTable`'s rule (its module docstring), and
+again when another participant's answer confirms the event later. A
 participant is never failed over (it may be the query of death); an attempt that starts
 after the death (sent to an already dead backend) is not a participant and fails over.
 """

@@ -83,7 +83,6 @@ class HealthPoller:
             )
         state.healthy = healthy
         state.last_error = None if verdict == "up" else _describe(health)
-        state.last_checked = time.time()
         if isinstance(metrics, httpx.Response) and metrics.status_code == 200:
             self._record(name, backend, state, metrics.text)
 

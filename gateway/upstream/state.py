@@ -69,7 +69,6 @@ class BackendState:
     healthy: bool | None = None
     inflight: int = 0
     last_error: str | None = None
-    last_checked: float | None = None
     running: float = 0.0
     waiting: float = 0.0
     kv_cache_usage: float = 0.0
