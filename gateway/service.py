@@ -355,17 +355,19 @@ class Gateway:
     ) -> Routed:
         """The steps after the policy's ``decision`` for ``prepared`` (sent to ``path``),
         shared by routed requests and ``/routes/explain``: the known-engine-bug guards
-        (``tokens``: the exact prompt length when known), seed pinning, the Responses
-        conversation's backend (``held``, see :func:`held_by`) and the client's speculation
-        control; counted unless ``prepared.dry``. A refusal is returned, not raised: 400
-        ``engine_bug_guard`` or ``speculation_unavailable``."""
+        (``tokens``: the exact prompt length when known), seed pinning
+        (:func:`~gateway.routing.seeds.pin_seeded`), the Responses conversation's backend
+        (``held``, see :func:`held_by`) and the client's speculation control; counted unless
+        ``prepared.dry``. A refusal is returned, not raised: 400 ``engine_bug_guard`` or
+        ``speculation_unavailable``."""
         body, note = prepared.body, None
         if self.config.guards:
             guarded_by = self._guarded(decision, body, tokens, count=not prepared.dry)
             if guarded_by.error is not None:
                 return guarded_by
             decision, note = guarded_by.decision, guarded_by.why
-        decision = self.pin_seed(decision, body, path)
+        if seeded(body, self.config.defaults.temperature):  # same request, same tokens
+            decision = pin_seeded(self.config, decision, body, fingerprint(path, body))
         bug = dict(decision.guarded).get(held or "")
         if bug is not None:  # the conversation lives where this request hits a known bug
             return self._refused_by(bug, decision)
@@ -439,16 +441,6 @@ class Gateway:
                 value = control.read_value(features.speculation_header) or "invalid"
             self.stats.speculation[value, result] += 1
         return Routed(replace(decision, speculation=text))
-
-    def pin_seed(
-        self, decision: RouteDecision, body: Mapping[str, Any], path: str
-    ) -> RouteDecision:
-        """A seeded request that samples goes to a backend chosen from the request (for
-        ``path``) and the config alone, so the same request gets the same tokens again
-        (:func:`gateway.routing.seeds.pin_seeded`); other requests are unchanged."""
-        if not seeded(body, self.config.defaults.temperature):
-            return decision  # most requests: no fingerprint to compute
-        return pin_seeded(self.config, decision, body, fingerprint(path, body))
 
     def decide(
         self, features: RequestFeatures, prompt: PromptStats | None = None, *, dry: bool = False

@@ -44,7 +44,7 @@ VERSION: Final = 2
 
 
 class _Frozen(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, from_attributes=True)
 
 
 class StoredBackend(_Frozen):
@@ -83,23 +83,8 @@ class LearnedState(_Frozen):
 def dump_state(learner: Learner, now: float | None = None) -> LearnedState:
     """The learner's state as a :class:`LearnedState` (``now``: Unix seconds)."""
     groups = [
-        StoredGroup(
-            task=task,
-            bucket=bucket,
-            count=group.count,
-            backends={
-                name: StoredBackend(
-                    at=s.at,
-                    weight=s.weight,
-                    mean=s.mean,
-                    m2=s.m2,
-                    drafts=s.drafts,
-                    accepted=s.accepted,
-                    steps=s.steps,
-                    requests=s.requests,
-                )
-                for name, s in group.backends.items()
-            },
+        StoredGroup.model_validate(
+            {"task": task, "bucket": bucket, "count": group.count, "backends": group.backends}
         )
         for (task, bucket), group in learner.groups.items()
     ]
