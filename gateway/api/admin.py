@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import asdict
 from typing import Any
 
 from fastapi import APIRouter, Request
 
-from contracts.acceptance import AcceptanceStats, AcceptanceWindow
 from contracts.config import ConfigError, GatewayConfig
-from contracts.launch_profile import Speculation
-from gateway.api.deps import GatewayDep, SettingsDep
+from gateway.api.deps import GatewayDep, RuntimeDep, SettingsDep
 from gateway.api.openai import read_body
 from gateway.classify.protocol import kind_of
 from gateway.errors import config_invalid
@@ -25,7 +24,7 @@ router = APIRouter(tags=["admin"])
 
 
 @router.get("/routes")
-async def routes(request: Request, gateway: GatewayDep) -> dict[str, Any]:
+async def routes(runtime: RuntimeDep, gateway: GatewayDep) -> dict[str, Any]:
     """Every backend (URL, model, speculation, health, in-flight, canary suspicion, deaths
     and the last one, its process supervision under ``specgate up``), the
     ordered rules, the pools, decision counts per rule, task and serving backend since start,
@@ -34,14 +33,14 @@ async def routes(request: Request, gateway: GatewayDep) -> dict[str, Any]:
     what adaptive routing learnt (estimates per task, bucket and backend; the newest
     per-request records), and the quarantine's counts and the task classifier's stages
     (is its embedding stage on?)."""
-    config, watch, processes = gateway.config, runtime_of(request.app).deaths, supervised(request)
+    config, watch = gateway.config, runtime.deaths
+    processes = {} if runtime.processes is None else runtime.processes()
     death_view = watch.to_json()
     backends = [
         _backend_json(view, config, death_view, processes.get(view.name))
         for view in gateway.backends()
     ]
-    canary = runtime_of(request.app).canary
-    sample_canary = runtime_of(request.app).sample_canary
+    canary, sample_canary = runtime.canary, runtime.sample_canary
     return {
         "backends": backends,
         **_config_json(config),
@@ -51,7 +50,7 @@ async def routes(request: Request, gateway: GatewayDep) -> dict[str, Any]:
         "canary": None if canary is None else canary.to_json(),
         "sample_canary": None if sample_canary is None else sample_canary.to_json(),
         "quarantine": quarantine_summary(watch),
-        "state": runtime_of(request.app).state.to_json(),
+        "state": runtime.state.to_json(),
         "adaptive": gateway.feedback.to_json() | {"break_even": gateway.break_even()},
     }
 
@@ -88,8 +87,10 @@ def _verdicts_json(
     """The rest of :func:`_backend_json`: acceptance, breaker, demotion, canaries, advice,
     guards, deaths, process."""
     backend, acceptance = view.config, view.acceptance
+    tip = advise_window(backend.spec, view.window)  # the tuning advisor's (None for plain)
+    window = {"window_s": config.routing.acceptance_window_s}
     return {
-        "acceptance": None if acceptance is None else _acceptance_json(acceptance, config),
+        "acceptance": None if acceptance is None else asdict(acceptance) | window,
         "min_acceptance_rate": backend.acceptance_floor(config.routing.min_acceptance_rate),
         "circuit": {
             "state": view.circuit,
@@ -101,24 +102,11 @@ def _verdicts_json(
         "suspect": view.suspect,
         "sample_suspect": view.sample_suspect,
         "requests": view.requests,
-        "advice": _advice(backend.spec, view.window),
+        "advice": None if tip is None else tip.to_json(),
         "guards": backend.guards,
         "deaths": death_view["deaths"].get(view.name, 0),
         "last_death": death_view["last"].get(view.name),
         "process": process,
-    }
-
-
-def _acceptance_json(acceptance: AcceptanceStats, config: GatewayConfig) -> dict[str, Any]:
-    """A backend's measured acceptance over the config's window."""
-    return {
-        "rate": acceptance.rate,
-        "mean_length": acceptance.mean_length,
-        "draft_tokens": acceptance.draft_tokens,
-        "accepted_tokens": acceptance.accepted_tokens,
-        "drafts": acceptance.drafts,
-        "per_position": list(acceptance.per_position),
-        "window_s": config.routing.acceptance_window_s,
     }
 
 
@@ -170,19 +158,6 @@ def quarantine_summary(watch: DeathWatch) -> dict[str, Any]:
         "refused": watch.table.refused,
         "deaths": sum(watch.deaths.values()),
     }
-
-
-def supervised(request: Request) -> dict[str, Any]:
-    """Per local backend, its process supervision (restarts, last crash) when the gateway
-    runs under ``specgate up``; {} otherwise."""
-    view = runtime_of(request.app).processes
-    return {} if view is None else view()
-
-
-def _advice(spec: Speculation, window: AcceptanceWindow) -> dict[str, Any] | None:
-    """The tuning advisor's recommendation for a speculative backend (None for plain)."""
-    tip = advise_window(spec, window)
-    return None if tip is None else tip.to_json()
 
 
 @router.post("/routes/explain")
