@@ -43,10 +43,10 @@ class RequestText(NamedTuple):
     300 lower-cased characters from each end of the final user message. ``last_chars``: true
     length in characters of the final user message; ``context_chars``: of the other examined
     messages except assistant turns (system prompts, earlier user turns, tool results).
-    ``structured``: tools or a JSON response format are requested. ``tool_text``: slices of
-    the tool results (lower case, at most 600 characters), ``tool_chars`` their true length
-    (also counted in ``context_chars``). ``doc_tags``: markup tags around supplied material
-    (``<document>``, ``<source>``, ...) that were removed from ``text`` and ``instr``.
+    ``tool_text``: slices of the tool results (lower case, at most 600 characters),
+    ``tool_chars`` their true length (also counted in ``context_chars``). ``doc_tags``: markup
+    tags around supplied material (``<document>``, ``<source>``, ...) that were removed from
+    ``text`` and ``instr``. ``n_messages``: the messages of the request (1 for a prompt).
     """
 
     text: str
@@ -56,7 +56,6 @@ class RequestText(NamedTuple):
     last_chars: int
     context_chars: int
     n_messages: int
-    structured: bool
     split: int
     tool_text: str = ""
     tool_chars: int = 0
@@ -84,18 +83,6 @@ def _content(content: Any, head: int, tail: int) -> tuple[str, int]:
             pieces.append(clip(text, head, tail))
             total += len(text)
     return clip("\n".join(pieces), head, tail), total
-
-
-def is_structured(body: Mapping[str, Any]) -> bool:
-    """True when the request asks for tool calls or JSON output (low-entropy, code-like)."""
-    tools = body.get("tools") or body.get("functions")
-    choice = body.get("tool_choice", body.get("function_call"))
-    if isinstance(choice, Mapping) or choice == "required":
-        return True
-    if isinstance(tools, list) and tools and choice != "none":
-        return True
-    fmt = body.get("response_format")
-    return isinstance(fmt, Mapping) and fmt.get("type") in ("json_schema", "json_object")
 
 
 def _from_prompt(prompt: Any) -> tuple[str, int] | None:
@@ -228,7 +215,6 @@ def read_request(body: Mapping[str, Any]) -> RequestText | None:
         last_chars=last_chars,
         context_chars=context_chars,
         n_messages=n,
-        structured=is_structured(body),
         split=len(text) - len(last),
         tool_text=tool_text,
         tool_chars=tool_chars,
