@@ -31,7 +31,7 @@ from gateway.persistence import persisted_learning
 from gateway.probe_port import ProbeServer, probe_port, readiness
 from gateway.service import Gateway
 from gateway.settings import Settings
-from gateway.state.lifespan import StateCollector, StateView, build_affinity, shared_state
+from gateway.state.lifespan import StateCollector, StateView, shared_state
 from gateway.telemetry.capture import Capture, capture_lifespan
 from gateway.telemetry.history import AcceptanceHistory
 from gateway.telemetry.metrics import GatewayMetrics
@@ -164,13 +164,13 @@ def build_client(
     return httpx.AsyncClient(timeout=timeout, limits=limits, transport=transport)
 
 
-def build_canary(settings: Settings, client: httpx.AsyncClient, gateway: Gateway) -> Canary | None:
+def build_canary(settings: Settings, backends: Backends) -> Canary | None:
     """The correctness canary when ``canary_interval_s > 0`` (else None); each canary request
     is bounded like a non-streamed generation, by ``first_byte_timeout_s``."""
     if settings.canary_interval_s <= 0:
         return None
     return Canary(
-        Backends(client, lambda: gateway.config, gateway.registry),
+        backends,
         interval_s=settings.canary_interval_s,
         near_tie_margin=settings.canary_near_tie_margin,
         max_tokens=settings.canary_max_tokens,
@@ -178,19 +178,13 @@ def build_canary(settings: Settings, client: httpx.AsyncClient, gateway: Gateway
     )
 
 
-def build_sample_canary(
-    settings: Settings, client: httpx.AsyncClient, gateway: Gateway
-) -> SampleCanary | None:
+def build_sample_canary(settings: Settings, backends: Backends) -> SampleCanary | None:
     """The distribution canary when ``sample_canary_interval_s > 0`` (the default; else
     None); each of its requests is bounded by ``first_byte_timeout_s``."""
     if settings.sample_canary_interval_s <= 0:
         return None
     budget = with_settings(SampleCanaryBudget, settings, "sample_canary_")
-    return SampleCanary(
-        Backends(client, lambda: gateway.config, gateway.registry),
-        budget,
-        timeout_s=settings.first_byte_timeout_s,
-    )
+    return SampleCanary(backends, budget, timeout_s=settings.first_byte_timeout_s)
 
 
 def build_live_scoring(settings: Settings, canary: SampleCanary | None) -> LiveScorer | None:
@@ -253,8 +247,9 @@ async def open_runtime(parts: Parts) -> AsyncIterator[Runtime]:
             watch=deaths,
             stream_failure=stream_failure_event,
         )
+        backends = Backends(client, lambda: gateway.config, registry)
         poller = HealthPoller(
-            Backends(client, lambda: gateway.config, registry),
+            backends,
             interval_s=settings.health_interval_s,
             timeout_s=settings.health_timeout_s,
             failures=settings.health_failures,
@@ -263,11 +258,11 @@ async def open_runtime(parts: Parts) -> AsyncIterator[Runtime]:
         stack.push_async_callback(tasks.aclose)  # should a later step fail
         await poller.check_all()
         tasks.every(settings.health_interval_s, poller.check_all, "specgate-health")
-        canary = build_canary(settings, client, gateway)
+        canary = build_canary(settings, backends)
         if canary is not None:
             # the first round one interval after start, when the backends are warm
             tasks.every(canary.interval_s, canary.run_round, "specgate-canary")
-        sample_canary = build_sample_canary(settings, client, gateway)
+        sample_canary = build_sample_canary(settings, backends)
         if sample_canary is not None:
             tasks.start(sample_canary.run(), "specgate-sample-canary")
         live_scoring = build_live_scoring(settings, sample_canary)
@@ -281,7 +276,11 @@ async def open_runtime(parts: Parts) -> AsyncIterator[Runtime]:
         if sample_canary is not None:
             seen.metrics.registry.register(SampleCanaryCollector(sample_canary))
         capture = await stack.enter_async_context(capture_lifespan(gateway, settings, seen.metrics))
-        affinity = build_affinity(settings, parts.config.state.backend == "redis")
+        affinity = ResponseAffinity(
+            max_entries=settings.response_affinity_max,
+            ttl_s=settings.response_affinity_ttl_s,
+            shared=parts.config.state.backend == "redis",
+        )
         state = await stack.enter_async_context(
             shared_state(gateway, settings, deaths.table, affinity, tasks)
         )

@@ -89,16 +89,6 @@ class StateCollector(Collector):
         )
 
 
-def build_affinity(settings: Settings, shared: bool) -> ResponseAffinity:
-    """The app's response affinity (``shared``: the config's ``state.backend`` is
-    ``redis``), bounded by ``settings``."""
-    return ResponseAffinity(
-        max_entries=settings.response_affinity_max,
-        ttl_s=settings.response_affinity_ttl_s,
-        shared=shared,
-    )
-
-
 def redis_client(url: str, timeout_s: float) -> Redis:
     """A ``redis.asyncio`` client with ``timeout_s`` to connect and per command, and no
     retries of its own (the sync loop retries at its next tick)."""
@@ -121,7 +111,7 @@ async def shared_state(
 ) -> AsyncIterator[StateView]:
     """The state backend of ``gateway``'s config for the block's duration (module
     docstring); the sync loop is a task of ``tasks``, cancelled before this block exits.
-    ``affinity``: the app's, from :func:`build_affinity` (shared only when it says so)."""
+    ``affinity``: the app's (shared only when it says so)."""
     state = gateway.config.state
 
     def on_reload() -> None:
