@@ -45,16 +45,13 @@ def create_app(
     """Build the gateway app.
 
     ``config`` defaults to ``settings.load_config()`` (raises
-    :class:`~contracts.config.ConfigError` at once, before anything listens; the known
-    faults of the local vLLM engine attached, see
-    :func:`~contracts.config.attach_engine_guards`); a given ``config`` is used as it is;
-    raises
-    :class:`~gateway.auth.InsecureSettings` for admin endpoints beyond loopback without a
-    token; ``transport``
-    replaces the network for in-process tests; ``rng`` seeds routing tie breaks;
-    ``processes`` is the supervisor's per-backend view under ``specgate up``
-    (:meth:`backends.supervisor.Supervisor.view`: restarts, last crash), shown on ``/routes``,
-    ``/status`` and ``/metrics``.
+    :class:`~contracts.config.ConfigError` at once, before anything listens; the known faults
+    of the local vLLM engine attached, see :func:`~contracts.config.attach_engine_guards`); a
+    given ``config`` is used as it is; raises :class:`~gateway.auth.InsecureSettings` for
+    admin endpoints beyond loopback without a token; ``transport`` replaces the network for
+    in-process tests; ``rng`` seeds routing tie breaks; ``processes`` is the supervisor's
+    per-backend view under ``specgate up`` (:meth:`backends.supervisor.Supervisor.view`:
+    restarts, last crash), shown on ``/routes``, ``/status`` and ``/metrics``.
     """
     config = config or settings.load_config()
     auth = build_auth(settings)

@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
-from typing import Any
 
 from gateway.classify import lexicon as lx
-from gateway.classify.text import RequestText, read_request
+from gateway.classify.text import RequestText
 
 FEATURES = (
     # code
@@ -158,13 +156,3 @@ def read_signals(rt: RequestText) -> tuple[dict[str, float], frozenset[str]]:
     feats.update(_creative(rt, words, opening, other))
     feats.update(_chat(rt, words, opening))
     return feats, terms
-
-
-def extract_features(body: Mapping[str, Any]) -> dict[str, float] | None:
-    """Every feature in FEATURES for a request body, or None if it has no readable text.
-
-    ``body``: a parsed ``/v1/completions`` or ``/v1/chat/completions`` JSON body. Reads at
-    most a few thousand characters whatever the body's size.
-    """
-    rt = read_request(body)
-    return None if rt is None else read_signals(rt)[0]
