@@ -90,24 +90,15 @@ def status_context(
         floor = backend.acceptance_floor(config.routing.min_acceptance_rate)
         backends.append(
             {
-                "name": name,
+                "view": view,  # name, last_error, circuit, inflight, running, waiting, ...
                 "url": backend.base_url,
                 "method": spec.method,
                 "k": spec.num_speculative_tokens,
                 "health": _HEALTH_LABEL[view.health],
-                "last_error": view.last_error,
-                "circuit": view.circuit,
-                "inflight": view.inflight,
-                "running": view.running,
-                "waiting": view.waiting,
                 "kv_pct": view.kv_cache_usage * 100,
                 "rate": None if acc is None else acc.rate,
                 "mean_length": None if acc is None else acc.mean_length,
-                "per_position": [] if acc is None else list(acc.per_position),
                 "floor": floor,
-                "demoted": view.demoted,
-                "sample_suspect": view.sample_suspect,
-                "requests": view.requests,
                 "spark": sparkline(history.recent(name), now, history.span_s, floor),
                 "process": (processes or {}).get(name),
             }
