@@ -232,7 +232,6 @@ class Canary:
         self.registry = backends.registry
         self.interval_s, self.near_tie_margin = interval_s, near_tie_margin
         self.max_tokens, self.timeout_s = max_tokens, timeout_s
-        self.prompts = CANARY_PROMPTS
         self.results: dict[str, CanaryResult] = {}
         self.rounds = 0
         self.last_round: float | None = None
@@ -270,7 +269,7 @@ class Canary:
             result.note = f"no healthy plain backend serves {backend.served_model!r}"
             return
         verdicts = []
-        for i in range(len(self.prompts)):
+        for i in range(len(CANARY_PROMPTS)):
             key = (result.twin, i)
             if key not in plain:
                 plain[key] = await self._generate(config.backends[result.twin], i)
@@ -311,7 +310,7 @@ class Canary:
         """One greedy completion of prompt index ``prompt``, or why there is none."""
         body = {
             "model": backend.served_model,
-            "prompt": self.prompts[prompt],
+            "prompt": CANARY_PROMPTS[prompt],
             "max_tokens": self.max_tokens,
             "temperature": 0,
             "logprobs": 2,
@@ -331,7 +330,7 @@ class Canary:
             "interval_s": self.interval_s,
             "near_tie_margin": self.near_tie_margin,
             "max_tokens": self.max_tokens,
-            "prompts": len(self.prompts),
+            "prompts": len(CANARY_PROMPTS),
             "rounds": self.rounds,
             "last_round": self.last_round,
             "backends": {name: r.to_json() for name, r in self.results.items()},

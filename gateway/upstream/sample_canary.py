@@ -90,7 +90,6 @@ class SampleCanary:
         self.client, self.config = backends.client, backends.config
         self.registry = backends.registry
         self.budget, self.timeout_s, self.clock = budget, timeout_s, clock
-        self.prompts = CANARY_PROMPTS
         self.streams: dict[tuple[str, str], Stream] = {}  # (backend, band label)
         self.plain: dict[tuple[str, str], Stream] = {}  # (twin, band label): the reference
         self.costs: deque[tuple[float, int, int, float]] = deque()  # time, decoded, scored, s
@@ -243,10 +242,10 @@ class SampleCanary:
         scored under ``twin`` (counted in the round's cost); or why there are none."""
         out, band = [], run.band
         for i in range(self.budget.prompts):
-            prompt = (self.rounds * self.budget.prompts + i) % len(self.prompts)
+            prompt = (self.rounds * self.budget.prompts + i) % len(CANARY_PROMPTS)
             body = {
                 "model": backend.served_model,
-                "prompt": self.prompts[prompt],
+                "prompt": CANARY_PROMPTS[prompt],
                 "max_tokens": self.budget.max_tokens,
                 "temperature": band.temperature,
                 "return_token_ids": True,
