@@ -15,18 +15,10 @@ from typing import Any
 
 from starlette.datastructures import URL
 from starlette.responses import RedirectResponse
-from starlette.routing import BaseRoute, Match
+from starlette.routing import Match
 
 from gateway.api.passthrough import listed
 from gateway.upstream.endpoints import is_client_path
-
-
-def _own_route(routes: list[BaseRoute], catch_all: BaseRoute | None, scope: dict[str, Any]) -> bool:
-    """Whether one of the gateway's own routes (not the relay's ``catch_all``) takes
-    ``scope``'s path (with any method: Starlette redirects a partial match too)."""
-    return any(
-        route is not catch_all and route.matches(scope)[0] is not Match.NONE for route in routes
-    )
 
 
 async def _relayed(app: Any, path: str) -> bool:
@@ -51,8 +43,10 @@ async def redirect_slash(app: Any, scope: dict[str, Any], receive: Any, send: An
     canonical = {**scope, "path": path.rstrip("/")}
     if scope["type"] != "http" or not canonical["path"] or canonical["path"] == path:
         return False
-    catch_all = getattr(app, "catch_all", None)
-    if not _own_route(app.router.routes, catch_all, canonical):
+    catch_all = getattr(app, "catch_all", None)  # the relay's route
+    # one of the gateway's own routes takes it (any method: Starlette redirects a partial match)
+    own = any(r is not catch_all and r.matches(canonical)[0] is not Match.NONE for r in app.routes)
+    if not own:
         if await _relayed(app, path) or not await _relayed(app, canonical["path"]):
             return False
     await RedirectResponse(url=str(URL(scope=canonical)))(scope, receive, send)

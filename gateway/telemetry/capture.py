@@ -22,7 +22,6 @@ import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter
@@ -222,13 +221,6 @@ def _line(item: Pending) -> bytes:
     return (json.dumps(record | item.prompt, separators=(",", ":")) + "\n").encode()
 
 
-def capture_dir(capture: CaptureSettings, settings: Settings) -> Path:
-    """``capture.dir``, else ``capture/`` under the cache dir (``SPECGATE_CACHE_DIR``)."""
-    if capture.dir is not None:
-        return capture.dir.expanduser()
-    return CachePaths(settings.cache_dir or default_cache_dir()).capture
-
-
 @contextlib.asynccontextmanager
 async def capture_lifespan(
     gateway: Gateway, settings: Settings, metrics: GatewayMetrics
@@ -236,8 +228,10 @@ async def capture_lifespan(
     """A :class:`Capture` (its counters on ``metrics``' registry) whose writer runs until
     the block exits, then flushes (drained, not cancelled). Nothing touches the disk until
     capture is on and a prompt is recorded."""
-    config = gateway.config.capture
-    store = CaptureStore(capture_dir(config, settings), config.max_bytes, config.max_file_bytes)
+    config = gateway.config.capture  # its dir, else capture/ under the cache dir
+    folder = config.dir.expanduser() if config.dir is not None else None
+    folder = folder or CachePaths(settings.cache_dir or default_cache_dir()).capture
+    store = CaptureStore(folder, config.max_bytes, config.max_file_bytes)
     capture = Capture(lambda: gateway.config.capture, store, CaptureMetrics(metrics.registry))
     task = asyncio.create_task(capture.run(), name="specgate-capture")
     try:

@@ -184,13 +184,10 @@ class ResponseTap:
         if state is not None:
             state.fingerprint = fingerprint
 
-    def _known_fingerprint(self) -> bytes:
-        state = self.registry.states.get(self.trace.backend or "") if self.registry else None
-        return (state.fingerprint or b"") if state is not None else b""
-
     def _strip(self, buf: bytes) -> bytes:
         lines = buf.split(b"\n")  # buf ends with "\n": the last item is b""
-        fingerprint = self._known_fingerprint()
+        state = self.registry.states.get(self.trace.backend or "") if self.registry else None
+        fingerprint = (state.fingerprint or b"") if state is not None else b""  # learnt
         for i, line in enumerate(lines):
             if _FINISH in line and fingerprint and _FINGERPRINT not in line:
                 lines[i] = _stamp(line, fingerprint)
@@ -219,14 +216,8 @@ class ResponseTap:
             end = chunk.rfind(b"\n") + 1
             chunk, self._pending = chunk[:end], chunk[end:]
         if self._eat_blank and chunk:
-            chunk = self._skip_blank(chunk)
-        return chunk
-
-    def _skip_blank(self, chunk: bytes) -> bytes:
-        self._eat_blank = False
-        for blank in (b"\r\n", b"\n"):
-            if chunk.startswith(blank):
-                return chunk[len(blank) :]
+            self._eat_blank = False
+            chunk = chunk.removeprefix(b"\r\n" if chunk.startswith(b"\r\n") else b"\n")
         return chunk
 
     def _read_json(self, body: bytes) -> None:
