@@ -101,14 +101,11 @@ class Settings(BaseSettings):
     backend_catalog_ttl_s: float = Field(default=60.0, gt=0)
     canary_near_tie_margin: float = Field(default=0.5, ge=0)
     canary_max_tokens: int = Field(default=32, ge=1, le=512)
-    # distribution canary (gateway/upstream/sample_canary.py, statistics in
-    # gateway/upstream/sample_stats.py): on by default. Seconds between rounds (0 = off; each
-    # round tests one temperature band), completions per tested backend per round and their
-    # tokens; the tail floor (log-probability, nats), an upper bound on the vocabulary, the
-    # numerics slack (nats), the false-alarm probability per hour over all backends and
-    # bands, and the evidence window. Default cost on the 4-backend CPU stack: 12 rounds/h x
-    # 4 servers x 2 x 32 = 3072 sampled tokens/h (~0.85 tok/s: ~18 s of one-at-a-time
-    # generation per round on the idle CPU stack, ~1% of its batched throughput; README).
+    # distribution canary, on by default (interval 0 = off): the fields of its
+    # SampleCanaryBudget (gateway/upstream/sample_canary.py, which says what each means).
+    # Default cost on the 4-backend CPU stack: 12 rounds/h x 4 servers x 2 x 32 = 3072
+    # sampled tokens/h (~0.85 tok/s: ~18 s of one-at-a-time generation per round on the idle
+    # CPU stack, ~1% of its batched throughput; README).
     sample_canary_interval_s: float = Field(default=300.0, ge=0)
     sample_canary_prompts: int = Field(default=2, ge=1, le=64)
     sample_canary_max_tokens: int = Field(default=32, ge=1, le=1024)
@@ -117,12 +114,9 @@ class Settings(BaseSettings):
     sample_canary_numerics_slack: float = Field(default=1.0, ge=0)
     sample_canary_alpha_hour: float = Field(default=1e-3, gt=0, lt=1)
     sample_canary_window_s: float = Field(default=3600.0, gt=0)
-    # live scoring (gateway/upstream/live_scoring.py): the canary also scores the sampled
-    # tokens of live requests (JSON or stream) sent to speculative backends, within a budget of
-    # scored tokens (prompt + sampled, prefilled by the plain twin; the sampled ones were
-    # decoded for the client anyway) per speculative backend and minute (0 = off); samples
-    # waiting to be scored (more are dropped and counted); the least seconds between two
-    # judgements of one stream (each one is counted in the canary's false-alarm budget)
+    # live scoring: the canary also scores the sampled tokens of live requests sent to
+    # speculative backends (tokens per minute 0 = off): the fields of its LiveScoringBudget
+    # (gateway/upstream/live_scoring.py, which says what each means)
     sample_canary_live_tokens_per_minute: float = Field(default=2000.0, ge=0)
     sample_canary_live_queue: int = Field(default=64, ge=1)
     sample_canary_live_judge_interval_s: float = Field(default=60.0, gt=0)
