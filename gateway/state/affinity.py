@@ -54,13 +54,11 @@ class AffinityMirror:
         for key in pending:
             queue.pop(key, None)
         self.since = now
-        ids = [i.decode() if isinstance(i, bytes) else i for i in fresh]
-        ids = [i for i in ids if i not in pending and self.affinity.backend_of(i) is None]
+        ids = [i for i in fresh if i not in pending and self.affinity.backend_of(i) is None]
         if ids:
             for rid, held in zip(ids, await client.hmget(self.hash, ids), strict=True):
                 if held is not None:
-                    name = held.decode() if isinstance(held, bytes) else held
-                    self.affinity.adopt(rid, name)
+                    self.affinity.adopt(rid, str(held))  # decoded: str already
                     self.adopted += 1
         if expired:
             await client.zrem(self.zset, *expired)

@@ -90,14 +90,16 @@ class StateCollector(Collector):
 
 
 def redis_client(url: str, timeout_s: float) -> Redis:
-    """A ``redis.asyncio`` client with ``timeout_s`` to connect and per command, and no
-    retries of its own (the sync loop retries at its next tick)."""
+    """A ``redis.asyncio`` client with ``timeout_s`` to connect and per command, no retries
+    of its own (the sync loop retries at its next tick), answers decoded as UTF-8 text (every
+    key and value the state writes is text)."""
     return Redis.from_url(
         url,
         socket_timeout=timeout_s,
         socket_connect_timeout=timeout_s,
         retry=Retry(NoBackoff(), 0),
         health_check_interval=0,
+        decode_responses=True,
     )
 
 

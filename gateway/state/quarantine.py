@@ -94,8 +94,8 @@ class QuarantineMirror:
             self.known.pop(fp, None)
         self.known.update(publish)
         self._clears = clears
-        remote = {_text(fp): float(end) for fp, end in remote_rows}
-        cleared = {_text(fp): float(at) for fp, at in cleared_rows}
+        remote = {fp: float(end) for fp, end in remote_rows}
+        cleared = {fp: float(at) for fp, at in cleared_rows}
         self._apply_clears(cleared, local)
         new = [fp for fp, end in remote.items() if self._wants(fp, end)]
         infos = await client.hmget(self.info, new) if new else []
@@ -161,7 +161,3 @@ def _info(raw: bytes | str | None) -> dict[str, Any]:
 
 def _number(value: Any, default: float) -> float:
     return float(value) if isinstance(value, int | float) and value == value else default
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value

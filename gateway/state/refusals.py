@@ -40,7 +40,7 @@ class RefusalMirror:
                 pipe.sadd(self.key, *new)
             pipe.smembers(self.key)
             *_, members = await pipe.execute()
-        remote = {m.decode() if isinstance(m, bytes) else m for m in members}
+        remote = set(members)
         for member in remote - local:
             parts = member.split(SEP)
             if len(parts) == 3:

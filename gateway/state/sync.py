@@ -85,7 +85,7 @@ class RedisState:
         self.last_ok: float | None = None  # Unix seconds of the last successful sync
         self.peers: list[str] = []
         self._published: int | None = None  # learner.observations last published
-        self._raw: dict[str, tuple[bytes, dict[Key, GroupStats], int]] = {}
+        self._raw: dict[str, tuple[bytes | str, dict[Key, GroupStats], int]] = {}
 
     async def sync(self) -> bool:
         """One exchange with Redis; False (counted, logged once per outage) when it failed."""
@@ -135,7 +135,7 @@ class RedisState:
             self._published = None  # Redis lost it (or it expired): published next time
         else:
             self._published = observations
-        names = sorted(n.decode() for n in members if n.decode() != self.replica)
+        names = sorted(n for n in members if n != self.replica)
         raws = (
             await self.client.mget([f"{self.prefix}:learning:{n}" for n in names]) if names else []
         )
@@ -146,7 +146,6 @@ class RedisState:
         for name, raw in zip(names, raws, strict=True):
             if raw is None:
                 continue
-            raw = raw.encode() if isinstance(raw, str) else raw
             cached = self._raw.get(name)
             if cached is None or cached[0] != raw:
                 parsed = _groups(raw)
@@ -179,7 +178,7 @@ class RedisState:
         }
 
 
-def _groups(raw: bytes) -> tuple[dict[Key, GroupStats], int] | None:
+def _groups(raw: bytes | str) -> tuple[dict[Key, GroupStats], int] | None:
     """A peer's published state as groups and its observation count (None: unreadable)."""
     try:
         state = LearnedState.model_validate_json(raw)
