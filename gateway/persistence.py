@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
@@ -20,8 +19,6 @@ from gateway.settings import Settings
 
 if TYPE_CHECKING:
     from gateway.background import BackgroundTasks
-
-logger = logging.getLogger(__name__)
 
 
 async def save_soon(store: LearningStore, gateway: Gateway) -> None:

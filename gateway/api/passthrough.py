@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import os
 from typing import Any
 
@@ -53,7 +52,6 @@ from gateway.upstream.endpoints import (
 )
 from gateway.upstream.peek import is_event_stream
 
-logger = logging.getLogger(__name__)
 router = APIRouter(tags=["passthrough"])
 admin_router = APIRouter(tags=["admin"])
 METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE"]

@@ -7,7 +7,6 @@ routing policy, which a config reload replaces), so what was learnt survives rel
 
 from __future__ import annotations
 
-import logging
 from collections import deque
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -15,8 +14,6 @@ from typing import Any, NamedTuple
 from contracts.config import AdaptiveSettings
 from gateway.routing.adaptive import Learner, Observation, bucket_of
 from gateway.trace import RequestTrace
-
-logger = logging.getLogger(__name__)
 
 #: Records kept for ``GET /routes`` (the newest last).
 RECENT = 200
