@@ -181,21 +181,13 @@ class LiveScorer:
     async def score_one(self, sample: _Sample) -> None:
         """Score one sample under the plain twin and file it in its stream (counted as
         ``scored``, or ``no_band``/``no_twin``/``failed``)."""
-        config = self.canary.config()
-        band = next(
-            (
-                b
-                for b in self.bands().get(sample.backend, [])
-                if b.low < sample.temperature <= b.high
-            ),
-            None,
-        )
+        config, bands = self.canary.config(), self.bands().get(sample.backend, [])
+        band = next((b for b in bands if b.low < sample.temperature <= b.high), None)
         if band is None:
             self.counts["no_band"] += 1
             return
-        twin = plain_twin(
-            config, self.canary.registry, config.backends[sample.backend].served_model
-        )
+        model = config.backends[sample.backend].served_model
+        twin = plain_twin(config, self.canary.registry, model)
         if twin is None:
             self.counts["no_twin"] += 1
             return

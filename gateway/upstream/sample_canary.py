@@ -310,15 +310,13 @@ class SampleCanary:
         rounds took, over the last hour, plus the decode budget per hour at this setting."""
         b = self.budget
         streams = 1 + self._tests_per_round(temperature_bands(self.config()))
+        budget = b.rounds_per_hour() * streams * b.prompts * b.max_tokens
         return {
             "rounds": len(self.costs),
             "sampled_tokens": sum(c[1] for c in self.costs),
             "scored_tokens": sum(c[2] for c in self.costs),
             "seconds": round(sum(c[3] for c in self.costs), 3),
-            "budget_sampled_tokens_per_hour": b.rounds_per_hour()
-            * streams
-            * b.prompts
-            * b.max_tokens,
+            "budget_sampled_tokens_per_hour": budget,
             **(self.live()["cost_last_hour"] if self.live is not None else {}),
         }
 
