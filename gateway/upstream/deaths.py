@@ -156,7 +156,7 @@ class DeathWatch:
         quarantined = suspect = False
         if participant:
             entry = self.table.entry(event.participants[attempt][0])
-            quarantined = entry is not None and self.table.is_quarantined(entry.fingerprint)
+            quarantined = entry is not None and entry.quarantined_until is not None
             suspect = entry is not None and not quarantined
         return Death(event, participant, quarantined, suspect)
 

@@ -233,12 +233,8 @@ class QuarantineTable:
 
     def is_quarantined(self, fp: str) -> bool:
         """Whether ``fp`` is quarantined now (not counted as a refusal)."""
-        entry = self._entries.get(fp)
-        return (
-            entry is not None
-            and entry.quarantined_until is not None
-            and not self._expired(entry, self.clock())
-        )
+        entry = self.entry(fp)
+        return entry is not None and entry.quarantined_until is not None
 
     def clear(self, fp: str | None = None) -> int:
         """Forget ``fp`` (or every entry when None); returns how many were removed."""
