@@ -22,11 +22,6 @@ def tokens(text: str) -> list[str]:
     return raw.decode("utf-8", "surrogatepass").split()
 
 
-def words(text: str) -> frozenset[str]:
-    """Distinct tokens of ``text`` (already lower-cased)."""
-    return frozenset(tokens(text))
-
-
 PhraseGroups = tuple[tuple[str, tuple[str, ...]], ...]
 
 
@@ -34,7 +29,7 @@ def group_phrases(phrases: tuple[str, ...]) -> PhraseGroups:
     """Phrases keyed by their longest word, so a phrase is searched only when its key occurs."""
     groups: dict[str, list[str]] = {}
     for phrase in phrases:
-        groups.setdefault(max(sorted(words(phrase)), key=len), []).append(phrase)
+        groups.setdefault(max(sorted(set(tokens(phrase))), key=len), []).append(phrase)
     return tuple((key, tuple(group)) for key, group in groups.items())
 
 
@@ -357,8 +352,3 @@ def count_non_latin(text: str) -> dict[str, int]:
         for literal in NON_LATIN.findall(text):
             counts[_NON_LATIN_KIND[literal]] += 1
     return counts
-
-
-def known_words(text: str) -> frozenset[str]:
-    """The distinct tokens of ``text`` (already lower-cased) that are in VOCABULARY."""
-    return VOCABULARY.intersection(tokens(text))

@@ -94,20 +94,16 @@ def openapi_body(kind: type[RoutedFields]) -> dict[str, Any]:
     return {"requestBody": {"required": True, "content": content}}
 
 
-def _read(adapter: TypeAdapter[Any], value: Any) -> Any:
-    try:
-        return adapter.validate_python(value)
-    except (ValidationError, TypeError, ValueError):
-        return None
-
-
 def _field(adapter: TypeAdapter[Any], value: Any, exact: tuple[type, ...]) -> Any:
     """``value`` read with ``adapter`` (None when unreadable); a value of one of the
     ``exact`` types (what a client usually sends) is already what pydantic would return,
     and skips it: the hot path reads three fields per request."""
     if type(value) in exact:
         return value
-    return _read(adapter, value)
+    try:
+        return adapter.validate_python(value)
+    except (ValidationError, TypeError, ValueError):
+        return None
 
 
 def read_fields(kind: type[RoutedFields], body: Any) -> RoutedFields:

@@ -149,7 +149,7 @@ def read_signals(rt: RequestText) -> tuple[dict[str, float], frozenset[str]]:
     tokens = frozenset(lx.tokens(rt.instr))
     words = lx.VOCABULARY & tokens
     terms = tokens.union(["^" + t for t in lx.tokens(rt.head[:40])[:3]])  # how it opens
-    opening = lx.known_words(rt.head[:60])
+    opening = lx.VOCABULARY.intersection(lx.tokens(rt.head[:60]))  # known opening words
     other = lx.count_non_latin(rt.instr)
     feats = _code(rt, words)
     feats.update(_rag(rt, words, other))
