@@ -51,11 +51,8 @@ class QuarantineMirror:
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.table, self.replica = table, replica
-        self.zset, self.info, self.cleared = (
-            f"{prefix}:quarantine",
-            f"{prefix}:quarantine:info",
-            f"{prefix}:quarantine:cleared",
-        )
+        self.zset = f"{prefix}:quarantine"
+        self.info, self.cleared = f"{self.zset}:info", f"{self.zset}:cleared"
         self.clock, self.monotonic = clock, monotonic
         self.known: dict[str, float] = {}  # fingerprint -> end (Unix) agreed with Redis
         self._clears = table.clears  # the table's clear() calls at the last sync
