@@ -46,8 +46,7 @@ async def redirect_slash(app: Any, scope: dict[str, Any], receive: Any, send: An
     catch_all = getattr(app, "catch_all", None)  # the relay's route
     # one of the gateway's own routes takes it (any method: Starlette redirects a partial match)
     own = any(r is not catch_all and r.matches(canonical)[0] is not Match.NONE for r in app.routes)
-    if not own:
-        if await _relayed(app, path) or not await _relayed(app, canonical["path"]):
-            return False
+    if not own and (await _relayed(app, path) or not await _relayed(app, canonical["path"])):
+        return False
     await RedirectResponse(url=str(URL(scope=canonical)))(scope, receive, send)
     return True

@@ -73,13 +73,11 @@ class BackendCatalog:
 
     def paths(self, name: str) -> list[PathTemplate]:
         """The paths backend ``name`` listed last (empty before its first answer)."""
-        entry = self._entries.get(name)
-        return entry.paths if entry is not None else []
+        return self._entries.get(name, _Entry()).paths
 
     def cards(self, name: str) -> list[dict[str, Any]]:
         """The model cards backend ``name`` listed last."""
-        entry = self._entries.get(name)
-        return entry.cards if entry is not None else []
+        return self._entries.get(name, _Entry()).cards
 
 
 def merge_cards(
