@@ -123,9 +123,7 @@ async def _client_path(runtime: Runtime, method: str, path: str) -> PathTemplate
 @admin_router.api_route(
     "/routes/backends/{backend}/{path:path}", methods=METHODS, include_in_schema=False
 )
-async def operator(
-    request: Request, backend: str, path: str, gateway: GatewayDep, settings: SettingsDep
-) -> Response:
+async def operator(request: Request, backend: str, path: str, gateway: GatewayDep) -> Response:
     """Relay any path to one named backend (operator endpoints: ``reset_prefix_cache``,
     ``sleep``, ``wake_up``, ``start_profile``, ...); admin token only. Through the same
     forwarder (a lease, the breaker, cancellation), without an admission slot or
