@@ -22,11 +22,17 @@ Receive = Callable[[], Awaitable[Message]]
 async def send_answer(
     upstream: Upstream, headers: list[tuple[bytes, bytes]], send: Send, *, stream: bool
 ) -> None:
-    """Send ``upstream``'s answer with ``headers`` (ASGI byte pairs): a stream chunk by chunk
-    as each arrives, else read whole and sent with its ``content-length`` (a backend failing
-    part-way is then a 502 before any byte, :func:`~gateway.upstream.forward.read_all`)."""
+    """Send ``upstream``'s answer with ``headers`` (ASGI byte pairs): a stream as it arrives
+    (what was read already, ``head``, then chunk by chunk), else read whole and sent with its
+    ``content-length`` (a backend failing part-way is then a 502 before any byte,
+    :func:`~gateway.upstream.forward.read_all`)."""
     if stream:
-        await relay_stream(upstream, headers, send)
+        await send({"type": "http.response.start", "status": upstream.status, "headers": headers})
+        if upstream.head:
+            await send({"type": "http.response.body", "body": upstream.head, "more_body": True})
+        async for chunk in upstream.body:
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
         return
     content = await read_all(upstream)
     headers = [*headers, (b"content-length", str(len(content)).encode())]
@@ -61,14 +67,3 @@ async def _cancel_on_disconnect(receive: Receive, task: asyncio.Task[Any]) -> No
     while (await receive())["type"] != "http.disconnect":
         pass
     task.cancel()
-
-
-async def relay_stream(upstream: Upstream, headers: list[tuple[bytes, bytes]], send: Send) -> None:
-    """Send the status and headers, then what was read already (``head``) and each
-    upstream chunk as it arrives."""
-    await send({"type": "http.response.start", "status": upstream.status, "headers": headers})
-    if upstream.head:
-        await send({"type": "http.response.body", "body": upstream.head, "more_body": True})
-    async for chunk in upstream.body:
-        await send({"type": "http.response.body", "body": chunk, "more_body": True})
-    await send({"type": "http.response.body", "body": b""})
