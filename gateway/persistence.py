@@ -11,14 +11,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
 
+from gateway.background import BackgroundTasks
 from gateway.learning.store import LearningStore
 from gateway.service import Gateway
 from gateway.settings import Settings
-
-if TYPE_CHECKING:
-    from gateway.background import BackgroundTasks
 
 
 async def save_soon(store: LearningStore, gateway: Gateway) -> None:

@@ -15,7 +15,7 @@ import contextlib
 import logging
 import socket
 from collections.abc import AsyncIterator, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -23,6 +23,7 @@ from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
+from gateway.background import BackgroundTasks
 from gateway.service import Gateway
 from gateway.settings import Settings
 from gateway.state.affinity import AffinityMirror
@@ -32,9 +33,6 @@ from gateway.state.refusals import RefusalMirror
 from gateway.state.sync import RedisState, Shared, redacted
 from gateway.upstream.affinity import ResponseAffinity
 from gateway.upstream.quarantine import QuarantineTable
-
-if TYPE_CHECKING:
-    from gateway.background import BackgroundTasks
 
 logger = logging.getLogger(__name__)
 
