@@ -171,7 +171,7 @@ class DecisionStats:
     ``last_resort``: answers from a backend outside the request's rule's pools, every
     backend of those being out or failing (:class:`~gateway.routing.policy.RoutingPolicy`
     step 7); ``speculation``: requests carrying ``X-Specgate-Speculation`` per (value,
-    result), see :meth:`gateway.service.Gateway.control`."""
+    result), see :meth:`gateway.service.Gateway.control_of`."""
 
     by_rule: Counter[str] = field(default_factory=Counter)
     by_task: Counter[str] = field(default_factory=Counter)
