@@ -1,20 +1,20 @@
 """specgate's CPU per request as a multiple of the bare proxy's, measured in one run.
 
     python -m bench.cost_check [--requests 300] [--repeats 8] [--concurrency 4]
-                               [--base /path/to/other/checkout]
+                               [--base /path/to/other/checkout] [--stream]
 
 Starts the fake upstream (:mod:`bench.fake_upstream`), the bare proxy
 (:mod:`bench.bare_proxy`: uvicorn and aiohttp with no routing, the cheapest gateway on
 specgate's stack) and ``specgate serve`` with the overhead benchmark's config
 (:func:`bench.targets.specgate_config`: three backends, classifier, adaptive policy,
-metrics, access log), then sends the overhead benchmark's chat completion (JSON, not
-streamed) through both gateways at once, each client connection alternating between them,
-``repeats`` times. A server's cost is the CPU time of its process (all threads,
-``/proc/PID/task/*/schedstat``) over the repeat, per request. Both gateways run in the same
-moments, so a machine loaded by other work slows both alike, and the median of the
-repeats' ratios moves only with specgate's own work: measured on a 2-core machine shared
-with other jobs (load average 4-10), three runs gave 2.63x, 2.68x and 2.80x, where the
-same servers measured one after the other gave 3.2x to 5.8x. The unit suite checks it
+metrics, access log), then sends the overhead benchmark's chat completion (JSON; with
+``--stream``, streamed: 64 events) through both gateways at once, each client connection
+alternating between them, ``repeats`` times. A server's cost is the CPU time of its process
+(all threads, ``/proc/PID/task/*/schedstat``) over the repeat, per request. Both gateways
+run in the same moments, so a machine loaded by other work slows both alike, and the median
+of the repeats' ratios moves only with specgate's own work: measured on a 2-core machine
+shared with other jobs (load average 4-10), three runs gave 2.63x, 2.68x and 2.80x, where
+the same servers measured one after the other gave 3.2x to 5.8x. The unit suite checks it
 (``tests/unit/test_hot_path_cost.py``).
 """
 
@@ -91,13 +91,17 @@ def cpu_ns(pid: int) -> int:
 
 
 def cpu_ms_per_request(
-    servers: Sequence[Server], urls: Sequence[str], requests: int, concurrency: int
+    servers: Sequence[Server],
+    urls: Sequence[str],
+    requests: int,
+    concurrency: int,
+    stream: bool = False,
 ) -> list[float]:
     """CPU milliseconds per request of each of ``servers`` (its process, all threads) over
-    ``requests`` requests to each, sent to all of them together (see :func:`_send`); raises
-    RuntimeError when any was not answered 200."""
+    ``requests`` requests to each (``stream``: streamed ones), sent to all of them together
+    (see :func:`_send`); raises RuntimeError when any was not answered 200."""
     before = [cpu_ns(s.pid) for s in servers]
-    ok = asyncio.run(_send(urls, request_body(False), requests, concurrency))
+    ok = asyncio.run(_send(urls, request_body(stream), requests, concurrency))
     used = [(cpu_ns(s.pid) - b) / 1e9 for s, b in zip(servers, before, strict=True)]
     if ok != requests * len(urls):
         raise RuntimeError(f"{requests * len(urls) - ok} requests not answered 200")
@@ -111,12 +115,13 @@ def measure(
     concurrency: int = 4,
     logs: Path | None = None,
     base: Path | None = None,
+    stream: bool = False,
 ) -> Cost:
     """Start the three servers, warm both gateways up, then measure ``repeats`` times (see
     the module docstring); ``logs``: where the servers' logs go (default: a temporary
     folder); ``base``: another checkout (e.g. ``git archive BASE | tar -x -C DIR``) whose
-    specgate is loaded in the same moments too (an A/B of two commits). Every server is
-    stopped on the way out."""
+    specgate is loaded in the same moments too (an A/B of two commits); ``stream``: streamed
+    requests. Every server is stopped on the way out."""
     with tempfile.TemporaryDirectory(prefix="specgate-cost-") as tmp:
         work = logs or Path(tmp)
         ports = [free_port() for _ in range(3)]
@@ -165,9 +170,10 @@ def measure(
         with contextlib.ExitStack() as running:
             for server in (fake, *servers):
                 running.enter_context(server)
-            cpu_ms_per_request(servers, urls, max(requests // 4, 50), concurrency)  # warm-up
+            warm_up = max(requests // 4, 50)
+            cpu_ms_per_request(servers, urls, warm_up, concurrency, stream)
             runs = [
-                tuple(cpu_ms_per_request(servers, urls, requests, concurrency))
+                tuple(cpu_ms_per_request(servers, urls, requests, concurrency, stream))
                 for _ in range(repeats)
             ]
     return Cost(tuple(runs))
@@ -180,12 +186,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=8)
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--base", type=Path, help="another checkout, measured alongside")
+    parser.add_argument("--stream", action="store_true", help="streamed requests (64 events)")
     args = parser.parse_args(argv)
     cost = measure(
         requests=args.requests,
         repeats=args.repeats,
         concurrency=args.concurrency,
         base=args.base,
+        stream=args.stream,
     )
     for gate_ms, bare_ms, *base_ms in cost.repeats:
         line = f"specgate {gate_ms:.3f} ms  bare proxy {bare_ms:.3f} ms  ({gate_ms / bare_ms:.2f}x)"

@@ -127,7 +127,7 @@ async def _relay(
     status, error = response.status, None
     prev = last = b""  # the stream's last two chunks: an error event there may mean a death
     state = attempt.state
-    ended = False  # the stream's terminal event reached the client
+    sent = b""  # the last chunk the client took (a terminal event there: it had it all)
     try:
         yield b""  # primed by Forwarder.open: from here aclose() always runs the finally
         async for chunk in _chain(head, chunks) if head else chunks:
@@ -137,7 +137,7 @@ async def _relay(
                 continue
             trace.on_chunk(chunk)
             yield chunk
-            ended = trace.stream and any(m in chunk for m in STREAM_END)
+            sent = chunk
         if tap is not None and (rest := tap.close()):
             trace.on_chunk(rest)
             yield rest
@@ -156,7 +156,9 @@ async def _relay(
             yield rest  # lines held back for the usage chunk that never came
         yield render(died)
     except BaseException:  # the client went away (cancelled) or the app is shutting down
-        if ended:  # it had the whole answer and left before the backend closed the stream
+        # a terminal event in the last chunk it took: it had the whole answer and left
+        # before the backend closed the stream (looked for here, not in every chunk)
+        if trace.stream and any(m in sent for m in STREAM_END):
             if tap is not None:
                 tap.close()  # records the usage the tap saw
         else:
