@@ -19,14 +19,13 @@ from gateway.trace import RequestTrace
 RECENT = 200
 
 
-def decode_seconds(trace: RequestTrace) -> float | None:
-    """Seconds spent decoding: end minus first relayed chunk for a stream of two or more
-    chunks (the first token's time, prefill and queue excluded), else the whole duration
-    (a JSON answer arrives at once)."""
-    if trace.duration_s is None:
-        return None
-    if trace.stream and trace.ttft_s is not None and trace.chunks > 1:
-        return trace.duration_s - trace.ttft_s
+def request_seconds(trace: RequestTrace) -> float | None:
+    """Seconds the request took as its client saw it, time to first token included: the
+    speed routing should maximise is the client's (output tokens over the whole request,
+    as ``bench.speedup`` and the oracle of issue #25 measure it), and under load the time
+    to first token is where a backend's queue shows (docs/benchmarks.md, section 7b: EAGLE-3
+    servers decode a stream's tokens faster than plain at 32 requests a GPU, yet their
+    answers take longer). A stream and a JSON answer are on the same scale."""
     return trace.duration_s
 
 
@@ -57,7 +56,7 @@ class FeedbackCollector:
         settings = self.settings()
         bucket, tokens, decode_s = self.bucket(trace), trace.completion_tokens(), None
         if trace.status == 200 and trace.error is None:
-            decode_s = decode_seconds(trace)
+            decode_s = request_seconds(trace)
         if (
             bucket is None
             or trace.backend is None
