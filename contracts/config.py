@@ -88,7 +88,7 @@ class BackendConfig(_Strict):
     ``compute_group`` names the compute the backend shares with others (the same GPU, or
     a CPU machine's cores): backends of one group slow each other down when both compute,
     so routing keeps concurrent load on the group's busy backend rather than spreading it
-    (``routing.shared_compute_penalty``) and learns decode speed per concurrency of the
+    (``routing.shared_compute_penalty``) and learns speed per concurrency of the
     whole group. None: its compute is its own.
     """
 
@@ -175,7 +175,7 @@ class Rule(_Strict):
     """An ordered routing rule: the first rule that matches picks ``pool``, then ``fallbacks``.
 
     ``policy`` (default ``routing.policy``): ``static`` tries the pools in order, least loaded
-    first; ``adaptive`` puts first the backend with the best learnt decode speed for the
+    first; ``adaptive`` puts first the backend with the best learnt speed for the
     request, among the kept candidates of ``pool`` and the plain ones of the fallbacks (a
     speculative backend is only ever chosen from the rule's own ``pool``).
     """
@@ -233,10 +233,10 @@ class RoutingSettings(_Strict):
     wave of 8 requests spread over two CPU servers on the same 2 cores took 21-27 s against
     5 s on one, about 0.2-0.25x; see docs/benchmarks.md). 1 disables it.
     ``policy``: the rules' default policy (see :class:`Rule`); ``feedback``: learn from every
-    answer (decode speed, and the per-request acceptance a vLLM server started with
-    ``--per-request-spec-decode-metrics`` reports); streams whose client did not ask for
-    usage get ``stream_options.include_usage`` upstream and the extra chunk is removed
-    before the client sees it. ``adaptive``: the learner's knobs.
+    answer (its speed over the whole request, and the per-request acceptance a vLLM server
+    started with ``--per-request-spec-decode-metrics`` reports); streams whose client did not
+    ask for usage get ``stream_options.include_usage`` upstream and the extra chunk is
+    removed before the client sees it. ``adaptive``: the learner's knobs.
     ``speculation_control``: what a client's ``X-Specgate-Speculation: off|on|auto`` header
     does (:mod:`gateway.routing.control`): ``allow`` honours it, ``deny`` refuses a request
     asking ``on`` or ``off`` (400 ``speculation_control_denied``), ``ignore`` routes as if it

@@ -19,16 +19,6 @@ from gateway.trace import RequestTrace
 RECENT = 200
 
 
-def request_seconds(trace: RequestTrace) -> float | None:
-    """Seconds the request took as its client saw it, time to first token included: the
-    speed routing should maximise is the client's (output tokens over the whole request,
-    as ``bench.speedup`` and the oracle of issue #25 measure it), and under load the time
-    to first token is where a backend's queue shows (docs/benchmarks.md, section 7b: EAGLE-3
-    servers decode a stream's tokens faster than plain at 32 requests a GPU, yet their
-    answers take longer). A stream and a JSON answer are on the same scale."""
-    return trace.duration_s
-
-
 class FeedbackCollector:
     """Request-trace observer feeding the :class:`~gateway.routing.adaptive.Learner`.
 
@@ -54,15 +44,21 @@ class FeedbackCollector:
     def observe(self, trace: RequestTrace) -> None:
         """Observer: learn from one finished request (ignored when it teaches nothing)."""
         settings = self.settings()
-        bucket, tokens, decode_s = self.bucket(trace), trace.completion_tokens(), None
+        # The speed is the client's: output tokens over the whole request, time to first
+        # token included (a stream's and a JSON answer's on one scale), as bench.speedup and
+        # issue #25's oracle measure it. Under load most of the difference between backends
+        # is in the first token (docs/benchmarks.md, section 7b: on simulated H200s at 32
+        # requests each, EAGLE-3's first token came 120 ms after plain's, its other tokens
+        # 0.6 ms each later; learnt on the tokens after the first, it kept winning code).
+        bucket, tokens, seconds = self.bucket(trace), trace.completion_tokens(), None
         if trace.status == 200 and trace.error is None:
-            decode_s = request_seconds(trace)
+            seconds = trace.duration_s
         if (
             bucket is None
             or trace.backend is None
             or trace.task is None
-            or decode_s is None
-            or decode_s <= 0
+            or seconds is None
+            or seconds <= 0
             or tokens is None
             or tokens < settings.min_tokens
         ):
@@ -75,7 +71,7 @@ class FeedbackCollector:
             trace.task,
             bucket,
             trace.backend,
-            tokens / decode_s,
+            tokens / seconds,
             tokens,
             drafts if isinstance(drafts, int) else None,
             accepted if isinstance(accepted, int) else None,
@@ -83,7 +79,7 @@ class FeedbackCollector:
         )
         self.learner.decay = settings.decay
         self.learner.observe(obs)
-        self.recent.append(_Recent(trace, obs, decode_s))  # rendered when /routes asks
+        self.recent.append(_Recent(trace, obs))  # rendered when /routes asks
 
     def records(self, last: int = RECENT) -> list[dict[str, Any]]:
         """The newest ``last`` requests that taught the learner, oldest first, as
@@ -106,10 +102,9 @@ class _Recent(NamedTuple):
 
     trace: RequestTrace
     obs: Observation
-    decode_s: float
 
 
-def _record(trace: RequestTrace, obs: Observation, decode_s: float) -> dict[str, Any]:
+def _record(trace: RequestTrace, obs: Observation) -> dict[str, Any]:
     features, prompt, spec = trace.features, trace.prompt, trace.spec_decoding
     rate = None
     if obs.draft_tokens and obs.accepted_tokens is not None:
@@ -124,8 +119,8 @@ def _record(trace: RequestTrace, obs: Observation, decode_s: float) -> dict[str,
         "prompt_overlap": prompt.overlap if prompt else None,
         "stream": trace.stream,
         "tokens": obs.tokens,
-        "decode_s": round(decode_s, 4),
-        "decode_tps": round(obs.speed_tps, 2),
+        "seconds": round(obs.tokens / obs.speed_tps, 4),
+        "tps": round(obs.speed_tps, 2),
         "draft_tokens": obs.draft_tokens,
         "accepted_tokens": obs.accepted_tokens,
         "acceptance_rate": rate,

@@ -1,7 +1,8 @@
-"""Running estimates of decode speed and draft acceptance per (task, bucket, backend).
+"""Running estimates of speed and draft acceptance per (task, bucket, backend).
 
-Each finished request teaches one :class:`Observation`: the backend that served it, its decode
-speed (output tokens per second after the first token) and, for a speculative backend, the
+Each finished request teaches one :class:`Observation`: the backend that served it, its speed
+(output tokens per second of the whole request, time to first token included) and, for a
+speculative backend, the
 acceptance vLLM reported for that request (``metrics.speculative_decoding`` with
 ``--per-request-spec-decode-metrics``). Observations are grouped by task and feature bucket
 (temperature band, prompt self-overlap band) and, as a fallback prior, by task alone.
@@ -51,7 +52,7 @@ def bucket_of(
     of repeated word bigrams is at least ``overlap_threshold``, ``norep`` otherwise or unknown;
     load band (only from 2 on): ``/c2``, ``/c4``, ``/c8`` or ``/c16`` for the requests
     sharing the backend's compute at dispatch, this one included (see :func:`load_band`), so
-    decode speed is learnt per concurrency and the concurrency at which speculation stops
+    speed is learnt per concurrency and the concurrency at which speculation stops
     paying is measured, not assumed.
     """
     band = "greedy" if temperature <= GREEDY_MAX_T else "sampled"
@@ -74,7 +75,8 @@ def bucket_load(bucket: str) -> int:
 class Observation:
     """One finished request as the learner sees it.
 
-    ``speed_tps``: output tokens per second of decoding; ``tokens``: output tokens;
+    ``speed_tps``: output tokens per second of the whole request (time to first token
+    included, :func:`gateway.learning.observer.request_seconds`); ``tokens``: output tokens;
     ``draft_tokens``/``accepted_tokens``/``spec_steps``: the request's proposed and accepted
     draft tokens and verify steps (None for a plain backend or when vLLM did not report).
     """
@@ -140,7 +142,7 @@ class BackendStats:
 
     @property
     def speed_tps(self) -> float:
-        """The weighted geometric-mean decode speed in tokens/s (0 without data)."""
+        """The weighted geometric-mean speed in tokens/s (0 without data)."""
         return math.exp(self.mean) if self.weight > 0 else 0.0
 
     @property

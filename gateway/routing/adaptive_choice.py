@@ -1,7 +1,7 @@
-"""Adaptive choice among the backends a rule allows: Thompson sampling on decode speed.
+"""Adaptive choice among the backends a rule allows: Thompson sampling on learnt speed.
 
 For each candidate the learnt ln(tokens/s) statistics (:mod:`gateway.routing.adaptive`) give
-a normal posterior of its mean decode speed for this (task, bucket): the bucket's own
+a normal posterior of its mean speed for this (task, bucket): the bucket's own
 observations plus at most ``prior_weight`` pseudo-observations of the task-level mean
 (hierarchical shrinkage, so a new bucket starts from what the task already knows). One value
 is drawn per candidate and the largest draw wins (Thompson 1933; Russo et al., "A Tutorial
@@ -43,7 +43,7 @@ class Estimate(NamedTuple):
 
     ``source``: ``bucket`` (observed in this bucket), ``task`` (only at task level) or
     ``prior`` (never observed for the task); ``requests``: observations in the bucket ever;
-    ``weight``: their decayed weight; ``speed_tps``: posterior mean decode speed (tokens/s,
+    ``weight``: their decayed weight; ``speed_tps``: posterior mean speed (tokens/s,
     geometric); ``sd``: posterior sd of ln(speed); ``relative``: speed / the plain
     baseline's (None without one); ``acceptance_rate`` and ``mean_acceptance_length``: the
     bucket's decayed per-request acceptance (speculative backends); ``draw``: the Thompson

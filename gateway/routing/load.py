@@ -1,4 +1,4 @@
-"""Load as routing sees it: shared compute, and decode speed learnt per concurrency.
+"""Load as routing sees it: shared compute, and speed learnt per concurrency.
 
 Backends of one ``compute_group`` (servers on the same GPU, or every CPU server of a machine)
 share their compute: two of them decoding at once each get a share of it and, on CPUs, thrash
@@ -9,7 +9,7 @@ load: :func:`load_view` marks such candidates, and the policy discounts them by
 ``routing.shared_compute_penalty``.
 
 The concurrency a request runs at is the group's batch (running + waiting, or this gateway's
-in-flight count when higher, or the group's recent peak) plus the request; decode speed is
+in-flight count when higher, or the group's recent peak) plus the request; speed is
 learnt per band of it (see :func:`gateway.routing.adaptive.bucket_of`).
 :func:`measured_at_load` says when both a speculative backend and a plain one have been
 measured in a band, so their speeds decide instead of the configured
@@ -133,7 +133,7 @@ def break_even(
     paid in every measured band, or nothing was measured).
 
     Shape: ``{backend: {task: {"bands": {"1": 1.21, "4": 0.83}, "stops_paying_at": 4}}}``;
-    ratios are geometric-mean decode speeds, averaged over the task's measured buckets.
+    ratios are geometric-mean speeds, averaged over the task's measured buckets.
     """
     out: dict[str, dict[str, Any]] = {}
     for name in speculative:

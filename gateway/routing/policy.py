@@ -149,7 +149,7 @@ class RoutingPolicy:
     4. Within a pool: least outstanding requests first, ties broken at random.
     5. Under ``policy: adaptive`` (the rule's, else ``routing.policy``) and given learnt
        ``estimates``, the kept candidate of the rule's pool, or plain one of its fallbacks,
-       with the best expected decode speed goes first (Thompson sampling, see
+       with the best expected speed goes first (Thompson sampling, see
        :mod:`gateway.routing.adaptive_choice`); the rest keep their order for failover.
        Once a speculative backend and a plain one were both measured at this request's load
        band, their learnt speeds replace ``max_batch_for_speculation`` in step 3.
@@ -308,7 +308,7 @@ class RoutingPolicy:
         )
         order.remove(choice.chosen)
         order.insert(0, choice.chosen)
-        why = "exploring" if choice.explored else "best expected decode speed"
+        why = "exploring" if choice.explored else "best expected speed"
         if choice.untried:
             why = "nothing measured yet: the rules' choice"
         plan.reasons.append(f"adaptive ({choice.bucket}): {choice.chosen}, {why}")
