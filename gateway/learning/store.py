@@ -2,7 +2,7 @@
 
 Shape (:class:`LearnedState`, validated with pydantic on load)::
 
-    {"kind": "specgate.adaptive-routing", "version": 2, "saved_at": 1764540000.0,
+    {"kind": "specgate.adaptive-routing", "version": 3, "saved_at": 1764540000.0,
      "decay": 0.98, "observations": 412,
      "groups": [{"task": "code", "bucket": "greedy/norep", "count": 37,
                  "backends": {"plain": {"at": 37, "weight": 12.1, "mean": 3.4, "m2": 0.8,
@@ -10,7 +10,9 @@ Shape (:class:`LearnedState`, validated with pydantic on load)::
                                         "requests": 30}}}]}
 
 ``mean``/``m2`` are the weighted mean and sum of squared deviations of ln(tokens/s); see
-:class:`gateway.routing.adaptive.BackendStats` for every field.
+:class:`gateway.routing.adaptive.BackendStats` for every field. Version 3: speeds over the
+whole request, time to first token included (version 2 held a stream's speed after its
+first token, on another scale: such a file is set aside, not mixed in).
 
 Writing goes to a temporary file in the same directory, flushed and fsynced, then
 ``os.replace``d over the old one (atomic on POSIX), so a crash mid-write leaves the old file
@@ -40,7 +42,7 @@ from gateway.routing.adaptive import BackendStats, GroupStats, Learner
 logger = logging.getLogger(__name__)
 
 KIND: Final = "specgate.adaptive-routing"
-VERSION: Final = 2
+VERSION: Final = 3
 
 
 class _Frozen(BaseModel):
@@ -73,7 +75,7 @@ class LearnedState(_Frozen):
     """The whole file. ``saved_at``: Unix seconds; ``decay``: the learner's at save time."""
 
     kind: Literal["specgate.adaptive-routing"]
-    version: Literal[2]
+    version: Literal[3]
     saved_at: float
     decay: float = Field(gt=0, le=1)
     observations: int = Field(ge=0)
