@@ -33,14 +33,16 @@ GREEDY_MAX_T = 0.1
 
 
 #: Lower bounds of the concurrency bands (powers of two): c1, c2 (2-3), c4 (4-7), c8 (8-15),
-#: c16 (16 and more).
-BANDS = (1, 2, 4, 8, 16)
+#: c16 (16-31), c32, c64, c128 (128 and more): a GPU server's batch runs to hundreds, and a
+#: server at 48 requests answers far later than one at 16 (a coarser top band lumped them
+#: together, docs/benchmarks.md, section 7b).
+BANDS = (1, 2, 4, 8, 16, 32, 64, 128)
 
 
 def load_band(concurrency: float) -> int:
     """The band (a power of two in :data:`BANDS`) of ``concurrency`` requests sharing the
     compute a request runs on, itself included (values under 1 count as 1)."""
-    return 1 << min(max(int(concurrency), 1).bit_length() - 1, 4)
+    return 1 << min(max(int(concurrency), 1).bit_length() - 1, len(BANDS) - 1)
 
 
 def bucket_of(
@@ -50,7 +52,7 @@ def bucket_of(
 
     Temperature band: ``greedy`` (<= 0.1) or ``sampled``; prompt band: ``rep`` when the share
     of repeated word bigrams is at least ``overlap_threshold``, ``norep`` otherwise or unknown;
-    load band (only from 2 on): ``/c2``, ``/c4``, ``/c8`` or ``/c16`` for the requests
+    load band (only from 2 on): ``/c2``, ``/c4`` ... ``/c128`` (:data:`BANDS`) for the requests
     sharing the backend's compute at dispatch, this one included (see :func:`load_band`), so
     speed is learnt per concurrency and the concurrency at which speculation stops
     paying is measured, not assumed.

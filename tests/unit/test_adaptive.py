@@ -92,7 +92,8 @@ def test_buckets(temperature: float, overlap: float | None, bucket: str) -> None
 @pytest.mark.parametrize(
     ("concurrency", "bucket"),
     [(0, "greedy/rep"), (1, "greedy/rep"), (3, "greedy/rep/c2"), (4, "greedy/rep/c4"),
-     (7.5, "greedy/rep/c4"), (8, "greedy/rep/c8"), (100, "greedy/rep/c16")],
+     (7.5, "greedy/rep/c4"), (8, "greedy/rep/c8"), (100, "greedy/rep/c64"),
+     (1000, "greedy/rep/c128")],
 )  # fmt: skip
 def test_load_bands(concurrency: float, bucket: str) -> None:
     assert bucket_of(0.0, 0.2, 0.05, concurrency) == bucket
