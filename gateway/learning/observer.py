@@ -47,9 +47,10 @@ class FeedbackCollector:
         # The speed is the client's: output tokens over the whole request, time to first
         # token included (a stream's and a JSON answer's on one scale), as bench.speedup and
         # issue #25's oracle measure it. Under load most of the difference between backends
-        # is in the first token (docs/benchmarks.md, section 7b: on simulated H200s at 32
-        # requests each, EAGLE-3's first token came 114 ms after plain's, its other tokens
-        # 0.6 ms each later; learnt on the tokens after the first, it kept winning code).
+        # is in the first token (docs/benchmarks.md, section 7, "Session 11": on simulated
+        # H200s at 32 requests each, EAGLE-3's first token came 114 ms after plain's, its
+        # other tokens 0.6 ms each later; learnt on the tokens after the first, it kept
+        # winning code).
         bucket, tokens, seconds = self.bucket(trace), trace.completion_tokens(), None
         if trace.status == 200 and trace.error is None:
             seconds = trace.duration_s

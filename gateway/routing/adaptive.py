@@ -2,9 +2,8 @@
 
 Each finished request teaches one :class:`Observation`: the backend that served it, its speed
 (output tokens per second of the whole request, time to first token included) and, for a
-speculative backend, the
-acceptance vLLM reported for that request (``metrics.speculative_decoding`` with
-``--per-request-spec-decode-metrics``). Observations are grouped by task and feature bucket
+speculative backend, the acceptance vLLM reported for that request
+(``metrics.speculative_decoding`` with ``--per-request-spec-decode-metrics``). Observations are grouped by task and feature bucket
 (temperature band, prompt self-overlap band) and, as a fallback prior, by task alone.
 
 Estimates follow change by exponential forgetting: every observation in a group multiplies
@@ -33,9 +32,10 @@ GREEDY_MAX_T = 0.1
 
 
 #: Lower bounds of the concurrency bands (powers of two): c1, c2 (2-3), c4 (4-7), c8 (8-15),
-#: c16 (16-31), c32, c64, c128 (128 and more): a GPU server's batch runs to hundreds, and a
-#: server at 48 requests answers far later than one at 16 (a coarser top band lumped them
-#: together, docs/benchmarks.md, section 7b).
+#: c16 (16-31), c32, c64, c128 (128 and more): a GPU server's batch runs to hundreds, and
+#: "16 and more" lumped loads that answer at different speeds (plain alone on 8 simulated
+#: H200s: first token after 62 ms at 16 requests a GPU, 100 ms at 32; docs/benchmarks.md,
+#: section 7, "Session 11").
 BANDS = (1, 2, 4, 8, 16, 32, 64, 128)
 
 
