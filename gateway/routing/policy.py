@@ -356,7 +356,7 @@ class RoutingPolicy:
             plan.candidates.append(Candidate(name, pool, False, OFF_WHY))
             return
         plan.seen.add(name)
-        batch = max(snap.batch, plan.load.get(name, 0.0))
+        batch = plan.load.get(name, snap.batch)  # load_view's concurrency: >= its own batch
         passed_over = self._pass_over(name, backend, snap, rng, features, plan.measured, batch)
         if passed_over is not None:
             plan.deferred.append(name)
