@@ -176,6 +176,10 @@ class GroupStats:
         return 1.0 if stats.at == self.count else decay ** (self.count - stats.at)
 
 
+#: A group and a backend's statistics before their first observation (immutable: shared,
+#: so an observation builds no empty defaults).
+_NEW_GROUP, _NEW_STATS = GroupStats(), BackendStats()
+
 #: The read-only state a routing decision reads: (task, bucket) -> group.
 Estimates = Mapping[tuple[str, str], GroupStats]
 
@@ -194,9 +198,9 @@ class Learner:
     def observe(self, obs: Observation) -> None:
         """Learn from one request: in its (task, bucket) group and its task's prior group."""
         for key in ((obs.task, obs.bucket), (obs.task, ALL)):
-            group = self.groups.get(key, GroupStats())
+            group = self.groups.get(key) or _NEW_GROUP
             count = group.count + 1
-            old = group.backends.get(obs.backend, BackendStats())
+            old = group.backends.get(obs.backend) or _NEW_STATS
             new = old.added(count, self.decay, obs)
             self.groups[key] = GroupStats(count, {**group.backends, obs.backend: new})
         self.observations += 1
