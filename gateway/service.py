@@ -17,6 +17,7 @@ from gateway.classify.classifier import classify_text
 from gateway.classify.embedding_stage import ClassifierStages
 from gateway.classify.features import RequestFeatures, header_task, read_temperature
 from gateway.classify.protocol import (
+    Fields,
     ResponsesFields,
     RoutedFields,
     kind_of,
@@ -92,7 +93,7 @@ class Prepared:
 
     kind: type[RoutedFields]
     body: Any
-    fields: RoutedFields
+    fields: Fields
     features: RequestFeatures
     prompt: PromptStats | None
     dry: bool = False
@@ -212,7 +213,7 @@ class Gateway:
         kind: type[RoutedFields],
         body: Any,
         headers: Mapping[str, str],
-        fields: RoutedFields | None = None,
+        fields: Fields | None = None,
         *,
         dry: bool = False,
     ) -> Prepared:

@@ -15,7 +15,7 @@ Each routed endpoint has its fields class; ``view`` gives the chat-shaped body t
 from __future__ import annotations
 
 import math
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
@@ -106,7 +106,16 @@ def _field(adapter: TypeAdapter[Any], value: Any, exact: tuple[type, ...]) -> An
         return None
 
 
-def read_fields(kind: type[RoutedFields], body: Any) -> RoutedFields:
+class Fields(NamedTuple):
+    """The routed fields of one request as :func:`read_fields` read them (None where absent
+    or unreadable): :class:`RoutedFields`' values without a pydantic model per request."""
+
+    model: str | None
+    temperature: float | None
+    stream: bool | None
+
+
+def read_fields(kind: type[RoutedFields], body: Any) -> Fields:
     """The routed fields of a parsed JSON body, read leniently (see the module docstring).
 
     Raises :class:`~gateway.errors.GatewayError` 400 only when the body is not a JSON
@@ -119,14 +128,10 @@ def read_fields(kind: type[RoutedFields], body: Any) -> RoutedFields:
     if temperature is not None and not math.isfinite(temperature):
         temperature = None
     model = _field(_STR, body.get("model"), (str, type(None)))
-    return kind.model_construct(
-        model=model or None,
-        temperature=temperature,
-        stream=_field(_BOOL, body.get("stream"), (bool, type(None))),
-    )
+    return Fields(model or None, temperature, _field(_BOOL, body.get("stream"), (bool, type(None))))
 
 
-def routing_view(kind: type[RoutedFields], body: dict[str, Any], fields: RoutedFields) -> Any:
+def routing_view(kind: type[RoutedFields], body: dict[str, Any], fields: Fields) -> Any:
     """The body routing reads: ``kind.view(body)`` with ``temperature`` and ``stream`` as
     read (a shallow copy only when the client sent them in another form)."""
     view = kind.view(body)

@@ -198,36 +198,30 @@ def choose(
     first = buckets[candidates[0]]
     prior = estimates.get((task, ALL))
     names = list(dict.fromkeys([*candidates, *([baseline] if baseline else [])]))
-    seen = {
-        n: (_seen(estimates.get((task, buckets.get(n, first))), n, decay), _seen(prior, n, decay))
-        for n in names
-    }
-    known = [(b or t) for b, t in seen.values()]
-    optimistic = max((k.stats.mean for k in known if k is not None), default=0.0)
-    var = _noise(prior, decay)
-    post = {n: _posterior(b, t, prior_weight, optimistic, var) for n, (b, t) in seen.items()}
-    shift = dict.fromkeys(names, 0.0)
-    for n, factor in (penalties or {}).items():
-        if n in shift:
-            shift[n] = math.log(min(max(factor, 1e-6), 1.0))
-    draws: dict[str, float] = {}
-    untried = all(post[n].source == "prior" for n in candidates)
-    if len(candidates) > 1 and not untried and explore > 0:
-        draws = {
-            n: rng.normalvariate(post[n].mean, post[n].sd * explore) + shift[n] for n in candidates
-        }
-    if untried:
-        best = chosen = candidates[0]
-    else:
-        best = max(candidates, key=lambda n: post[n].mean + shift[n])
-        chosen = max(candidates, key=lambda n: draws[n]) if draws else best
+    # the groups as of now (observations replace them), read again only by what is lazy
+    groups = {n: estimates.get((task, buckets.get(n, first))) for n in names}
 
-    def rows() -> tuple[Estimate, ...]:
+    def beliefs() -> tuple[dict[str, _Posterior], dict[str, float]]:
+        """Each name's posterior and its penalty as a shift of its mean ln(speed)."""
+        seen = {n: (_seen(groups[n], n, decay), _seen(prior, n, decay)) for n in names}
+        known = [(b or t) for b, t in seen.values()]
+        optimistic = max((k.stats.mean for k in known if k is not None), default=0.0)
+        var = _noise(prior, decay)
+        post = {n: _posterior(b, t, prior_weight, optimistic, var) for n, (b, t) in seen.items()}
+        shift = dict.fromkeys(names, 0.0)
+        for n, factor in (penalties or {}).items():
+            if n in shift:
+                shift[n] = math.log(min(max(factor, 1e-6), 1.0))
+        return post, shift
+
+    def rows(
+        post: dict[str, _Posterior], shift: dict[str, float], draws: dict[str, float]
+    ) -> tuple[Estimate, ...]:
         base = post[baseline] if baseline is not None else None
         base_mean = base.mean if base is not None and base.source != "prior" else None
         out = []
         for n in candidates:
-            p, here = post[n], seen[n][0]
+            p, here = post[n], _seen(groups[n], n, decay)
             stats = here.stats if here is not None else None
             relative = None
             if base_mean is not None and p.source != "prior":
@@ -250,7 +244,26 @@ def choose(
             )
         return tuple(out)
 
-    return AdaptiveChoice(task, buckets[chosen], chosen, best, chosen != best, untried, rows)
+    if len(candidates) == 1:  # nothing to choose from (most requests under load): no posterior
+        only = candidates[0]
+        untried = (_seen(groups[only], only, decay) or _seen(prior, only, decay)) is None
+        return AdaptiveChoice(task, first, only, only, False, untried, lambda: rows(*beliefs(), {}))
+    post, shift = beliefs()
+    draws: dict[str, float] = {}
+    untried = all(post[n].source == "prior" for n in candidates)
+    if not untried and explore > 0:
+        draws = {
+            n: rng.normalvariate(post[n].mean, post[n].sd * explore) + shift[n] for n in candidates
+        }
+    if untried:
+        best = chosen = candidates[0]
+    else:
+        best = max(candidates, key=lambda n: post[n].mean + shift[n])
+        chosen = max(candidates, key=lambda n: draws[n]) if draws else best
+    explored = chosen != best
+    return AdaptiveChoice(
+        task, buckets[chosen], chosen, best, explored, untried, lambda: rows(post, shift, draws)
+    )
 
 
 def _round(value: float | None, digits: int = 4) -> float | None:

@@ -117,7 +117,7 @@ class RouteDecision:
         return self.backends[0] if self.backends else None
 
 
-@dataclass
+@dataclass(slots=True)
 class _Plan:
     kept: list[tuple[float, float, str]] = field(default_factory=list)
     deferred: list[str] = field(default_factory=list)
@@ -176,6 +176,8 @@ class RoutingPolicy:
         self.config = config
         self.groups = {n: b.compute_group for n, b in config.backends.items()}
         self.plain = [n for n, b in config.backends.items() if not b.spec.speculative]
+        # per config, so a decision reads sets instead of each backend's speculation settings
+        self.speculative = frozenset(config.backends).difference(self.plain)
 
     def decide(
         self,
@@ -271,11 +273,10 @@ class RoutingPolicy:
     def _eligible(self, pool: str, plan: _Plan, order: list[str]) -> list[str]:
         """The try list's backends a policy may put first: kept candidates of the rule's
         own pool, and plain ones of its fallbacks (rules stay the guard rails)."""
-        backends = self.config.backends
         allowed = {
             c.backend
             for c in plan.candidates
-            if c.kept and (c.pool == pool or not backends[c.backend].spec.speculative)
+            if c.kept and (c.pool == pool or c.backend not in self.speculative)
         }
         return [name for name in order if name in allowed]
 
@@ -352,11 +353,13 @@ class RoutingPolicy:
         if why is not None or backend is None or snap is None:
             plan.candidates.append(Candidate(name, pool, False, why or "unknown backend"))
             return
-        if backend.spec.speculative and features.speculation == SPECULATION_OFF:
+        if name in self.speculative and features.speculation == SPECULATION_OFF:
             plan.candidates.append(Candidate(name, pool, False, OFF_WHY))
             return
         plan.seen.add(name)
-        batch = plan.load.get(name, snap.batch)  # load_view's concurrency: >= its own batch
+        batch = plan.load.get(name)  # load_view's concurrency: >= its own batch
+        if batch is None:
+            batch = snap.batch
         passed_over = self._pass_over(name, backend, snap, rng, features, plan.measured, batch)
         if passed_over is not None:
             plan.deferred.append(name)
@@ -384,7 +387,7 @@ class RoutingPolicy:
         limit gives way to them. ``batch``: the requests on its compute before this one (its
         compute group's batch, or the group's recent peak less one: the batch it would run
         if it took the group's load, as a busy group's requests join one backend)."""
-        if not backend.spec.speculative:
+        if name not in self.speculative:
             return None
         refused = features.spec_refused.get(backend.spec.method or "")
         if refused:
@@ -440,8 +443,8 @@ class RoutingPolicy:
     ) -> list[str]:
         """Healthy plain backends serving the model, not yet in the try list."""
         found: list[tuple[float, float, str]] = []
-        for name, backend in self.config.backends.items():
-            if name in order or backend.spec.speculative:
+        for name in self.config.backends:
+            if name in order or name in self.speculative:
                 continue
             snap = self._usable(name, features, state)
             if snap is None:
@@ -463,8 +466,9 @@ class RoutingPolicy:
         request (step 7): plain first, then least outstanding; ``failover``: the rule's own
         backends come first (the candidates say so)."""
         found: list[tuple[bool, float, float, str]] = []
+        considered = plan.seen.union(c.backend for c in plan.candidates)
         for name, backend in self.config.backends.items():
-            if name in plan.seen or any(c.backend == name for c in plan.candidates):
+            if name in considered:
                 continue
             snap = self._usable(name, features, state)
             if snap is None:

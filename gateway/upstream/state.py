@@ -151,17 +151,18 @@ class BackendState:
     def snapshot(self, now: float) -> BackendSnapshot:
         """The immutable view the routing policy reads (``now``: ``time.monotonic()``)."""
         fresh = self.scraped_at > self.done_at
+        circuit = self.circuit  # closed (no failure run) in the common case: no state read
         return BackendSnapshot(
-            healthy=self.available,
-            circuit_open=not self.circuit.routable(now),
-            inflight=self.load(now),
-            recent=float(self.recent_peak(now)),
-            running=self.running if fresh else 0.0,
-            waiting=self.waiting if fresh else 0.0,
-            demoted=self.demoted,
-            acceptance_rate=self.acceptance.rate if self.acceptance else None,
-            suspect=self.suspect,
-            sample_suspect=self.sample_suspect,
+            self.healthy is not False,  # available
+            circuit.opened_at is not None and not circuit.routable(now),
+            self.load(now) if self.reserved else self.inflight,
+            float(self.recent_peak(now)),
+            self.running if fresh else 0.0,
+            self.waiting if fresh else 0.0,
+            self.demoted,
+            self.acceptance.rate if self.acceptance else None,
+            self.suspect,
+            self.sample_suspect,
         )
 
 
