@@ -152,15 +152,15 @@ class BackendState:
         """The immutable view the routing policy reads (``now``: ``time.monotonic()``)."""
         fresh = self.scraped_at > self.done_at
         circuit = self.circuit  # closed (no failure run) in the common case: no state read
-        return BackendSnapshot(
-            self.healthy is not False,  # available
-            circuit.opened_at is not None and not circuit.routable(now),
-            self.load(now) if self.reserved else self.inflight,
-            float(self.recent_peak(now)),
-            self.running if fresh else 0.0,
-            self.waiting if fresh else 0.0,
+        return BackendSnapshot(  # positional, in field order (cheaper than keywords)
+            self.healthy is not False,  # healthy: available
+            circuit.opened_at is not None and not circuit.routable(now),  # circuit_open
+            self.load(now) if self.reserved else self.inflight,  # inflight
+            float(self.recent_peak(now)),  # recent
+            self.running if fresh else 0.0,  # running
+            self.waiting if fresh else 0.0,  # waiting
             self.demoted,
-            self.acceptance.rate if self.acceptance else None,
+            self.acceptance.rate if self.acceptance else None,  # acceptance_rate
             self.suspect,
             self.sample_suspect,
         )
