@@ -31,6 +31,7 @@ import httpx
 from gateway.classify.protocol import RoutedFields, read_fields
 from gateway.errors import bad_request, no_backend, quarantined, too_busy
 from gateway.routing.control import served
+from gateway.routing.explain import decision_json
 from gateway.routing.guards import needs_token_count
 from gateway.routing.policy import RouteDecision
 from gateway.runtime import Runtime
@@ -44,6 +45,10 @@ from gateway.upstream.quarantine import QuarantineTable, fingerprint
 from gateway.upstream.tokens import count_prompt_tokens
 
 logger = logging.getLogger(__name__)
+#: One DEBUG line per routed request (``SPECGATE_LOG_LEVEL=debug``): its id, the load it
+#: joined and its decision as ``/routes/explain`` gives it, so a run can be read back
+#: decision by decision (e.g. why a wave split over two servers of one GPU).
+decision_log = logging.getLogger("specgate.decision")
 
 #: Response headers the gateway sets itself (a backend's own are dropped).
 OWN_HEADERS = frozenset(
@@ -119,6 +124,9 @@ async def prepare_routed(runtime: Runtime, request: RoutedRequest) -> None:
     request.decision = decision
     if decision.backends[0] != first:  # a guard, a pin or the client moved it
         _reserve(gateway, decision.backends[0], instead_of=first)
+    if decision_log.isEnabledFor(logging.DEBUG):
+        line = {"request_id": trace.request_id, "concurrency": decision.concurrency}
+        decision_log.debug("%s", json.dumps(line | decision_json(decision)))
     _ask_for_feedback(runtime, request)
 
 

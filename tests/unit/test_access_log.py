@@ -98,3 +98,32 @@ def test_text_line_is_the_fields_one_by_one(request_id: str, finished: bool) -> 
         trace.finish(503, "no_backend")
     expected = " ".join(f"{k}={_text_value(v)}" for k, v in access_fields(trace).items())
     assert text_line(trace) == expected
+
+
+async def test_debug_decision_line_per_routed_request(
+    gw: InProcess, caplog: pytest.LogCaptureFixture
+) -> None:
+    """At DEBUG, ``specgate.decision`` writes each routed request's decision as
+    /routes/explain gives it, under the request's id, and never the prompt or a key."""
+    caplog.set_level(logging.DEBUG, logger="specgate.decision")
+    body = {"model": MODEL, "prompt": SECRET_PROMPT, "max_tokens": 8, "temperature": 0}
+    headers = {"x-task-type": "code", "x-request-id": "req-43"}
+    resp = await gw.client.post(
+        "/v1/completions", json=body, headers=headers | {"authorization": f"Bearer {SECRET_KEY}"}
+    )
+    assert resp.status_code == 200
+    lines = [r.getMessage() for r in caplog.records if r.name == "specgate.decision"]
+    assert len(lines) == 1
+    line = json.loads(lines[0])
+    assert line["request_id"] == "req-43" and line["concurrency"] >= 1
+    assert line["task"] == "code" and line["rule"] == "code-rag-speculative"
+    assert line["backend"] == resp.headers["x-specgate-backend"]
+    assert line["reasons"] and line["candidates"]
+    assert "SECRET" not in lines[0] and "leak_the_prompt" not in lines[0]
+
+
+async def test_no_decision_line_at_info(gw: InProcess, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="specgate.decision")
+    body = {"model": MODEL, "prompt": "hello", "max_tokens": 8, "temperature": 0}
+    assert (await gw.client.post("/v1/completions", json=body)).status_code == 200
+    assert not [r for r in caplog.records if r.name == "specgate.decision"]
