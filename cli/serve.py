@@ -10,6 +10,10 @@ from typing import Any
 from contracts.config import GatewayConfig
 from gateway.settings import Settings
 
+#: The loggers ``SPECGATE_LOG_LEVEL`` sets: the gateway's modules, its ``specgate.*`` lines
+#: (access, decision) and the config's; at ``debug`` every other logger stays at info.
+OWN_LOGGERS = ("gateway", "specgate", "contracts")
+
 
 def run_gateway(
     settings: Settings,
@@ -27,7 +31,12 @@ def run_gateway(
 
     from gateway.app import create_app
 
-    logging.getLogger().setLevel(settings.log_level.upper())
+    level = settings.log_level.upper()
+    # debug is for specgate's own loggers (e.g. specgate.decision): the libraries stay at
+    # info (httpcore alone logs a dozen DEBUG lines per health poll)
+    logging.getLogger().setLevel("INFO" if level == "DEBUG" else level)
+    for name in OWN_LOGGERS:
+        logging.getLogger(name).setLevel(level)
     # No record field the log format shows needs the caller's frame, thread or process:
     # the logging HOWTO's "Optimization" switches, since every request logs an access line.
     logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
@@ -49,7 +58,7 @@ def run_gateway(
         app,
         host=settings.host,
         port=settings.port,
-        log_level=settings.log_level,
+        log_level=logging.getLogger().level,  # uvicorn is a library: info at debug
         # uvicorn hints int, but hands the value to asyncio.wait_for: seconds as a float work.
         timeout_graceful_shutdown=settings.shutdown_grace_s,  # type: ignore[arg-type]
         timeout_keep_alive=settings.keep_alive_s,  # type: ignore[arg-type]

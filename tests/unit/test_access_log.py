@@ -74,13 +74,16 @@ def test_log_level_setting_applies_to_the_access_log(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(uvicorn, "run", lambda app, **_: served.append(app))
     for switch in ("_srcfile", "logThreads", "logProcesses", "logMultiprocessing"):
         monkeypatch.setattr(logging, switch, getattr(logging, switch))  # restored after
-    root = logging.getLogger()
-    before = root.level
+    from cli.serve import OWN_LOGGERS
+
+    loggers = [logging.getLogger(), *(logging.getLogger(n) for n in OWN_LOGGERS)]
+    before = [lg.level for lg in loggers]
     try:
         run_gateway(Settings(log_level="warning"), local_config())
         assert served and not logging.getLogger("specgate.access").isEnabledFor(logging.INFO)
     finally:
-        root.setLevel(before)
+        for lg, level in zip(loggers, before, strict=True):
+            lg.setLevel(level)
 
 
 @pytest.mark.parametrize(
@@ -127,3 +130,27 @@ async def test_no_decision_line_at_info(gw: InProcess, caplog: pytest.LogCapture
     body = {"model": MODEL, "prompt": "hello", "max_tokens": 8, "temperature": 0}
     assert (await gw.client.post("/v1/completions", json=body)).status_code == 200
     assert not [r for r in caplog.records if r.name == "specgate.decision"]
+
+
+def test_debug_level_is_specgate_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``SPECGATE_LOG_LEVEL=debug`` turns on the decision lines, not the libraries' DEBUG
+    output (httpcore logs a dozen lines per health poll)."""
+    import uvicorn
+
+    from cli.serve import OWN_LOGGERS, run_gateway
+    from gateway.settings import Settings
+
+    monkeypatch.setattr(uvicorn, "run", lambda app, **_: None)
+    for switch in ("_srcfile", "logThreads", "logProcesses", "logMultiprocessing"):
+        monkeypatch.setattr(logging, switch, getattr(logging, switch))  # restored after
+    loggers = [logging.getLogger(), *(logging.getLogger(n) for n in OWN_LOGGERS)]
+    before = [lg.level for lg in loggers]
+    try:
+        run_gateway(Settings(log_level="debug"), local_config())
+        assert logging.getLogger("specgate.decision").isEnabledFor(logging.DEBUG)
+        assert logging.getLogger("gateway.pipeline").isEnabledFor(logging.DEBUG)
+        assert not logging.getLogger("httpcore").isEnabledFor(logging.DEBUG)
+        assert logging.getLogger("httpcore").isEnabledFor(logging.INFO)
+    finally:
+        for lg, level in zip(loggers, before, strict=True):
+            lg.setLevel(level)
