@@ -253,7 +253,9 @@ async def test_on_by_default_with_a_visible_budget(gw: InProcess) -> None:
     }
     assert view["rounds"] == 0
     page = (await gw.client.get("/status")).text
-    assert "a round every 300 s, 2 x 32 tokens per server" in page and "no round yet" in page
+    assert "a round every 300 s, 2 x 32 tokens per server" in page
+    assert "0 rounds since start; last hour:" in page
+    assert "no speculative backend sampled yet" in page
     metrics = (await gw.client.get("/metrics")).text
     assert "specgate_sample_canary_rounds_total 0.0" in metrics
     assert 'specgate_backend_sample_suspect{backend="ngram"} 0.0' in metrics
