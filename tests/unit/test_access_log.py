@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -63,27 +64,35 @@ def test_json_lines_and_hostile_request_ids(caplog: pytest.LogCaptureFixture) ->
     assert "\n" not in as_text and as_text.startswith('request_id="evil\\"\\nid x=1" ')
 
 
-def test_log_level_setting_applies_to_the_access_log(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``SPECGATE_LOG_LEVEL=warning`` drops the per-request lines, not only uvicorn's."""
+@pytest.fixture
+def serve(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[str], list[object]]]:
+    """``run_gateway`` at a log level with uvicorn left out; returns the apps it would serve.
+    The logging switches and every logger it sets are restored after."""
     import uvicorn
 
-    from cli.serve import run_gateway
+    from cli.serve import OWN_LOGGERS, run_gateway
     from gateway.settings import Settings
 
     served: list[object] = []
     monkeypatch.setattr(uvicorn, "run", lambda app, **_: served.append(app))
     for switch in ("_srcfile", "logThreads", "logProcesses", "logMultiprocessing"):
-        monkeypatch.setattr(logging, switch, getattr(logging, switch))  # restored after
-    from cli.serve import OWN_LOGGERS
-
+        monkeypatch.setattr(logging, switch, getattr(logging, switch))
     loggers = [logging.getLogger(), *(logging.getLogger(n) for n in OWN_LOGGERS)]
     before = [lg.level for lg in loggers]
-    try:
-        run_gateway(Settings(log_level="warning"), local_config())
-        assert served and not logging.getLogger("specgate.access").isEnabledFor(logging.INFO)
-    finally:
-        for lg, level in zip(loggers, before, strict=True):
-            lg.setLevel(level)
+
+    def run(level: str) -> list[object]:
+        run_gateway(Settings(log_level=level), local_config())
+        return served
+
+    yield run
+    for lg, level in zip(loggers, before, strict=True):
+        lg.setLevel(level)
+
+
+def test_log_level_setting_applies_to_the_access_log(serve: Callable[[str], list[object]]) -> None:
+    """``SPECGATE_LOG_LEVEL=warning`` drops the per-request lines, not only uvicorn's."""
+    assert serve("warning")
+    assert not logging.getLogger("specgate.access").isEnabledFor(logging.INFO)
 
 
 @pytest.mark.parametrize(
@@ -132,25 +141,11 @@ async def test_no_decision_line_at_info(gw: InProcess, caplog: pytest.LogCapture
     assert not [r for r in caplog.records if r.name == "specgate.decision"]
 
 
-def test_debug_level_is_specgate_own(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_debug_level_is_specgate_own(serve: Callable[[str], list[object]]) -> None:
     """``SPECGATE_LOG_LEVEL=debug`` turns on the decision lines, not the libraries' DEBUG
     output (httpcore logs a dozen lines per health poll)."""
-    import uvicorn
-
-    from cli.serve import OWN_LOGGERS, run_gateway
-    from gateway.settings import Settings
-
-    monkeypatch.setattr(uvicorn, "run", lambda app, **_: None)
-    for switch in ("_srcfile", "logThreads", "logProcesses", "logMultiprocessing"):
-        monkeypatch.setattr(logging, switch, getattr(logging, switch))  # restored after
-    loggers = [logging.getLogger(), *(logging.getLogger(n) for n in OWN_LOGGERS)]
-    before = [lg.level for lg in loggers]
-    try:
-        run_gateway(Settings(log_level="debug"), local_config())
-        assert logging.getLogger("specgate.decision").isEnabledFor(logging.DEBUG)
-        assert logging.getLogger("gateway.pipeline").isEnabledFor(logging.DEBUG)
-        assert not logging.getLogger("httpcore").isEnabledFor(logging.DEBUG)
-        assert logging.getLogger("httpcore").isEnabledFor(logging.INFO)
-    finally:
-        for lg, level in zip(loggers, before, strict=True):
-            lg.setLevel(level)
+    assert serve("debug")
+    assert logging.getLogger("specgate.decision").isEnabledFor(logging.DEBUG)
+    assert logging.getLogger("gateway.pipeline").isEnabledFor(logging.DEBUG)
+    assert not logging.getLogger("httpcore").isEnabledFor(logging.DEBUG)
+    assert logging.getLogger("httpcore").isEnabledFor(logging.INFO)
