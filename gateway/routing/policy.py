@@ -357,9 +357,7 @@ class RoutingPolicy:
             plan.candidates.append(Candidate(name, pool, False, OFF_WHY))
             return
         plan.seen.add(name)
-        batch = plan.load.get(name)  # load_view's concurrency: >= its own batch
-        if batch is None:
-            batch = snap.batch
+        batch = plan.load[name]  # load_view's concurrency (every backend): >= its own batch
         passed_over = self._pass_over(name, backend, snap, rng, features, plan.measured, batch)
         if passed_over is not None:
             plan.deferred.append(name)
