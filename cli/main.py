@@ -96,7 +96,8 @@ def describe(config: GatewayConfig) -> str:
     for i, r in enumerate(config.rules, start=1):
         match = r.match.model_dump(exclude_none=True) or "any"
         fallbacks = f" then {', '.join(r.fallbacks)}" if r.fallbacks else ""
-        lines.append(f"  {i}. {r.name}: {match} -> {r.pool}{fallbacks}")
+        seeded = f" (seeded sampling: {r.seeded_pool})" if r.seeded_pool else ""
+        lines.append(f"  {i}. {r.name}: {match} -> {r.pool}{fallbacks}{seeded}")
     lines.append(f"  otherwise -> {config.defaults.pool}")
     return "\n".join(lines)
 

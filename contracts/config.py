@@ -178,6 +178,12 @@ class Rule(_Strict):
     first; ``adaptive`` puts first the backend with the best learnt speed for the
     request, among the kept candidates of ``pool`` and the plain ones of the fallbacks (a
     speculative backend is only ever chosen from the rule's own ``pool``).
+
+    ``seeded_pool`` (default ``pool``): the pool, ``pool`` or one of ``fallbacks``, that a
+    seeded request that samples is pinned in first (:mod:`gateway.routing.seeds`; then the
+    rule's pools in order), e.g. ``plain`` for a task whose answers the speculative decode
+    slows (creative at temperature 1.0 on the GPU cost twin: EAGLE-3 0.85x plain,
+    docs/benchmarks.md section 7).
     """
 
     name: str = Field(min_length=1)
@@ -185,6 +191,7 @@ class Rule(_Strict):
     pool: str
     fallbacks: list[str] = []
     policy: RoutePolicy | None = None
+    seeded_pool: str | None = None
 
 
 class Defaults(_Strict):
@@ -370,6 +377,13 @@ def check_references(config: GatewayConfig) -> list[ConfigIssue]:
         ]:
             if pool not in config.pools:
                 issues.append(ConfigIssue(f"rules.{i}.{field}", f"unknown pool '{pool}'"))
+        if rule.seeded_pool is not None and rule.seeded_pool not in [rule.pool, *rule.fallbacks]:
+            issues.append(
+                ConfigIssue(
+                    f"rules.{i}.seeded_pool",
+                    f"'{rule.seeded_pool}' is not the rule's pool or one of its fallbacks",
+                )
+            )
     for name, backend in config.backends.items():
         for i, guard in enumerate(backend.guards):
             if guard not in config.guards and builtin_guard(guard) is None:

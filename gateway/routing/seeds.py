@@ -4,8 +4,8 @@ One vLLM server answers the same seeded request with the same tokens; two server
 (a speculative server spends its random numbers differently from a plain one, and replicas
 batch differently). So the backend of a request that samples (vLLM's rule,
 :func:`~gateway.classify.features.samples`) and carries a ``seed`` is a function of the
-request and the config only: the first pool of its rule (then each fallback pool, in
-order) that has a backend in the try list; within it, the first such backend in the pool's
+request and the config only: the first pool of its rule (its ``seeded_pool`` when set,
+then its pool and each fallback pool, in order) that has a backend in the try list; within it, the first such backend in the pool's
 order and its replicas (backends with the same speculation settings: the same decode), and
 among those the backend with the highest rendezvous hash of (request key, backend name)
 (Thaler and Ravishankar, "Using name-based mappings to increase hit rates", 1998). Replicas
@@ -57,7 +57,7 @@ def pin_seeded(
     if rule is None or decision.rule == DEFAULT_RULE:
         pools = [config.defaults.pool]
     else:
-        pools = [rule.pool, *rule.fallbacks]
+        pools = list(dict.fromkeys([rule.seeded_pool or rule.pool, rule.pool, *rule.fallbacks]))
     refused = decision.features.spec_refused
     usable = [
         b

@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from contracts.config import GatewayConfig
+from contracts.config import ConfigError, GatewayConfig, parse_config
 from gateway.classify.features import RequestFeatures
 from gateway.routing.seeds import pin_seeded, seeded
 from gateway.service import Gateway
@@ -75,6 +75,36 @@ def test_the_choice_ignores_the_try_lists_order() -> None:
     assert only_plain.backends == ("plain",)
     greedy = decision_for(config, SPECULATIVE)
     assert pin_seeded(config, greedy, {"seed": 3, "temperature": 0}, "key-1") is greedy
+
+
+def test_a_rules_seeded_pool_pins_first() -> None:
+    """``seeded_pool: plain`` on the matching rule (code's rule here): seeded sampling
+    requests go to plain, whatever the try list's order; the rest of it stays for failover,
+    and with plain out the rule's own pool takes them."""
+    base = remote_config()
+    rules = [
+        r.model_copy(update={"seeded_pool": "plain"}) if r.name == "code-rag-speculative" else r
+        for r in base.rules
+    ]
+    config = base.model_copy(update={"rules": rules})
+    body = {"seed": 3, "temperature": 0.5}
+    order = (*SPECULATIVE, "plain")
+    decision = decision_for(config, order)
+    assert decision.rule == "code-rag-speculative"
+    pinned = pin_seeded(config, decision, body, "key-1")
+    assert pinned.backends[0] == "plain" and set(pinned.backends) == set(order)
+    assert "pool 'plain'" in pinned.reasons[-1]
+    assert pin_seeded(config, decision_for(config, SPECULATIVE), body, "k").backends[0] == (
+        "eagle3"
+    )
+
+
+def test_a_seeded_pool_outside_the_rules_pools_is_refused() -> None:
+    data = local_config().model_dump(mode="json", exclude_none=True)
+    data["rules"][0] = {**data["rules"][0], "pool": "plain", "seeded_pool": "speculative"}
+    data["rules"][0]["fallbacks"] = []
+    with pytest.raises(ConfigError, match=r"rules\.0\.seeded_pool: .speculative. is not"):
+        parse_config(data, "test")
 
 
 def test_seeded_requests_spread_over_replicas_of_the_same_decode() -> None:
