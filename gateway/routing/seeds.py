@@ -4,21 +4,21 @@ One vLLM server answers the same seeded request with the same tokens; two server
 (a speculative server spends its random numbers differently from a plain one, and replicas
 batch differently). So the backend of a request that samples (vLLM's rule,
 :func:`~gateway.classify.features.samples`) and carries a ``seed`` is a function of the
-request and the config only: the first pool of its rule (its ``seeded_pool`` when set,
-then its pool and each fallback pool, in order) that has a backend in the try list; within it, the first such backend in the pool's
-order and its replicas (backends with the same speculation settings: the same decode), and
-among those the backend with the highest rendezvous hash of (request key, backend name)
-(Thaler and Ravishankar, "Using name-based mappings to increase hit rates", 1998). Replicas
-share seeded traffic; different decodes do not (measured on the GPU cost twin, 2026-12-01:
-hashing over a pool [eagle3, ngram] sent 5 of 12 seeded requests to ngram at 0.5-0.6x
-plain's speed, docs/benchmarks.md section 7). Learnt speeds, load, probes and random tie breaks
-do not enter; health does (a backend that is down cannot answer), and so do the guards,
-``max_inflight`` caps and parameters a speculation method refuses (``min_p``, ...) that
-shaped the try list. So does the request's ``X-Specgate-Speculation`` (part of the request):
-under ``on`` the pin is among the try list's speculative backends (plain ones only when none
-is left), under ``off`` among its plain ones; when the rule's pools hold none of them, among
-all of them. Greedy requests are not pinned: every
-backend returns the same tokens for them. Pure code.
+request and the config only: the first pool of its rule (its ``seeded_pool`` when set, then
+its pool and each fallback pool, in order) that has a backend in the try list; within it,
+the first such backend in the pool's order and its replicas (backends with the same
+speculation settings: the same decode), and among those the backend with the highest
+rendezvous hash of (request key, backend name) (Thaler and Ravishankar, "Using name-based
+mappings to increase hit rates", 1998). Replicas share seeded traffic; different decodes
+do not (measured on the GPU cost twin, 2026-12-01: hashing over a pool [eagle3, ngram]
+sent 5 of 12 seeded requests to ngram at 0.5-0.6x plain's speed, docs/benchmarks.md
+section 7). Learnt speeds, load, probes and random tie breaks do not enter; health does (a
+backend that is down cannot answer), and so do the guards, ``max_inflight`` caps and
+parameters a speculation method refuses (``min_p``, ...) that shaped the try list. So does
+the request's ``X-Specgate-Speculation`` (part of the request): under ``on`` the pin is
+among the try list's speculative backends (plain ones only when none is left), under
+``off`` among its plain ones; when the rule's pools hold none of them, among all of them.
+Greedy requests are not pinned: every backend returns the same tokens for them. Pure code.
 """
 
 from __future__ import annotations
