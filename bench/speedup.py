@@ -237,6 +237,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--adaptive-gateway", help="its URL when already running")
     parser.add_argument("--warmup", type=int, default=30, help="adaptive warm-up per task")
     parser.add_argument(
+        "--extra-gateway",
+        action="append",
+        default=[],
+        metavar="NAME=URL",
+        help="another running gateway measured beside them (e.g. a variant of the adaptive "
+        "one, NAME adaptive-...), warmed up as the adaptive one is; repeatable",
+    )
+    parser.add_argument(
         "--no-prefix-cache", action="store_true", help="launch backends without prefix caching"
     )
     args = parser.parse_args(argv)
@@ -268,6 +276,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                     url, model, more, args.warmup, args.max_tokens, tqdm.write, backend_urls
                 )
                 extra = [(adaptive_bench.TARGET, url)]
+            for spec in args.extra_gateway:
+                name, _, extra_url = spec.partition("=")
+                if url is not None:
+                    adaptive_bench.warm_up(
+                        extra_url, model, more, args.warmup, args.max_tokens, tqdm.write,
+                        backend_urls,
+                    )  # fmt: skip
+                extra.append((name, extra_url))
             try:
                 measure(
                     config,

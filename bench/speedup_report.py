@@ -17,8 +17,14 @@ from contracts.tasks import TASKS
 #: specgate's targets (issue #6): per task within 5% of the best single backend, and never
 #: slower than the plain backend overall.
 WITHIN_BEST = 0.95
-#: Targets that are gateways, not single backends (``adaptive``: bench.adaptive_bench).
+#: Targets that are gateways, not single backends (``adaptive``: bench.adaptive_bench;
+#: ``adaptive-...``: bench.speedup's ``--extra-gateway`` variants).
 GATEWAYS = ("specgate", "adaptive")
+
+
+def is_gateway(target: str) -> bool:
+    """Whether ``target`` names a gateway rather than a single backend."""
+    return target in GATEWAYS or target.startswith("adaptive-")
 
 
 def _ms(values: list[float], q: float) -> float | None:
@@ -75,7 +81,7 @@ def checks(rows: Sequence[dict[str, Any]], key: str = "tok_s_p50") -> list[dict[
     index = {(r["concurrency"], r["target"], r["task"]): r for r in rows}
     out = []
     for concurrency in sorted({r["concurrency"] for r in rows}):
-        singles = sorted({r["target"] for r in rows if r["target"] not in GATEWAYS})
+        singles = sorted({r["target"] for r in rows if not is_gateway(r["target"])})
         for task in (*TASKS, "all"):
             gate = index.get((concurrency, "specgate", task))
             cands = [

@@ -1,4 +1,5 @@
-"""``python -m bench.twin_repeats DIR [DIR ...]``: bench.speedup repeats, median and spread.
+"""``python -m bench.twin_repeats [--adaptive NAME] DIR [DIR ...]``: bench.speedup repeats,
+median and spread.
 
 Each ``DIR`` is one repeat's ``bench.speedup --out`` folder (its ``results.json``; e.g. the
 GPU twin run's ``r1/speedup r2/speedup r3/speedup``, ``scripts/gpu/twin-run.sh``). Prints a
@@ -6,7 +7,9 @@ Markdown table per (concurrency, task): the median output tokens/s per request (
 over sum of end-to-end seconds) of every target over the repeats, the oracle (the single
 backend with the best median), and adaptive's ratio to the oracle and to plain as
 ``median (min-max)`` over the repeats, each ratio taken within one repeat (the oracle of that
-repeat), so a busy host moves both sides (issue #25 item 3).
+repeat), so a busy host moves both sides (issue #25 item 3). ``--adaptive`` names the gateway
+the ratios are of (default ``adaptive``, else ``specgate``; e.g. a variant measured with
+``bench.speedup --extra-gateway adaptive-b=URL``).
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ import json
 import statistics
 import sys
 from pathlib import Path
+
+from bench.speedup_report import is_gateway
 
 SINGLES = ("plain", "ngram", "eagle3")
 TASKS = ("code", "rag", "chat", "creative", "all")
@@ -30,13 +35,19 @@ def _spread(values: list[float]) -> str:
     return f"{statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})"
 
 
-def table(repeats: list[dict[tuple[int, str, str], float]]) -> list[str]:
+def table(
+    repeats: list[dict[tuple[int, str, str], float]], adaptive: str | None = None
+) -> list[str]:
     """The Markdown lines (header first); raises KeyError when a repeat lacks a cell."""
     c0 = min(k[0] for k in repeats[0])
     singles = [s for s in SINGLES if (c0, "all", s) in repeats[0]]
     # bench.sim_fleet runs one gateway, adaptive, named "specgate"
-    adaptive = "adaptive" if (c0, "all", "adaptive") in repeats[0] else "specgate"
-    targets = [*singles, *dict.fromkeys(["specgate", adaptive])]
+    if adaptive is None:
+        adaptive = "adaptive" if (c0, "all", "adaptive") in repeats[0] else "specgate"
+    gateways = sorted(
+        t for (c, task, t) in repeats[0] if c == c0 and task == "all" and is_gateway(t)
+    )
+    targets = [*singles, *dict.fromkeys(["specgate", *gateways, adaptive])]
     head = ["c", "task", *targets, "oracle", f"{adaptive} / oracle", f"{adaptive} / plain"]
     lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
     for c in sorted({k[0] for k in repeats[0]}):
@@ -55,11 +66,14 @@ def table(repeats: list[dict[tuple[int, str, str], float]]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     """CLI entry (see the module doc); exit code 0."""
-    folders = [Path(a) for a in (argv if argv is not None else sys.argv[1:])]
-    if not folders:
+    args = list(argv if argv is not None else sys.argv[1:])
+    adaptive = None
+    if args[:1] == ["--adaptive"] and len(args) > 1:
+        adaptive, args = args[1], args[2:]
+    if not args:
         print(__doc__, file=sys.stderr)
         return 2
-    print("\n".join(table([load(f) for f in folders])))
+    print("\n".join(table([load(Path(f)) for f in args], adaptive)))
     return 0
 
 

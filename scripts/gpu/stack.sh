@@ -16,6 +16,10 @@
 #
 # DRAFT_CONFIG (e.g. config/gpu-twin-draft.yaml): `up` also starts that stack (gateway :8020)
 # and `sampled` scores its backends too (into OUT/draft).
+# VARIANT_ENV (e.g. "SPECGATE_HEALTH_INTERVAL_S=0.25") and/or VARIANT_CONFIG: `wait` also
+# starts a second adaptive gateway on the same servers (port 8030, that environment and
+# config, default $CONFIG; state not saved), and `bench` measures it beside the others as
+# `adaptive-b` (an A/B in the same waves).
 #
 # CONFIG defaults to config/gpu-single.yaml; CONFIG=config/gpu-twin.yaml TWIN=1 gives the cost
 # twin's stack (docs/benchmarks.md, section 7).
@@ -97,6 +101,14 @@ wait)
             --config "$ROOT/gpu-static.yaml" > "$ROOT/static.log" 2>&1 < /dev/null &
         for _ in $(seq 60); do curl -sf localhost:8010/ready > /dev/null && break; sleep 1; done
     fi
+    if [ -n "${VARIANT_ENV:-}${VARIANT_CONFIG:-}" ] && ! curl -sf localhost:8030/ready > /dev/null; then
+        # shellcheck disable=SC2086  # VARIANT_ENV is a list of NAME=VALUE words
+        env SPECGATE_PORT=8030 SPECGATE_STATE_PERSIST=false ${VARIANT_ENV:-} \
+            setsid nohup "$PY" -m gateway serve --config "${VARIANT_CONFIG:-$CONFIG}" \
+            > "$ROOT/variant.log" 2>&1 < /dev/null &
+        for _ in $(seq 60); do curl -sf localhost:8030/ready > /dev/null && break; sleep 1; done
+        say "variant: adaptive-b :8030 (${VARIANT_ENV:-} ${VARIANT_CONFIG:-})"
+    fi
     grep -h -i -e "all backends healthy" -e "KV cache" -e "Available" "$ROOT/up.log" "$SPECGATE_CACHE_DIR"/logs/*.log | tail -20
     say "ready: adaptive :8000, static :8010"
     ;;
@@ -109,13 +121,19 @@ bench)
         "$PY" -m bench.gpu_checks --config "$CONFIG" --gateway http://127.0.0.1:8010 \
             --prompts .gpu/prompts --out "$out" 2>&1 | tail -60
     fi
+    variant=()
+    if [ -n "${VARIANT_ENV:-}${VARIANT_CONFIG:-}" ]; then
+        variant=(--extra-gateway adaptive-b=http://127.0.0.1:8030)
+    fi
     "$PY" -m bench.speedup --config "$ROOT/gpu-static.yaml" --gateway http://127.0.0.1:8010 \
-        --adaptive --adaptive-gateway http://127.0.0.1:8000 --prompts .gpu/prompts \
+        --adaptive --adaptive-gateway http://127.0.0.1:8000 "${variant[@]}" --prompts .gpu/prompts \
         --per-task "${PER_TASK:-8}" --max-tokens 64 --concurrency "${CONCURRENCY:-1,8,32}" \
         --warmup 10 --settle 0.05 \
         --out "$out/speedup" 2>&1 | grep -v -e '^bench: ' -e 'it/s' | tail -60
     curl -s localhost:8000/routes > "$out/routes-adaptive.json" || true
+    [ -z "${variant[*]}" ] || curl -s localhost:8030/routes > "$out/routes-variant.json" || true
     cp "$ROOT/up.log" "$out/" 2>/dev/null || true
+    cp "$ROOT/variant.log" "$out/" 2>/dev/null || true
     tar -czf "$out/server-logs.tgz" -C "$SPECGATE_CACHE_DIR" logs 2>/dev/null || true
     ;;
 sampled)

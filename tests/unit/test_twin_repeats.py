@@ -34,3 +34,14 @@ def test_medians_and_the_spread_of_the_ratios(tmp_path: Path) -> None:
     assert code == (
         "| 1 | code | 100 | 50 | 150 | 120 | 120 | eagle3 | 0.80 (0.60-1.00) | 1.20 (0.90-1.50) |"
     )
+
+
+def test_a_variant_gateways_ratios(tmp_path: Path) -> None:
+    """An ``--extra-gateway`` variant is a column, not an oracle candidate, and ``adaptive``
+    names the gateway the ratios are of."""
+    speeds = {"plain": 100.0, "eagle3": 150.0, "specgate": 120.0, "adaptive": 90.0}
+    repeats = [load(_repeat(tmp_path / "r0", {**speeds, "adaptive-b": 300.0}))]
+    code = next(line for line in table(repeats, "adaptive-b") if line.startswith("| 1 | code |"))
+    assert code == (
+        "| 1 | code | 100 | 150 | 120 | 90 | 300 | eagle3 | 2.00 (2.00-2.00) | 3.00 (3.00-3.00) |"
+    )
