@@ -25,6 +25,14 @@ PLAIN_FALLBACK = "plain (speculation passed over)"
 LAST_RESORT = "last resort"
 #: Why a speculative backend is left out of a request asking ``X-Specgate-Speculation: off``.
 OFF_WHY = "speculation off (requested)"
+#: Factor on ``max_batch_for_speculation`` for a speculative backend that holds most of this
+#: gateway's requests in flight on its ``compute_group``: a burst that started there stays
+#: together. On the GPU cost twin (docs/benchmarks.md section 7) a wave of 4 split over
+#: EAGLE-3 and plain on one H200 took 0.46-0.51 s against 0.27-0.29 s on one server (~1.7x),
+#: while EAGLE-3 alone at twice its limit (c=8) ran at 0.92-1.08x plain: past the limit a
+#: burst loses less by staying than by splitting. Stale ``/metrics`` counts of other clients'
+#: finished requests pushed such bursts over the limit halfway (simulator, session 13).
+LEADER_SLACK = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +137,8 @@ class _Plan:
     measured: Callable[[str], bool] | None = None
     # per backend, the requests on its compute before this one (LoadView.concurrency)
     load: Mapping[str, float] = field(default_factory=dict)
+    # per compute group, the backend with the most of this gateway's requests in flight
+    bursts: frozenset[str] = frozenset()
 
 
 class RoutingPolicy:
@@ -209,7 +219,7 @@ class RoutingPolicy:
         )
         settings = self.config.routing.adaptive
         overlap = prompt.overlap if prompt is not None else None
-        plan = _Plan(reasons=reasons, load=load.concurrency)
+        plan = _Plan(reasons=reasons, load=load.concurrency, bursts=self._bursts(state))
         buckets: dict[str, str] = {}
         if learnt is not None:
             by_load: dict[float, str] = {}
@@ -269,6 +279,17 @@ class RoutingPolicy:
             last_resort=last_resort,
             outside=tuple(outside),
         )
+
+    def _bursts(self, state: Mapping[str, BackendSnapshot]) -> frozenset[str]:
+        """Per compute group, the backend holding most of this gateway's requests in flight
+        there (none for an idle group): where a burst of ours runs. Other clients' load
+        (scraped, possibly up to one interval old) does not move it."""
+        most: dict[str, tuple[int, str]] = {}
+        for name, snap in state.items():
+            group = self.groups.get(name)
+            if group is not None and snap.inflight > most.get(group, (0, ""))[0]:
+                most[group] = (snap.inflight, name)
+        return frozenset(name for _, name in most.values())
 
     def _eligible(self, pool: str, plan: _Plan, order: list[str]) -> list[str]:
         """The try list's backends a policy may put first: kept candidates of the rule's
@@ -358,7 +379,10 @@ class RoutingPolicy:
             return
         plan.seen.add(name)
         batch = plan.load[name]  # load_view's concurrency (every backend): >= its own batch
-        passed_over = self._pass_over(name, backend, snap, rng, features, plan.measured, batch)
+        leads = name in plan.bursts
+        passed_over = self._pass_over(
+            name, backend, snap, rng, features, plan.measured, batch, leads
+        )
         if passed_over is not None:
             plan.deferred.append(name)
             plan.candidates.append(Candidate(name, pool, False, passed_over))
@@ -379,12 +403,15 @@ class RoutingPolicy:
         features: RequestFeatures,
         measured: Callable[[str], bool] | None,
         batch: float,
+        leads: bool = False,
     ) -> str | None:
         """Why a speculative backend is passed over now (None: kept). ``measured(name)``:
         its speed and a plain backend's were learnt at this load, so the configured batch
         limit gives way to them. ``batch``: the requests on its compute before this one (its
         compute group's batch, or the group's recent peak less one: the batch it would run
-        if it took the group's load, as a busy group's requests join one backend)."""
+        if it took the group's load, as a busy group's requests join one backend).
+        ``leads``: it holds most of this gateway's requests in flight on its compute group
+        (a burst of ours runs there); its limit is then :data:`LEADER_SLACK` times larger."""
         if name not in self.speculative:
             return None
         refused = features.spec_refused.get(backend.spec.method or "")
@@ -393,8 +420,13 @@ class RoutingPolicy:
         if features.speculation == SPECULATION_ON:
             return None  # the client's call: speed judgements give way
         limit = backend.max_batch_for_speculation
+        if limit is not None and leads:
+            limit *= LEADER_SLACK
         if limit is not None and batch > limit and (measured is None or not measured(name)):
-            return f"batch {batch:g} > max_batch_for_speculation {limit}: speculation loses"
+            why = f"batch {batch:g} > max_batch_for_speculation {backend.max_batch_for_speculation}"
+            if leads:
+                why += f" x{LEADER_SLACK} (our burst runs there)"
+            return f"{why}: speculation loses"
         if snap.demoted and rng.random() >= self.config.routing.probe_share:
             floor = backend.acceptance_floor(self.config.routing.min_acceptance_rate)
             rate = "unknown" if snap.acceptance_rate is None else f"{snap.acceptance_rate:.2f}"
