@@ -137,7 +137,7 @@ class _Plan:
     measured: Callable[[str], bool] | None = None
     # per backend, the requests on its compute before this one (LoadView.concurrency)
     load: Mapping[str, float] = field(default_factory=dict)
-    # per compute group, the backend with the most of this gateway's requests in flight
+    # leading backends holding this gateway's requests in flight (LoadView.bursts)
     bursts: frozenset[str] = frozenset()
 
 
@@ -216,10 +216,11 @@ class RoutingPolicy:
             self.groups,
             {n: snap.batch for n, snap in state.items()},
             {n: snap.recent for n, snap in state.items()},
+            {n: snap.inflight for n, snap in state.items()},
         )
         settings = self.config.routing.adaptive
         overlap = prompt.overlap if prompt is not None else None
-        plan = _Plan(reasons=reasons, load=load.concurrency, bursts=self._bursts(state))
+        plan = _Plan(reasons=reasons, load=load.concurrency, bursts=load.bursts)
         buckets: dict[str, str] = {}
         if learnt is not None:
             by_load: dict[float, str] = {}
@@ -279,17 +280,6 @@ class RoutingPolicy:
             last_resort=last_resort,
             outside=tuple(outside),
         )
-
-    def _bursts(self, state: Mapping[str, BackendSnapshot]) -> frozenset[str]:
-        """Per compute group, the backend holding most of this gateway's requests in flight
-        there (none for an idle group): where a burst of ours runs. Other clients' load
-        (scraped, possibly up to one interval old) does not move it."""
-        most: dict[str, tuple[int, str]] = {}
-        for name, snap in state.items():
-            group = self.groups.get(name)
-            if group is not None and snap.inflight > most.get(group, (0, ""))[0]:
-                most[group] = (snap.inflight, name)
-        return frozenset(name for _, name in most.values())
 
     def _eligible(self, pool: str, plan: _Plan, order: list[str]) -> list[str]:
         """The try list's backends a policy may put first: kept candidates of the rule's

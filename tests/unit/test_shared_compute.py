@@ -118,6 +118,18 @@ def test_busy_members_follow_the_busiest_of_their_group() -> None:
     assert tie.followers == frozenset()  # two leaders: neither is discounted
 
 
+def test_a_burst_of_ours_leads_its_group_over_a_larger_scraped_batch() -> None:
+    """Our requests on plain (exact) lead over a scraped batch on ngram (possibly other
+    clients' requests that ended since the scrape): ngram follows, eagle3 spreads."""
+    groups = {"plain": "gpu0", "ngram": "gpu0", "eagle3": "gpu0"}
+    view = load_view(groups, {"plain": 1, "ngram": 3}, inflight={"plain": 1})
+    assert view.followers == {"ngram"} and view.spreads == {"eagle3"}
+    assert view.bursts == {"plain"}
+    assert view.concurrency["plain"] == 4  # the scraped batch still counts as load
+    others = load_view(groups, {"plain": 1, "ngram": 3})  # none of it ours: the batch leads
+    assert others.followers == {"plain"} and others.bursts == frozenset()
+
+
 def test_a_recent_burst_sets_the_load_of_an_idle_group() -> None:
     """The first request of a wave meets an idle group: the recent peak gives its band."""
     groups = {"plain": "gpu0", "eagle3": "gpu0", "draft": None}
