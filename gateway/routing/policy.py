@@ -152,7 +152,8 @@ class RoutingPolicy:
     3. Speculative backends whose method refuses a parameter of the request
        (``features.spec_refused``), over ``max_batch_for_speculation`` (the batch of their
        compute group, or its recent peak; load-aware: vLLM measured 1.4-1.8x slowdowns from
-       speculation at high QPS) or demoted for low acceptance are
+       speculation at high QPS; :data:`LEADER_SLACK` times it for the one a burst of this
+       gateway's requests runs on) or demoted for low acceptance are
        passed over: plain backends serving the model are tried first, the passed-over ones
        stay last-resort failover targets. A demoted backend still takes ``probe_share`` of
        its traffic so its recovery shows.
@@ -164,7 +165,8 @@ class RoutingPolicy:
        Once a speculative backend and a plain one were both measured at this request's load
        band, their learnt speeds replace ``max_batch_for_speculation`` in step 3.
     6. Shared compute (:mod:`gateway.routing.load`): a candidate whose ``compute_group`` is
-       busy, other than its busiest backend, would spread load over competing servers; its
+       busy, other than its leading backend (most of this gateway's requests in flight, then
+       the largest batch), would spread load over competing servers; its
        expected speed is discounted by ``routing.shared_compute_penalty`` and nothing is
        explored (adaptive; an idle group's choice explores less the larger its recent burst),
        or a busy candidate goes before an idle one (static).
