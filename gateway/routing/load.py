@@ -35,45 +35,53 @@ class LoadView:
     group's summed batch, or its own batch without a group; at least the recent peak less
     one, see :func:`load_view`); ``spreads``: idle backends of a busy group (choosing one
     makes two servers compete for the same compute); ``followers``: busy backends of a
-    group that has a busier one (choosing one keeps two servers competing); ``peaks``: per
-    backend, the recent peak of its group (its own without a group)."""
+    group that has a leading one (choosing one keeps two servers competing); ``peaks``: per
+    backend, the recent peak of its group (its own without a group); ``bursts``: leading
+    backends holding this gateway's requests in flight (a burst of ours runs there)."""
 
     concurrency: Mapping[str, float]
     spreads: frozenset[str]
     followers: frozenset[str] = frozenset()
     peaks: Mapping[str, float] = field(default_factory=dict)
+    bursts: frozenset[str] = frozenset()
 
 
 def load_view(
     groups: Mapping[str, str | None],
     batch: Mapping[str, float],
     recent: Mapping[str, float] | None = None,
+    inflight: Mapping[str, float] | None = None,
 ) -> LoadView:
     """The :class:`LoadView` for backends' ``compute_group`` names, current ``batch``
-    (requests running or waiting per backend) and ``recent`` peak in-flight counts
-    (backends missing from either count 0).
+    (requests running or waiting per backend), ``recent`` peak in-flight counts and this
+    gateway's own ``inflight`` requests (backends missing from any count 0).
 
     A group's load is the higher of its summed batch and its members' highest recent peak
     less one: a burst's first requests meet an idle server, and are routed (and learnt) at
     the load the burst brings. When a group is busy, its idle members spread load and its
-    busy members other than the one with the largest batch follow: one server batching a
-    wave beats several time-slicing the same GPU (docs/benchmarks.md, section 7: a wave
-    split over three servers of one H200 ran at 0.5-0.8x plain alone), so the busiest
-    leads until another is clearly faster.
+    busy members other than the leading one follow: one server batching a wave beats
+    several time-slicing the same GPU (docs/benchmarks.md, section 7: a wave split over
+    three servers of one H200 ran at 0.5-0.8x plain alone), so the leader keeps the load
+    until another is clearly faster. The leader is the member with most of this gateway's
+    requests in flight, then the largest batch: a scraped batch can be one interval old
+    (other clients' requests that ended since), while the gateway's own count is exact, so
+    a stale count elsewhere in the group does not pull a burst of ours apart (simulator,
+    docs/benchmarks.md section 7, session 13). Ties lead together.
     """
     recent = recent or {}
+    inflight = inflight or {}
     totals: dict[str, float] = {}
     peaks: dict[str, float] = {}
-    leads: dict[str, float] = {}
+    leads: dict[str, tuple[float, float]] = {}
     for name, group in groups.items():
         if group is not None:
             load = batch.get(name, 0.0)
             totals[group] = totals.get(group, 0.0) + load
             peaks[group] = max(peaks.get(group, 0.0), recent.get(name, 0.0))
-            leads[group] = max(leads.get(group, 0.0), load)
+            leads[group] = max(leads.get(group, (0.0, 0.0)), (inflight.get(name, 0.0), load))
     concurrency: dict[str, float] = {}
     peak: dict[str, float] = {}
-    spreads, followers = set(), set()
+    spreads, followers, bursts = set(), set(), set()
     for name, group in groups.items():
         own = batch.get(name, 0.0)
         if group is None:
@@ -82,11 +90,14 @@ def load_view(
             continue
         peak[name] = peaks[group]
         concurrency[name] = max(totals[group], peaks[group] - 1)
-        if own <= 0 < leads[group]:
+        mine = inflight.get(name, 0.0)
+        if own <= 0 < totals[group]:
             spreads.add(name)
-        elif own < leads[group]:
+        elif (mine, own) < leads[group]:
             followers.add(name)
-    return LoadView(concurrency, frozenset(spreads), frozenset(followers), peak)
+        elif mine > 0:
+            bursts.add(name)
+    return LoadView(concurrency, frozenset(spreads), frozenset(followers), peak, frozenset(bursts))
 
 
 def _weight(estimates: Estimates, key: tuple[str, str], name: str, decay: float) -> float:

@@ -25,6 +25,14 @@ PLAIN_FALLBACK = "plain (speculation passed over)"
 LAST_RESORT = "last resort"
 #: Why a speculative backend is left out of a request asking ``X-Specgate-Speculation: off``.
 OFF_WHY = "speculation off (requested)"
+#: Factor on ``max_batch_for_speculation`` for a speculative backend that holds most of this
+#: gateway's requests in flight on its ``compute_group``: a burst that started there stays
+#: together. On the GPU cost twin (docs/benchmarks.md section 7) a wave of 4 split over
+#: EAGLE-3 and plain on one H200 took 0.46-0.51 s against 0.27-0.29 s on one server (~1.7x),
+#: while EAGLE-3 alone at twice its limit (c=8) ran at 0.92-1.08x plain: past the limit a
+#: burst loses less by staying than by splitting. Stale ``/metrics`` counts of other clients'
+#: finished requests pushed such bursts over the limit halfway (simulator, session 13).
+LEADER_SLACK = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +137,8 @@ class _Plan:
     measured: Callable[[str], bool] | None = None
     # per backend, the requests on its compute before this one (LoadView.concurrency)
     load: Mapping[str, float] = field(default_factory=dict)
+    # leading backends holding this gateway's requests in flight (LoadView.bursts)
+    bursts: frozenset[str] = frozenset()
 
 
 class RoutingPolicy:
@@ -142,7 +152,8 @@ class RoutingPolicy:
     3. Speculative backends whose method refuses a parameter of the request
        (``features.spec_refused``), over ``max_batch_for_speculation`` (the batch of their
        compute group, or its recent peak; load-aware: vLLM measured 1.4-1.8x slowdowns from
-       speculation at high QPS) or demoted for low acceptance are
+       speculation at high QPS; :data:`LEADER_SLACK` times it for the one a burst of this
+       gateway's requests runs on) or demoted for low acceptance are
        passed over: plain backends serving the model are tried first, the passed-over ones
        stay last-resort failover targets. A demoted backend still takes ``probe_share`` of
        its traffic so its recovery shows.
@@ -154,7 +165,8 @@ class RoutingPolicy:
        Once a speculative backend and a plain one were both measured at this request's load
        band, their learnt speeds replace ``max_batch_for_speculation`` in step 3.
     6. Shared compute (:mod:`gateway.routing.load`): a candidate whose ``compute_group`` is
-       busy, other than its busiest backend, would spread load over competing servers; its
+       busy, other than its leading backend (most of this gateway's requests in flight, then
+       the largest batch), would spread load over competing servers; its
        expected speed is discounted by ``routing.shared_compute_penalty`` and nothing is
        explored (adaptive; an idle group's choice explores less the larger its recent burst),
        or a busy candidate goes before an idle one (static).
@@ -206,10 +218,11 @@ class RoutingPolicy:
             self.groups,
             {n: snap.batch for n, snap in state.items()},
             {n: snap.recent for n, snap in state.items()},
+            {n: snap.inflight for n, snap in state.items()},
         )
         settings = self.config.routing.adaptive
         overlap = prompt.overlap if prompt is not None else None
-        plan = _Plan(reasons=reasons, load=load.concurrency)
+        plan = _Plan(reasons=reasons, load=load.concurrency, bursts=load.bursts)
         buckets: dict[str, str] = {}
         if learnt is not None:
             by_load: dict[float, str] = {}
@@ -358,7 +371,10 @@ class RoutingPolicy:
             return
         plan.seen.add(name)
         batch = plan.load[name]  # load_view's concurrency (every backend): >= its own batch
-        passed_over = self._pass_over(name, backend, snap, rng, features, plan.measured, batch)
+        leads = name in plan.bursts
+        passed_over = self._pass_over(
+            name, backend, snap, rng, features, plan.measured, batch, leads
+        )
         if passed_over is not None:
             plan.deferred.append(name)
             plan.candidates.append(Candidate(name, pool, False, passed_over))
@@ -379,12 +395,15 @@ class RoutingPolicy:
         features: RequestFeatures,
         measured: Callable[[str], bool] | None,
         batch: float,
+        leads: bool = False,
     ) -> str | None:
         """Why a speculative backend is passed over now (None: kept). ``measured(name)``:
         its speed and a plain backend's were learnt at this load, so the configured batch
         limit gives way to them. ``batch``: the requests on its compute before this one (its
         compute group's batch, or the group's recent peak less one: the batch it would run
-        if it took the group's load, as a busy group's requests join one backend)."""
+        if it took the group's load, as a busy group's requests join one backend).
+        ``leads``: it holds most of this gateway's requests in flight on its compute group
+        (a burst of ours runs there); its limit is then :data:`LEADER_SLACK` times larger."""
         if name not in self.speculative:
             return None
         refused = features.spec_refused.get(backend.spec.method or "")
@@ -393,8 +412,13 @@ class RoutingPolicy:
         if features.speculation == SPECULATION_ON:
             return None  # the client's call: speed judgements give way
         limit = backend.max_batch_for_speculation
+        if limit is not None and leads:
+            limit *= LEADER_SLACK
         if limit is not None and batch > limit and (measured is None or not measured(name)):
-            return f"batch {batch:g} > max_batch_for_speculation {limit}: speculation loses"
+            why = f"batch {batch:g} > max_batch_for_speculation {backend.max_batch_for_speculation}"
+            if leads:
+                why += f" x{LEADER_SLACK} (our burst runs there)"
+            return f"{why}: speculation loses"
         if snap.demoted and rng.random() >= self.config.routing.probe_share:
             floor = backend.acceptance_floor(self.config.routing.min_acceptance_rate)
             rate = "unknown" if snap.acceptance_rate is None else f"{snap.acceptance_rate:.2f}"

@@ -65,9 +65,17 @@ def test_static_policy_keeps_load_together_too() -> None:
     assert policy.decide(RAG, busy(), random.Random(0)).backends[0] in {"eagle3", "ngram", "draft"}
 
 
+def scraped(**running: float) -> dict[str, BackendSnapshot]:
+    """Load of other clients only: scraped running counts, none of this gateway's."""
+    return {
+        n: BackendSnapshot(True, running=running.get(n, 0.0))
+        for n in ("plain", "ngram", "draft", "eagle3")
+    }
+
+
 def test_measured_speeds_at_load_replace_the_configured_batch_limit() -> None:
     policy = RoutingPolicy(local_config())
-    state = busy(ngram=6)  # over ngram's max_batch_for_speculation of 4; c4 band (7 requests)
+    state = scraped(ngram=6)  # over ngram's max_batch_for_speculation of 4; c4 band (7 requests)
     learner = learnt("greedy/norep", ALONE)
     limited = policy.decide(RAG, state, random.Random(0), learner.view())
     assert limited.backends[0] != "ngram"  # not measured at c8: the configured limit holds
@@ -108,6 +116,18 @@ def test_busy_members_follow_the_busiest_of_their_group() -> None:
     assert view.concurrency["eagle3"] == 7
     tie = load_view(groups, {"plain": 3, "eagle3": 3})
     assert tie.followers == frozenset()  # two leaders: neither is discounted
+
+
+def test_a_burst_of_ours_leads_its_group_over_a_larger_scraped_batch() -> None:
+    """Our requests on plain (exact) lead over a scraped batch on ngram (possibly other
+    clients' requests that ended since the scrape): ngram follows, eagle3 spreads."""
+    groups = {"plain": "gpu0", "ngram": "gpu0", "eagle3": "gpu0"}
+    view = load_view(groups, {"plain": 1, "ngram": 3}, inflight={"plain": 1})
+    assert view.followers == {"ngram"} and view.spreads == {"eagle3"}
+    assert view.bursts == {"plain"}
+    assert view.concurrency["plain"] == 4  # the scraped batch still counts as load
+    others = load_view(groups, {"plain": 1, "ngram": 3})  # none of it ours: the batch leads
+    assert others.followers == {"plain"} and others.bursts == frozenset()
 
 
 def test_a_recent_burst_sets_the_load_of_an_idle_group() -> None:
@@ -199,3 +219,28 @@ def test_a_burst_explores_less_than_a_lone_request() -> None:
     ]
     assert {"plain", "ngram"} <= lone  # close speeds, few observations: both tried
     assert wave.count("ngram") > 45  # the better mean, nearly always
+
+
+def test_a_burst_stays_on_the_speculative_backend_it_started_on() -> None:
+    """ngram holds most of this gateway's requests on its busy group: up to LEADER_SLACK
+    times its max_batch_for_speculation (4) the burst stays there rather than split the
+    group's compute, whatever other clients run beside it; beyond it, or when the load there
+    is other clients' (scraped) or more of ours runs on plain, the configured limit holds."""
+    policy = RoutingPolicy(local_config())
+    learner = learnt("greedy/norep", ALONE)
+
+    def first(state: dict[str, BackendSnapshot]) -> str:
+        return policy.decide(RAG, state, random.Random(0), learner.view()).backends[0]
+
+    assert first(busy(ngram=6)) == "ngram"  # 6 > 4 but <= 8: it keeps its burst
+    assert first(busy(ngram=8)) == "ngram"
+    over = policy.decide(RAG, busy(ngram=9), random.Random(0), learner.view())
+    assert over.backends[0] != "ngram"
+    assert "ngram: batch 9 > max_batch_for_speculation 4 x2 (our burst runs there)" in (
+        " / ".join(over.reasons)
+    )
+    assert first(scraped(ngram=6)) != "ngram"  # other clients' load: no burst of ours there
+    ghost = busy(ngram=2) | {"eagle3": BackendSnapshot(True, running=3.0)}
+    assert first(ghost) == "ngram"  # a stale scrape elsewhere in the group: still our burst
+    with_plain = busy(ngram=5) | {"plain": BackendSnapshot(True, inflight=6)}
+    assert first(with_plain) != "ngram"  # a follower: plain is busier
