@@ -219,6 +219,16 @@ class _Run:
         }
 
 
+def _named_url(spec: str) -> tuple[str, str]:
+    """``NAME=URL`` -> (name, url); raises argparse.ArgumentTypeError when the URL is empty or
+    the name does not start with ``adaptive-`` (the report takes such names for gateways, not
+    single backends: :func:`bench.speedup_report.is_gateway`)."""
+    name, _, url = spec.partition("=")
+    if not url or not name.startswith("adaptive-"):
+        raise argparse.ArgumentTypeError(f"expected adaptive-NAME=URL, got {spec!r}")
+    return name, url
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the benchmark; returns the exit code."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -240,6 +250,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--extra-gateway",
         action="append",
         default=[],
+        type=_named_url,
         metavar="NAME=URL",
         help="another running gateway measured beside them (e.g. a variant of the adaptive "
         "one, NAME adaptive-...), warmed up as the adaptive one is; repeatable",
@@ -276,8 +287,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     url, model, more, args.warmup, args.max_tokens, tqdm.write, backend_urls
                 )
                 extra = [(adaptive_bench.TARGET, url)]
-            for spec in args.extra_gateway:
-                name, _, extra_url = spec.partition("=")
+            for name, extra_url in args.extra_gateway:
                 if url is not None:
                     adaptive_bench.warm_up(
                         extra_url, model, more, args.warmup, args.max_tokens, tqdm.write,

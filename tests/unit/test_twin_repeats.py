@@ -1,10 +1,15 @@
-"""bench.twin_repeats: medians over repeats, ratios taken within each repeat."""
+"""bench.twin_repeats: medians over repeats, ratios taken within each repeat; bench.speedup's
+extra gateways."""
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
+import pytest
+
+from bench.speedup import _named_url
 from bench.twin_repeats import load, table
 
 TASKS = ("code", "rag", "chat", "creative", "all")
@@ -45,3 +50,15 @@ def test_a_variant_gateways_ratios(tmp_path: Path) -> None:
     assert code == (
         "| 1 | code | 100 | 150 | 120 | 90 | 300 | eagle3 | 2.00 (2.00-2.00) | 3.00 (3.00-3.00) |"
     )
+
+
+@pytest.mark.parametrize(
+    "spec", ["adaptive-b", "adaptive-b=", "plain=http://x", "adaptive=http://x"]
+)
+def test_an_extra_gateway_needs_an_adaptive_name_and_a_url(spec: str) -> None:
+    with pytest.raises(argparse.ArgumentTypeError, match="expected adaptive-NAME=URL"):
+        _named_url(spec)
+
+
+def test_an_extra_gateway_spec() -> None:
+    assert _named_url("adaptive-b=http://127.0.0.1:8030") == ("adaptive-b", "http://127.0.0.1:8030")
