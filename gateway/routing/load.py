@@ -37,7 +37,8 @@ class LoadView:
     makes two servers compete for the same compute); ``followers``: busy backends of a
     group that has a leading one (choosing one keeps two servers competing); ``peaks``: per
     backend, the recent peak of its group (its own without a group); ``bursts``: leading
-    backends holding this gateway's requests in flight (a burst of ours runs there)."""
+    backends holding this gateway's requests in flight, in groups of two or more (a burst
+    of ours runs there, and a request sent elsewhere in the group would split it)."""
 
     concurrency: Mapping[str, float]
     spreads: frozenset[str]
@@ -73,8 +74,10 @@ def load_view(
     totals: dict[str, float] = {}
     peaks: dict[str, float] = {}
     leads: dict[str, tuple[float, float]] = {}
+    members: dict[str, int] = {}
     for name, group in groups.items():
         if group is not None:
+            members[group] = members.get(group, 0) + 1
             load = batch.get(name, 0.0)
             totals[group] = totals.get(group, 0.0) + load
             peaks[group] = max(peaks.get(group, 0.0), recent.get(name, 0.0))
@@ -95,7 +98,7 @@ def load_view(
             spreads.add(name)
         elif (mine, own) < leads[group]:
             followers.add(name)
-        elif mine > 0:
+        elif mine > 0 and members[group] > 1:
             bursts.add(name)
     return LoadView(concurrency, frozenset(spreads), frozenset(followers), peak, frozenset(bursts))
 

@@ -26,12 +26,13 @@ LAST_RESORT = "last resort"
 #: Why a speculative backend is left out of a request asking ``X-Specgate-Speculation: off``.
 OFF_WHY = "speculation off (requested)"
 #: Factor on ``max_batch_for_speculation`` for a speculative backend that holds most of this
-#: gateway's requests in flight on its ``compute_group``: a burst that started there stays
-#: together. On the GPU cost twin (docs/benchmarks.md section 7) a wave of 4 split over
-#: EAGLE-3 and plain on one H200 took 0.46-0.51 s against 0.27-0.29 s on one server (~1.7x),
-#: while EAGLE-3 alone at twice its limit (c=8) ran at 0.92-1.08x plain: past the limit a
-#: burst loses less by staying than by splitting. Stale ``/metrics`` counts of other clients'
-#: finished requests pushed such bursts over the limit halfway (simulator, session 13).
+#: gateway's requests in flight on a ``compute_group`` it shares (LoadView.bursts): a burst
+#: that started there stays together. On the GPU cost twin (docs/benchmarks.md section 7) a
+#: wave of 4 split over EAGLE-3 and plain on one H200 took 0.46-0.51 s against 0.27-0.29 s
+#: on one server (~1.7x), while EAGLE-3 alone at twice its limit (c=8) ran at 0.92-1.08x
+#: plain: past the limit a burst loses less by staying than by splitting. Stale
+#: ``/metrics`` counts of other clients' finished requests pushed such bursts over the limit
+#: halfway (simulator, session 13).
 LEADER_SLACK = 2
 
 

@@ -128,6 +128,9 @@ def test_a_burst_of_ours_leads_its_group_over_a_larger_scraped_batch() -> None:
     assert view.concurrency["plain"] == 4  # the scraped batch still counts as load
     others = load_view(groups, {"plain": 1, "ngram": 3})  # none of it ours: the batch leads
     assert others.followers == {"plain"} and others.bursts == frozenset()
+    # alone on its compute, a server splits nothing by passing a request elsewhere
+    apart = {"plain": "gpu0", "eagle3": "gpu1"}
+    assert load_view(apart, {"eagle3": 5}, inflight={"eagle3": 5}).bursts == frozenset()
 
 
 def test_a_recent_burst_sets_the_load_of_an_idle_group() -> None:
