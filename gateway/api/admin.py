@@ -12,7 +12,7 @@ from contracts.config import ConfigError, GatewayConfig
 from gateway.api.deps import GatewayDep, RuntimeDep, SettingsDep
 from gateway.api.openai import read_body
 from gateway.classify.protocol import kind_of
-from gateway.errors import config_invalid
+from gateway.errors import bad_request, config_invalid
 from gateway.pipeline import parse_json, refuse_quarantined
 from gateway.runtime import runtime_of
 from gateway.service import Gateway
@@ -171,6 +171,8 @@ async def explain(request: Request, gateway: GatewayDep, settings: SettingsDep) 
     payload = parse_json(await read_body(request.receive, request.headers, settings.max_body_bytes))
     headers = {k.lower(): v for k, v in request.headers.items()}
     endpoint = None
+    if isinstance(payload, dict) and "body" in payload and not isinstance(payload["body"], dict):
+        raise bad_request("'body' must be the request body, a JSON object.", param="body")
     if isinstance(payload, dict) and isinstance(payload.get("body"), dict):
         extra = payload.get("headers")
         if isinstance(extra, dict):

@@ -330,7 +330,7 @@ class RoutingPolicy:
         spread = sorted((load.spreads | load.followers).intersection(eligible))
         if spread:
             plan.reasons.append(
-                f"shared compute: {', '.join(spread)} not the busiest of their busy compute "
+                f"shared compute: {', '.join(spread)} not leading their busy compute "
                 f"(expected speed x{penalty:g})"
             )
         return choice
@@ -383,6 +383,11 @@ class RoutingPolicy:
             return
         plan.kept.append((snap.outstanding, rng.random(), name))
         why = f"healthy, {snap.outstanding:g} outstanding"
+        limit = backend.max_batch_for_speculation
+        if leads and limit is not None and limit < batch <= limit * LEADER_SLACK:
+            why += (
+                f"; batch {batch:g} > max_batch_for_speculation {limit}, kept: our burst runs there"
+            )
         if snap.demoted:
             why += f"; demoted but taking its {self.config.routing.probe_share:.0%} probe share"
         plan.candidates.append(Candidate(name, pool, True, why))

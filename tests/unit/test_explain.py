@@ -58,6 +58,10 @@ async def test_explain_errors_use_the_envelope(gw: InProcess) -> None:
     assert resp.json()["error"]["code"] == "model_not_found"
     resp = await gw.client.post("/routes/explain", content=b"{")
     assert resp.status_code == 400
+    for body in ("nope", [1], None):  # the wrapper's body is a request body or nothing
+        resp = await gw.client.post("/routes/explain", json={"body": body})
+        assert resp.status_code == 400
+        assert resp.json()["error"]["param"] == "body"
 
 
 def test_explain_cli(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:

@@ -236,6 +236,10 @@ def test_a_burst_stays_on_the_speculative_backend_it_started_on() -> None:
         return policy.decide(RAG, state, random.Random(0), learner.view()).backends[0]
 
     assert first(busy(ngram=6)) == "ngram"  # 6 > 4 but <= 8: it keeps its burst
+    kept = policy.decide(RAG, busy(ngram=6), random.Random(0), learner.view()).candidates
+    assert "batch 6 > max_batch_for_speculation 4, kept: our burst runs there" in next(
+        c.why for c in kept if c.backend == "ngram"
+    )
     assert first(busy(ngram=8)) == "ngram"
     over = policy.decide(RAG, busy(ngram=9), random.Random(0), learner.view())
     assert over.backends[0] != "ngram"
