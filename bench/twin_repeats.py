@@ -14,6 +14,7 @@ the ratios are of (default ``adaptive``, else ``specgate``; e.g. a variant measu
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 import sys
@@ -66,14 +67,11 @@ def table(
 
 def main(argv: list[str] | None = None) -> int:
     """CLI entry (see the module doc); exit code 0."""
-    args = list(argv if argv is not None else sys.argv[1:])
-    adaptive = None
-    if args[:1] == ["--adaptive"] and len(args) > 1:
-        adaptive, args = args[1], args[2:]
-    if not args:
-        print(__doc__, file=sys.stderr)
-        return 2
-    print("\n".join(table([load(Path(f)) for f in args], adaptive)))
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--adaptive", help="the gateway the ratios are of")
+    parser.add_argument("folders", nargs="+", type=Path)
+    args = parser.parse_args(argv)
+    print("\n".join(table([load(f) for f in args.folders], args.adaptive)))
     return 0
 
 

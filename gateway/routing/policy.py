@@ -136,10 +136,8 @@ class _Plan:
     saturated: bool = False
     # whether a speculative backend's and a plain one's speeds were learnt at this load
     measured: Callable[[str], bool] | None = None
-    # per backend, the requests on its compute before this one (LoadView.concurrency)
-    load: Mapping[str, float] = field(default_factory=dict)
-    # leading backends holding this gateway's requests in flight (LoadView.bursts)
-    bursts: frozenset[str] = frozenset()
+    # the requests on each backend's compute before this one, and where bursts of ours run
+    load: LoadView = field(default_factory=lambda: LoadView({}, frozenset()))
 
 
 class RoutingPolicy:
@@ -223,7 +221,7 @@ class RoutingPolicy:
         )
         settings = self.config.routing.adaptive
         overlap = prompt.overlap if prompt is not None else None
-        plan = _Plan(reasons=reasons, load=load.concurrency, bursts=load.bursts)
+        plan = _Plan(reasons=reasons, load=load)
         buckets: dict[str, str] = {}
         if learnt is not None:
             by_load: dict[float, str] = {}
@@ -371,8 +369,8 @@ class RoutingPolicy:
             plan.candidates.append(Candidate(name, pool, False, OFF_WHY))
             return
         plan.seen.add(name)
-        batch = plan.load[name]  # load_view's concurrency (every backend): >= its own batch
-        leads = name in plan.bursts
+        batch = plan.load.concurrency[name]  # every backend's: >= its own batch
+        leads = name in plan.load.bursts
         passed_over = self._pass_over(
             name, backend, snap, rng, features, plan.measured, batch, leads
         )
