@@ -8,6 +8,7 @@ Linux only (``/proc``); benchmarks are run on the project's Linux machines.
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import sys
@@ -24,11 +25,29 @@ from backends import process
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
+#: Ports :func:`free_port` picks from: below Linux's default ephemeral range (32768-60999,
+#: ``net.ipv4.ip_local_port_range``), where the kernel puts outgoing connections' own ports.
+#: A port from the ephemeral range itself (binding port 0) was taken by such a connection
+#: between the check and the server's bind on a host whose gateway held hundreds of them
+#: (bench.sim_fleet on the GPU host, docs/benchmarks.md section 7, session 14).
+PORT_RANGE = (20000, 32767)
+
+
 def free_port() -> int:
-    """An ephemeral TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A TCP port on 127.0.0.1 that was free a moment ago, outside the ephemeral range
+    (:data:`PORT_RANGE`); random, so concurrent callers rarely pick the same one.
+
+    Raises OSError when 200 random ports of the range were all taken."""
+    rng = random.SystemRandom()
+    for _ in range(200):
+        port = rng.randint(*PORT_RANGE)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise OSError(f"no free port in {PORT_RANGE[0]}-{PORT_RANGE[1]}")
 
 
 def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
