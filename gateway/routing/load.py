@@ -38,13 +38,16 @@ class LoadView:
     group that has a leading one (choosing one keeps two servers competing); ``peaks``: per
     backend, the recent peak of its group (its own without a group); ``bursts``: leading
     backends holding this gateway's requests in flight, in groups of two or more (a burst
-    of ours runs there, and a request sent elsewhere in the group would split it)."""
+    of ours runs there, and a request sent elsewhere in the group would split it);
+    ``queued``: per backend, the requests on its compute now (the group's summed batch, its
+    own without a group; no recent peak), what replicas of one kind are balanced on."""
 
     concurrency: Mapping[str, float]
     spreads: frozenset[str]
     followers: frozenset[str] = frozenset()
     peaks: Mapping[str, float] = field(default_factory=dict)
     bursts: frozenset[str] = frozenset()
+    queued: Mapping[str, float] = field(default_factory=dict)
 
 
 def load_view(
@@ -83,15 +86,18 @@ def load_view(
             peaks[group] = max(peaks.get(group, 0.0), recent.get(name, 0.0))
             leads[group] = max(leads.get(group, (0.0, 0.0)), (inflight.get(name, 0.0), load))
     concurrency: dict[str, float] = {}
+    queued: dict[str, float] = {}
     peak: dict[str, float] = {}
     spreads, followers, bursts = set(), set(), set()
     for name, group in groups.items():
         own = batch.get(name, 0.0)
         if group is None:
             peak[name] = recent.get(name, 0.0)
+            queued[name] = own
             concurrency[name] = max(own, peak[name] - 1)
             continue
         peak[name] = peaks[group]
+        queued[name] = totals[group]
         concurrency[name] = max(totals[group], peaks[group] - 1)
         mine = inflight.get(name, 0.0)
         if own <= 0 < totals[group]:
@@ -100,7 +106,9 @@ def load_view(
             followers.add(name)
         elif mine > 0 and members[group] > 1:
             bursts.add(name)
-    return LoadView(concurrency, frozenset(spreads), frozenset(followers), peak, frozenset(bursts))
+    return LoadView(
+        concurrency, frozenset(spreads), frozenset(followers), peak, frozenset(bursts), queued
+    )
 
 
 def _weight(estimates: Estimates, key: tuple[str, str], name: str, decay: float) -> float:

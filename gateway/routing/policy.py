@@ -163,6 +163,8 @@ class RoutingPolicy:
        :mod:`gateway.routing.adaptive_choice`); the rest keep their order for failover.
        Once a speculative backend and a plain one were both measured at this request's load
        band, their learnt speeds replace ``max_batch_for_speculation`` in step 3.
+       Replicas (one served model, the same speculation settings) enter the choice as
+       one: the least loaded of them (:meth:`_least_loaded_replicas`).
     6. Shared compute (:mod:`gateway.routing.load`): a candidate whose ``compute_group`` is
        busy, other than its leading backend (most of this gateway's requests in flight, then
        the largest batch), would spread load over competing servers; its
@@ -189,6 +191,10 @@ class RoutingPolicy:
         self.plain = [n for n, b in config.backends.items() if not b.spec.speculative]
         # per config, so a decision reads sets instead of each backend's speculation settings
         self.speculative = frozenset(config.backends).difference(self.plain)
+        # replicas: backends serving one model with the same speculation settings
+        self.kinds = {
+            n: (b.served_model, b.spec.model_dump_json()) for n, b in config.backends.items()
+        }
 
     def decide(
         self,
@@ -306,6 +312,7 @@ class RoutingPolicy:
         """Move the adaptive pick among ``eligible`` to the front of ``order`` (in place)."""
         settings = self.config.routing.adaptive
         penalty = self.config.routing.shared_compute_penalty
+        eligible = self._least_loaded_replicas(eligible, load, plan)
         penalties = {n: penalty for n in eligible if n in load.spreads | load.followers}
         choice = choose(
             features.task,
@@ -332,6 +339,39 @@ class RoutingPolicy:
                 f"(expected speed x{penalty:g})"
             )
         return choice
+
+    def _least_loaded_replicas(self, eligible: list[str], load: LoadView, plan: _Plan) -> list[str]:
+        """``eligible`` with one backend per kind (served model and speculation settings
+        alike): the one with the fewest requests on its compute now (``load.queued``),
+        preferring one that leads or has its compute to itself; ties keep try-list order.
+
+        Replicas are interchangeable, so the adaptive choice is made between kinds and the
+        load among replicas of one is balanced (join the shortest queue, as a load balancer
+        would). Choosing among replicas by learnt speed instead herded a fleet: with
+        exploration off on busy compute, the backend with the best mean took requests
+        until its load band changed (simulator, 8 GPUs x plain and EAGLE-3 at c=256: 12 to
+        56 requests per GPU; docs/benchmarks.md section 7, session 14).
+        """
+        shared = load.spreads | load.followers
+        best: dict[tuple[str, str], str] = {}
+        alike: dict[tuple[str, str], int] = {}
+        for name in eligible:
+            kind = self.kinds[name]
+            alike[kind] = alike.get(kind, 0) + 1
+            held = best.get(kind)
+            key = (name in shared, load.queued.get(name, 0.0))
+            if held is None or key < (held in shared, load.queued.get(held, 0.0)):
+                best[kind] = name
+        if len(best) == len(eligible):
+            return eligible
+        for kind, name in best.items():
+            if alike[kind] > 1:
+                plan.reasons.append(
+                    f"replicas: {name} the least loaded of {alike[kind]} alike "
+                    f"({load.queued.get(name, 0.0):g} on its compute)"
+                )
+        chosen = set(best.values())
+        return [name for name in eligible if name in chosen]
 
     def _consider(
         self,

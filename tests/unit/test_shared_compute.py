@@ -6,6 +6,9 @@ from __future__ import annotations
 import random
 import time
 
+from bench.sim.fleet import fleet_config
+from bench.sim.server import MODEL as SIM_MODEL
+from contracts.config import parse_config
 from gateway.classify.features import RequestFeatures
 from gateway.routing.adaptive import Learner, Observation
 from gateway.routing.load import break_even, load_view, measured_at_load
@@ -251,3 +254,35 @@ def test_a_burst_stays_on_the_speculative_backend_it_started_on() -> None:
     assert first(ghost) == "ngram"  # a stale scrape elsewhere in the group: still our burst
     with_plain = busy(ngram=5) | {"plain": BackendSnapshot(True, inflight=6)}
     assert first(with_plain) != "ngram"  # a follower: plain is busier
+
+
+def fleet(gpus: int) -> RoutingPolicy:
+    """The simulator's fleet config: ``gpus`` GPUs, each running a plain and an EAGLE-3
+    server (``plain-g0``, ``eagle3-g0``, ...), one compute group per GPU."""
+    names = {f"{k}-g{g}": k for g in range(gpus) for k in ("plain", "eagle3")}
+    urls = {n: f"http://127.0.0.1:{9000 + i}" for i, n in enumerate(names)}
+    return RoutingPolicy(parse_config(fleet_config(names, urls, groups=True)))
+
+
+def test_replicas_of_one_kind_are_balanced_by_load_not_by_learnt_speed() -> None:
+    """Eight plain servers on eight GPUs are interchangeable: a request goes to the least
+    loaded of them, even when one was learnt faster (that one would otherwise take every
+    request until its load band changed: the herding the simulator showed at c=256)."""
+    policy = fleet(4)
+    twin_rag = RequestFeatures(SIM_MODEL, 0.0, True, "rag", 1.0, "header")
+    learner = learnt("greedy/norep", {"plain-g0": 30.0, "plain-g1": 15.0, "plain-g2": 15.0,
+                                      "plain-g3": 15.0, "eagle3-g0": 5.0, "eagle3-g1": 5.0,
+                                      "eagle3-g2": 5.0, "eagle3-g3": 5.0})  # fmt: skip
+    state = {n: BackendSnapshot(True) for n in policy.config.backends}
+    for name, inflight in {"plain-g0": 6, "plain-g1": 3, "plain-g3": 1}.items():
+        state[name] = BackendSnapshot(True, inflight=inflight)
+    decision = policy.decide(twin_rag, state, random.Random(0), learner.view())
+    assert decision.backends[0] == "plain-g2"
+    assert "replicas: plain-g2 the least loaded of 4 alike (0 on its compute)" in decision.reasons
+    assert set(decision.backends) == set(policy.config.backends)  # all stay failover targets
+    # a plain server that would share a busy GPU with EAGLE-3 is passed over for one that
+    # leads its own, though that one holds more
+    state |= {"eagle3-g2": BackendSnapshot(True, inflight=2)}
+    assert (
+        policy.decide(twin_rag, state, random.Random(0), learner.view()).backends[0] == "plain-g3"
+    )
