@@ -98,7 +98,11 @@ async def _run(
         queue.put_nowait(i)
     results: list[Outcome | None] = [None] * len(items)
     timeout = aiohttp.ClientTimeout(total=600, sock_read=300)
-    async with aiohttp.ClientSession(timeout=timeout) as session:
+    # one connection per worker: aiohttp's default pool (100 connections a session) kept
+    # requests past the 100th waiting in this client, counted in their time to first token
+    # (every target over one URL at c > 100: specgate in bench.sim_fleet, session 14)
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
 
         async def worker() -> None:
             while not queue.empty():
