@@ -114,6 +114,7 @@ async def prepare_routed(runtime: Runtime, request: RoutedRequest) -> None:
     trace.task, trace.rule = prepared.features.task, decision.rule
     trace.features, trace.prompt = prepared.features, prepared.prompt
     trace.concurrency = decision.concurrency
+    trace.shared = bool(decision.backends) and gateway.shares_compute(decision.backends[0])
     if not decision.backends:
         gateway.stats.rejected += 1
         if decision.saturated:

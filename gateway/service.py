@@ -175,9 +175,32 @@ class Gateway:
             hook()
 
     def learn(self, trace: RequestTrace) -> None:
-        """Observer: feed a finished request to the adaptive learner (``routing.feedback``)."""
-        if self.config.routing.feedback:
-            self.feedback.observe(trace)
+        """Observer: feed a finished request to the adaptive learner (``routing.feedback``).
+
+        A request that shared its GPU with another server of ours (``trace.shared``, set at
+        dispatch, or such a server busy as it ends) is not learnt: servers of one compute
+        group time-slice it, so a lone request beside a busy server runs at up to half the
+        GPU while the batch beside it slows (on the twin, one EAGLE-3 request of a wave of
+        64 ran at 188 tokens/s against plain's 113; learnt, EAGLE-3 looked 1.38x plain at
+        32-63 requests for code, where alone it is 0.74x: docs/benchmarks.md section 7,
+        session 14)."""
+        if not self.config.routing.feedback:
+            return
+        if trace.backend is not None and not trace.shared:
+            trace.shared = self.shares_compute(trace.backend)
+        self.feedback.observe(trace)
+
+    def shares_compute(self, name: str) -> bool:
+        """Whether another server of ``name``'s compute group holds requests of this
+        gateway now (in flight or routed there and not yet sent); False without a group."""
+        states = self.registry.states
+        if not self.policy.peers.get(name):
+            return False
+        now = self.registry.clock()
+        return any(
+            (s := states.get(peer)) is not None and s.load(now) > 0
+            for peer in self.policy.peers[name]
+        )
 
     def break_even(self) -> dict[str, Any]:
         """Per speculative backend and task, its learnt speed relative to the first plain

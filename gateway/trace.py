@@ -30,7 +30,10 @@ class RequestTrace:
     ``usage`` object, read by :meth:`completion_tokens`. ``features``/``prompt``: what
     routing read from the request (numbers only); ``concurrency``: requests on the chosen
     backend's compute at dispatch, this one included; ``spec_decoding``: the answer's
-    ``metrics.speculative_decoding`` (vLLM per-request acceptance), when it had one.
+    ``metrics.speculative_decoding`` (vLLM per-request acceptance), when it had one;
+    ``shared``: another server of the backend's compute group held requests of this gateway
+    when the request was dispatched or when it ended (its speed is not that backend's at
+    this load: not learnt, see :meth:`gateway.service.Gateway.learn`).
     Never holds prompt text.
     """
 
@@ -52,6 +55,7 @@ class RequestTrace:
     features: RequestFeatures | None = None
     prompt: PromptStats | None = None
     concurrency: float = 1.0
+    shared: bool = False
     spec_decoding: dict[str, Any] | None = None
     _last: float | None = None
     _tokens: tuple[int | None] | None = None  # completion_tokens(), once read

@@ -24,7 +24,9 @@ class FeedbackCollector:
 
     ``settings`` is a callable so a reloaded config's knobs apply. A request teaches when it
     succeeded (200) with at least ``min_tokens`` output tokens; every such request is also
-    kept in :attr:`recent` (numbers only, never text).
+    kept in :attr:`recent` (numbers only, never text). One that shared its compute with
+    another server of ours (``trace.shared``) teaches nothing and is counted in
+    :attr:`shared`.
     """
 
     def __init__(self, settings: Callable[[], AdaptiveSettings]) -> None:
@@ -32,6 +34,7 @@ class FeedbackCollector:
         self.learner = Learner(settings().decay)
         self.recent: deque[_Recent] = deque(maxlen=RECENT)
         self.ignored = 0
+        self.shared = 0
 
     def bucket(self, trace: RequestTrace) -> str | None:
         """The feature bucket of a traced request (None without routing features)."""
@@ -65,6 +68,9 @@ class FeedbackCollector:
         ):
             self.ignored += 1
             return
+        if trace.shared:
+            self.shared += 1
+            return
         spec = trace.spec_decoding or {}
         drafts, accepted = spec.get("num_draft_tokens"), spec.get("num_accepted_draft_tokens")
         steps = spec.get("num_spec_steps")
@@ -92,6 +98,7 @@ class FeedbackCollector:
         return {
             "observations": self.learner.observations,
             "ignored": self.ignored,
+            "shared": self.shared,
             "decay": self.learner.decay,
             "groups": self.learner.summary(),
             "recent": self.records(50),

@@ -191,6 +191,11 @@ class RoutingPolicy:
         self.plain = [n for n, b in config.backends.items() if not b.spec.speculative]
         # per config, so a decision reads sets instead of each backend's speculation settings
         self.speculative = frozenset(config.backends).difference(self.plain)
+        # the other servers on each backend's compute (empty without a compute_group)
+        self.peers = {
+            n: tuple(m for m, h in self.groups.items() if g is not None and h == g and m != n)
+            for n, g in self.groups.items()
+        }
         # replicas: backends serving one model with the same speculation settings
         self.kinds = {
             n: (b.served_model, b.spec.model_dump_json()) for n, b in config.backends.items()

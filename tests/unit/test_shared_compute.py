@@ -13,7 +13,9 @@ from gateway.classify.features import RequestFeatures
 from gateway.routing.adaptive import Learner, Observation
 from gateway.routing.load import break_even, load_view, measured_at_load
 from gateway.routing.policy import BackendSnapshot, RoutingPolicy
-from gateway.upstream.state import BackendState
+from gateway.service import Gateway
+from gateway.trace import RequestTrace
+from gateway.upstream.state import BackendRegistry, BackendState
 from tests.unit.conftest import MODEL, local_config, static_config
 
 RAG = RequestFeatures(MODEL, 0.0, True, "rag", 1.0, "header")
@@ -286,3 +288,31 @@ def test_replicas_of_one_kind_are_balanced_by_load_not_by_learnt_speed() -> None
     assert (
         policy.decide(twin_rag, state, random.Random(0), learner.view()).backends[0] == "plain-g3"
     )
+
+
+def test_a_request_that_shared_its_gpu_with_another_server_of_ours_teaches_nothing() -> None:
+    """Servers of one GPU time-slice it: a lone EAGLE-3 request beside a busy plain server
+    runs fast and the plain batch slows, so neither speed is the backend's at that load.
+    Such a request (another server of its GPU busy with ours at dispatch, ``trace.shared``,
+    or as it ends) is counted, not learnt; on a GPU of its own it teaches as before."""
+    policy = fleet(2)
+    gateway = Gateway(policy.config, registry=BackendRegistry(policy.config.backends))
+    code = RequestFeatures(SIM_MODEL, 0.0, True, "code", 1.0, "header")
+
+    def finish(backend: str, shared: bool = False) -> None:
+        trace = RequestTrace("r", "chat/completions", stream=False, shared=shared)
+        trace.backend, trace.task, trace.features = backend, "code", code
+        trace.usage_bytes = b'{"usage":{"completion_tokens":64}}'
+        trace.status, trace.duration_s = 200, 0.3
+        gateway.learn(trace)
+
+    assert gateway.shares_compute("eagle3-g0") is False
+    finish("eagle3-g0")
+    assert gateway.feedback.learner.observations == 1
+    gateway.registry.states["plain-g0"].inflight = 30  # a wave of ours on g0's plain server
+    assert gateway.shares_compute("eagle3-g0") and not gateway.shares_compute("eagle3-g1")
+    finish("eagle3-g0")  # ended beside it
+    finish("eagle3-g1", shared=True)  # dispatched beside a busy server of its GPU
+    finish("eagle3-g1")  # alone on g1
+    assert gateway.feedback.learner.observations == 2
+    assert gateway.feedback.shared == 2 and gateway.feedback.to_json()["shared"] == 2
