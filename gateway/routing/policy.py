@@ -347,15 +347,19 @@ class RoutingPolicy:
 
     def _least_loaded_replicas(self, eligible: list[str], load: LoadView, plan: _Plan) -> list[str]:
         """``eligible`` with one backend per kind (served model and speculation settings
-        alike): the one with the fewest requests on its compute now (``load.queued``),
-        preferring one that leads or has its compute to itself; ties keep try-list order.
+        alike): the one with the fewest requests on its compute now (``load.queued``); on a
+        tie, one that leads its compute or has it to itself, then try-list order.
 
         Replicas are interchangeable, so the adaptive choice is made between kinds and the
         load among replicas of one is balanced (join the shortest queue, as a load balancer
         would). Choosing among replicas by learnt speed instead herded a fleet: with
         exploration off on busy compute, the backend with the best mean took requests
-        until its load band changed (simulator, 8 GPUs x plain and EAGLE-3 at c=256: 12 to
-        56 requests per GPU; docs/benchmarks.md section 7, session 14).
+        until its load band changed (simulator, 8 GPUs x plain and EAGLE-3 at c=256: 205
+        requests on one GPU, 1-9 on the others; docs/benchmarks.md section 7, session 14).
+        The queue decides before sharing: a replica beside a busy server of another kind
+        (discounted by ``shared_compute_penalty`` in the choice that follows) is still
+        better than one whose own GPU holds many times more (preferring unshared replicas
+        first put 194 of 256 requests on the one GPU no EAGLE-3 burst had started on).
         """
         shared = load.spreads | load.followers
         best: dict[tuple[str, str], str] = {}
@@ -364,8 +368,8 @@ class RoutingPolicy:
             kind = self.kinds[name]
             alike[kind] = alike.get(kind, 0) + 1
             held = best.get(kind)
-            key = (name in shared, load.queued.get(name, 0.0))
-            if held is None or key < (held in shared, load.queued.get(held, 0.0)):
+            key = (load.queued.get(name, 0.0), name in shared)
+            if held is None or key < (load.queued.get(held, 0.0), held in shared):
                 best[kind] = name
         if len(best) == len(eligible):
             return eligible

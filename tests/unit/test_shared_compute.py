@@ -282,12 +282,19 @@ def test_replicas_of_one_kind_are_balanced_by_load_not_by_learnt_speed() -> None
     assert decision.backends[0] == "plain-g2"
     assert "replicas: plain-g2 the least loaded of 4 alike (0 on its compute)" in decision.reasons
     assert set(decision.backends) == set(policy.config.backends)  # all stay failover targets
-    # a plain server that would share a busy GPU with EAGLE-3 is passed over for one that
-    # leads its own, though that one holds more
-    state |= {"eagle3-g2": BackendSnapshot(True, inflight=2)}
-    assert (
-        policy.decide(twin_rag, state, random.Random(0), learner.view()).backends[0] == "plain-g3"
-    )
+    # the queue first: a plain server beside a busy EAGLE-3 (1 on its GPU) stands for the
+    # plain kind rather than one holding 4 on its own; on a tie, the one that has its GPU
+    # to itself (the choice between kinds then discounts the shared one)
+    state["eagle3-g2"] = BackendSnapshot(True, inflight=1)
+    state["plain-g3"] = BackendSnapshot(True, inflight=4)
+
+    def plain_replica() -> str:
+        reasons = policy.decide(twin_rag, state, random.Random(0), learner.view()).reasons
+        return next(r for r in reasons if r.startswith("replicas: plain"))
+
+    assert plain_replica() == "replicas: plain-g2 the least loaded of 4 alike (1 on its compute)"
+    state["plain-g3"] = BackendSnapshot(True, inflight=1)
+    assert plain_replica() == "replicas: plain-g3 the least loaded of 4 alike (1 on its compute)"
 
 
 def test_a_request_that_shared_its_gpu_with_another_server_of_ours_teaches_nothing() -> None:
