@@ -50,6 +50,7 @@ from bench.speedup import _Run, acceptance
 from bench.workloads import Item, default_prompts_dir, sample, unseeded
 from contracts.config import parse_config
 from contracts.vllm_metrics import parse_vllm_metrics
+from gateway.upstream.state import PEAK_WINDOW_S
 
 
 def scrape(urls: dict[str, str]) -> dict[str, tuple[float, float] | None]:
@@ -164,7 +165,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             [sys.executable, "-m", "cli", "serve", "--config", str(path), "--port", str(port)],
             ready_url=f"http://127.0.0.1:{port}/ready",
             log_path=logs / "gateway.log",
-            env={"SPECGATE_STATE_FILE": str(Path(tmp) / "state.json")},  # starts fresh
+            env={
+                "SPECGATE_STATE_FILE": str(Path(tmp) / "state.json"),  # starts fresh
+                # a burst's peak is remembered for the same simulated time as on a GPU
+                "SPECGATE_PEAK_WINDOW_S": str(PEAK_WINDOW_S * args.scale),
+            },
         )
         with gateway:
             url = f"http://127.0.0.1:{port}"

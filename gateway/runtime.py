@@ -231,6 +231,7 @@ async def open_runtime(parts: Parts) -> AsyncIterator[Runtime]:
             parts.config.backends,
             circuit_failures=settings.circuit_failures,
             circuit_cooldown_s=settings.circuit_cooldown_s,
+            peak_window_s=settings.peak_window_s,
         )
         # ~50 ms of file reads, once: off the event loop all the same
         stages = await asyncio.to_thread(load_stages, settings.classifier_embedding_dir())

@@ -39,6 +39,9 @@ class Settings(BaseSettings):
     max_inflight: int = Field(default=1024, ge=1)
     circuit_failures: int = Field(default=5, ge=1)
     circuit_cooldown_s: float = Field(default=10.0, gt=0)
+    # how long a backend's in-flight peak (a burst's load) is remembered, 1-2x this
+    # (gateway/upstream/state.py PEAK_WINDOW_S); bench.sim_fleet scales it with simulated time
+    peak_window_s: float = Field(default=10.0, gt=0)
     # containment of queries of death (gateway/upstream/quarantine.py, gateway/upstream/deaths.py):
     # seconds a request in flight at a backend death is refused (0: never refused), the
     # table's bound, deaths with several requests in flight before each is quarantined, and

@@ -89,6 +89,7 @@ class BackendState:
     peak: int = 0
     peak_prev: int = 0
     peak_since: float = -2 * PEAK_WINDOW_S
+    peak_window_s: float = PEAK_WINDOW_S
 
     @property
     def health(self) -> Health:
@@ -129,19 +130,19 @@ class BackendState:
     def note_load(self, now: float, load: int) -> None:
         """Keep ``load`` (requests in flight there, or on its whole compute group when a
         request was routed here) in the current :data:`PEAK_WINDOW_S` slot's peak."""
-        age = now - self.peak_since
-        if age >= PEAK_WINDOW_S:
-            self.peak_prev = self.peak if age < 2 * PEAK_WINDOW_S else 0
+        age, window = now - self.peak_since, self.peak_window_s
+        if age >= window:
+            self.peak_prev = self.peak if age < 2 * window else 0
             self.peak, self.peak_since = 0, now
         self.peak = max(self.peak, load)
 
     def recent_peak(self, now: float) -> int:
         """The most of this gateway's requests in flight there at once over the last
         :data:`PEAK_WINDOW_S` to twice that (0 when none was sent for that long)."""
-        age = now - self.peak_since
-        if age >= 2 * PEAK_WINDOW_S:
+        age, window = now - self.peak_since, self.peak_window_s
+        if age >= 2 * window:
             return 0
-        return self.peak if age >= PEAK_WINDOW_S else max(self.peak, self.peak_prev)
+        return self.peak if age >= window else max(self.peak, self.peak_prev)
 
     def release(self) -> None:
         """One of this gateway's requests there has ended."""
@@ -189,7 +190,8 @@ class BackendRegistry:
 
     :meth:`sync` follows a config change: new backends get a fresh state, removed ones are
     dropped, kept ones keep their counters and windows. New states get a circuit breaker
-    opening after ``circuit_failures`` consecutive failures for ``circuit_cooldown_s``.
+    opening after ``circuit_failures`` consecutive failures for ``circuit_cooldown_s``, and
+    remember their in-flight peak for ``peak_window_s`` (:data:`PEAK_WINDOW_S`).
     """
 
     def __init__(
@@ -199,10 +201,12 @@ class BackendRegistry:
         circuit_failures: int = 5,
         circuit_cooldown_s: float = 10.0,
         clock: Callable[[], float] = time.monotonic,
+        peak_window_s: float = PEAK_WINDOW_S,
     ) -> None:
         self.states: dict[str, BackendState] = {}
         self.circuit_failures = circuit_failures
         self.circuit_cooldown_s = circuit_cooldown_s
+        self.peak_window_s = peak_window_s
         self.clock = clock
         self.sync(names)
 
@@ -212,7 +216,8 @@ class BackendRegistry:
 
     def _new_state(self) -> BackendState:
         breaker = CircuitBreaker(self.circuit_failures, self.circuit_cooldown_s)
-        return BackendState(circuit=breaker)
+        window = self.peak_window_s
+        return BackendState(circuit=breaker, peak_since=-2 * window, peak_window_s=window)
 
     def snapshot(self) -> dict[str, BackendSnapshot]:
         """Every backend's :class:`BackendSnapshot`, for one routing decision."""

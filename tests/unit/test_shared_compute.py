@@ -14,6 +14,7 @@ from gateway.routing.adaptive import Learner, Observation
 from gateway.routing.load import break_even, load_view, measured_at_load
 from gateway.routing.policy import BackendSnapshot, RoutingPolicy
 from gateway.service import Gateway
+from gateway.settings import Settings
 from gateway.trace import RequestTrace
 from gateway.upstream.state import BackendRegistry, BackendState
 from tests.unit.conftest import MODEL, local_config, static_config
@@ -323,3 +324,17 @@ def test_a_request_that_shared_its_gpu_with_another_server_of_ours_teaches_nothi
     finish("eagle3-g1")  # alone on g1
     assert gateway.feedback.learner.observations == 2
     assert gateway.feedback.shared == 2 and gateway.feedback.to_json()["shared"] == 2
+
+
+def test_the_peak_window_is_a_setting() -> None:
+    """A burst's peak is remembered 1-2 windows (default 10 s); a simulator running at 10x
+    real time sets 100 s (SPECGATE_PEAK_WINDOW_S) so its bursts are remembered as long in
+    simulated time."""
+    default = BackendRegistry(["a"]).states["a"]
+    slow = BackendRegistry(["a"], peak_window_s=100.0).states["a"]
+    for state in (default, slow):
+        state.note_load(1000.0, 32)
+    assert default.recent_peak(1015.0) == 32 and default.recent_peak(1021.0) == 0
+    assert slow.recent_peak(1150.0) == 32 and slow.recent_peak(1201.0) == 0
+    assert BackendState().recent_peak(0.0) == 0  # a fresh state remembers no burst
+    assert Settings(peak_window_s=100.0).peak_window_s == 100.0
