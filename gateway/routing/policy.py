@@ -200,6 +200,7 @@ class RoutingPolicy:
         self.kinds = {
             n: (b.served_model, b.spec.model_dump_json()) for n, b in config.backends.items()
         }
+        self.replicated = len(set(self.kinds.values())) < len(self.kinds)
 
     def decide(
         self,
@@ -317,7 +318,8 @@ class RoutingPolicy:
         """Move the adaptive pick among ``eligible`` to the front of ``order`` (in place)."""
         settings = self.config.routing.adaptive
         penalty = self.config.routing.shared_compute_penalty
-        eligible = self._least_loaded_replicas(eligible, load, plan)
+        if self.replicated:
+            eligible = self._least_loaded_replicas(eligible, load, plan)
         penalties = {n: penalty for n in eligible if n in load.spreads | load.followers}
         choice = choose(
             features.task,
