@@ -114,7 +114,6 @@ async def prepare_routed(runtime: Runtime, request: RoutedRequest) -> None:
     trace.task, trace.rule = prepared.features.task, decision.rule
     trace.features, trace.prompt = prepared.features, prepared.prompt
     trace.concurrency = decision.concurrency
-    trace.shared = bool(decision.backends) and gateway.shares_compute(decision.backends[0])
     if not decision.backends:
         gateway.stats.rejected += 1
         if decision.saturated:
@@ -125,6 +124,8 @@ async def prepare_routed(runtime: Runtime, request: RoutedRequest) -> None:
     request.decision = decision
     if decision.backends[0] != first:  # a guard, a pin or the client moved it
         _reserve(gateway, decision.backends[0], instead_of=first)
+    # after the move: this request's own reservation is not another server's load
+    trace.shared = gateway.shares_compute(decision.backends[0])
     if decision_log.isEnabledFor(logging.DEBUG):
         line = {"request_id": trace.request_id, "concurrency": decision.concurrency}
         decision_log.debug("%s", json.dumps(line | decision_json(decision)))
