@@ -174,11 +174,12 @@ async def explain(request: Request, gateway: GatewayDep, settings: SettingsDep) 
     if isinstance(payload, dict) and "body" in payload and not isinstance(payload["body"], dict):
         raise bad_request("'body' must be the request body, a JSON object.", param="body")
     if isinstance(payload, dict) and isinstance(payload.get("body"), dict):
-        extra = payload.get("headers")
-        if isinstance(extra, dict):
-            headers |= {str(k).lower(): str(v) for k, v in extra.items()}
-        if isinstance(payload.get("endpoint"), str):
-            endpoint = payload["endpoint"]
+        extra, endpoint = payload.get("headers"), payload.get("endpoint")
+        if not isinstance(extra, dict | None):
+            raise bad_request("'headers' must be a JSON object of header names.", param="headers")
+        if not isinstance(endpoint, str | None):
+            raise bad_request("'endpoint' must be a path such as /v1/messages.", param="endpoint")
+        headers |= {str(k).lower(): str(v) for k, v in (extra or {}).items()}
         payload = payload["body"]
     runtime = runtime_of(request.app)
     if runtime.deaths.table.blocking and isinstance(payload, dict):

@@ -62,6 +62,14 @@ async def test_explain_errors_use_the_envelope(gw: InProcess) -> None:
         resp = await gw.client.post("/routes/explain", json={"body": body})
         assert resp.status_code == 400
         assert resp.json()["error"]["param"] == "body"
+    body = {"model": MODEL, "prompt": "x"}
+    for field, value in (("headers", "x-task-type: code"), ("headers", [1]), ("endpoint", 5)):
+        resp = await gw.client.post("/routes/explain", json={"body": body, field: value})
+        assert resp.status_code == 400
+        assert resp.json()["error"]["param"] == field
+    for field in ("headers", "endpoint"):  # null: as if absent
+        resp = await gw.client.post("/routes/explain", json={"body": body, field: None})
+        assert resp.status_code == 200
 
 
 def test_explain_cli(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
