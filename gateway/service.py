@@ -193,14 +193,11 @@ class Gateway:
     def shares_compute(self, name: str) -> bool:
         """Whether another server of ``name``'s compute group holds requests of this
         gateway now (in flight or routed there and not yet sent); False without a group."""
-        states = self.registry.states
-        if not self.policy.peers.get(name):
+        peers = self.policy.peers.get(name)
+        if not peers:
             return False
-        now = self.registry.clock()
-        return any(
-            (s := states.get(peer)) is not None and s.load(now) > 0
-            for peer in self.policy.peers[name]
-        )
+        states, now = self.registry.states, self.registry.clock()
+        return any((s := states.get(peer)) is not None and s.load(now) > 0 for peer in peers)
 
     def break_even(self) -> dict[str, Any]:
         """Per speculative backend and task, its learnt speed relative to the first plain
