@@ -183,12 +183,31 @@ class Gateway:
         GPU while the batch beside it slows (on the twin, one EAGLE-3 request of a wave of
         64 ran at 188 tokens/s against plain's 113; learnt, EAGLE-3 looked 1.38x plain at
         32-63 requests for code, where alone it is 0.74x: docs/benchmarks.md section 7,
-        session 14)."""
+        session 14).
+
+        A request is learnt at the load it ran in: ``trace.concurrency`` (its compute's load at
+        dispatch) is raised to the most requests of ours on that compute while it was in
+        flight (:meth:`ran_in`). A wave's first requests are dispatched beside few others but
+        run in the whole wave's batch; learnt at dispatch, EAGLE-3's waves of 8 taught its
+        4-7 band and never its 8-15 one, so its configured ``max_batch_for_speculation`` of
+        4 never gave way where it paid (section 7, session 15)."""
         if not self.config.routing.feedback:
             return
         if trace.backend is not None and not trace.shared:
             trace.shared = self.shares_compute(trace.backend)
+        if trace.backend is not None and trace.duration_s is not None:
+            since = time.monotonic() - trace.duration_s
+            trace.concurrency = max(trace.concurrency, self.ran_in(trace.backend, since))
         self.feedback.observe(trace)
+
+    def ran_in(self, name: str, since: float) -> int:
+        """The most of this gateway's requests on backend ``name``'s compute (its compute
+        group, else itself) at once from ``since`` (``time.monotonic()``) to now, as noted
+        when requests were routed or sent there
+        (:meth:`~gateway.upstream.state.BackendState.highest_since`); 0 when none was."""
+        states = self.registry.states
+        members = (name, *self.policy.peers.get(name, ()))
+        return max((s.highest_since(since) for m in members if (s := states.get(m))), default=0)
 
     def shares_compute(self, name: str) -> bool:
         """Whether another server of ``name``'s compute group holds requests of this

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Literal
@@ -31,6 +31,9 @@ PEAK_WINDOW_S = 10.0
 #: (a guard or a connection lies between them): requests that arrive together see each
 #: other's choices, so a burst is not spread by decisions that all saw an idle server.
 RESERVE_S = 2.0
+#: Noted loads a backend keeps, newest last (:meth:`BackendState.highest_since`): enough for
+#: the requests of one wave on one compute group (the benches' largest is 256 on 8 GPUs).
+LOAD_NOTES = 512
 
 
 def health_of(healthy: bool | None) -> Health:
@@ -64,6 +67,9 @@ class BackendState:
     liveness: a backend answering requests is alive, however slow its probe).
     ``fingerprint``: the ``system_fingerprint`` its answers carry, as JSON text (``b""``:
     none; None: not seen yet), learnt by :class:`~gateway.upstream.feedback.ResponseTap`.
+    ``peak``/``peak_prev``/``peak_since``: the in-flight peak of the current and the last
+    ``peak_window_s`` slot (:meth:`recent_peak`); ``notes``: each load noted, as
+    ``(time.monotonic(), requests)``, for :meth:`highest_since`.
     """
 
     healthy: bool | None = None
@@ -90,6 +96,7 @@ class BackendState:
     peak_prev: int = 0
     peak_since: float = -2 * PEAK_WINDOW_S
     peak_window_s: float = PEAK_WINDOW_S
+    notes: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=LOAD_NOTES))
 
     @property
     def health(self) -> Health:
@@ -135,6 +142,18 @@ class BackendState:
             self.peak_prev = self.peak if age < 2 * window else 0
             self.peak, self.peak_since = 0, now
         self.peak = max(self.peak, load)
+        self.notes.append((now, load))
+
+    def highest_since(self, since: float) -> int:
+        """The highest load noted here (:meth:`note_load`) at or after ``since``
+        (``time.monotonic()``), 0 when none: the batch a request that started then ran in,
+        as far as this gateway's own requests tell (the last :data:`LOAD_NOTES` notes)."""
+        peak = 0
+        for at, load in reversed(self.notes):
+            if at < since:
+                break
+            peak = max(peak, load)
+        return peak
 
     def recent_peak(self, now: float) -> int:
         """The most of this gateway's requests in flight there at once over the last

@@ -338,3 +338,46 @@ def test_the_peak_window_is_a_setting() -> None:
     assert slow.recent_peak(1150.0) == 32 and slow.recent_peak(1201.0) == 0
     assert BackendState().recent_peak(0.0) == 0  # a fresh state remembers no burst
     assert Settings(peak_window_s=100.0).peak_window_s == 100.0
+
+
+def test_a_wave_is_learnt_at_the_batch_it_ran_in() -> None:
+    """A wave of 8 on EAGLE-3: its requests are dispatched beside 0-7 others, but each runs
+    in the batch of 8 until the wave ends, so each is learnt in the 8-15 band (on the twin,
+    learnt at dispatch, EAGLE-3 never had a speed at 8 where it paid: section 7, session
+    15). A lone request after the wave is learnt at 1; a backend's notes only count from
+    the request's start."""
+    from gateway.pipeline import _reserve
+
+    policy = fleet(1)
+    gateway = Gateway(policy.config, registry=BackendRegistry(policy.config.backends))
+    state = gateway.registry.states["eagle3-g0"]
+    code = RequestFeatures(SIM_MODEL, 0.0, True, "code", 1.0, "header")
+
+    def trace(load: float) -> RequestTrace:
+        t = RequestTrace("r", "chat/completions", stream=False)
+        t.backend, t.task, t.features, t.concurrency = "eagle3-g0", "code", code, load
+        t.usage_bytes = b'{"usage":{"completion_tokens":64}}'
+        t.status, t.duration_s = 200, 0.3
+        return t
+
+    wave = []
+    for k in range(8):
+        _reserve(gateway, "eagle3-g0")
+        state.take(time.monotonic())
+        wave.append(trace(k + 1))
+    for t in wave:
+        state.release()
+        gateway.learn(t)
+    assert [t.concurrency for t in wave] == [8] * 8
+    assert gateway.feedback.bucket(wave[0]) == "greedy/norep/c8"
+    assert gateway.ran_in("plain-g0", time.monotonic() - 0.3) == 8  # one GPU, one batch
+    time.sleep(0.01)
+    since = time.monotonic()
+    _reserve(gateway, "eagle3-g0")
+    state.take(time.monotonic())
+    lone = trace(1)
+    lone.duration_s = time.monotonic() - since
+    state.release()
+    gateway.learn(lone)
+    assert lone.concurrency == 1 and gateway.ran_in("eagle3-g0", since) == 1
+    assert BackendState().highest_since(0.0) == 0
