@@ -45,6 +45,7 @@ from bench import adaptive_bench, speedup_report
 from bench.llm_client import Outcome, run_items, run_spread
 from bench.procs import Server, free_port, interrupt_on_sigterm
 from bench.sim.fleet import fleet_config, running_fleet
+from bench.sim.profile import TWIN_PROFILE
 from bench.sim.server import MODEL
 from bench.speedup import _Run, acceptance
 from bench.workloads import Item, default_prompts_dir, sample, unseeded
@@ -136,6 +137,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=20, help="adaptive warm-up per task")
     parser.add_argument("--prompts", type=Path, default=default_prompts_dir())
     parser.add_argument("--no-compute-groups", action="store_true")
+    parser.add_argument("--profile", type=Path, default=TWIN_PROFILE, help="fitted costs")
     parser.add_argument("--out", type=Path, default=Path("bench/out/sim-fleet"))
     args = parser.parse_args(argv)
     interrupt_on_sigterm()
@@ -152,7 +154,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     book_size = args.per_task + 2 * args.warmup  # the simulator knows the warm-up prompts too
     with (
         tempfile.TemporaryDirectory(prefix="specgate-sim-fleet-") as tmp,
-        running_fleet(args.gpus, kinds, args.scale, args.prompts, book_size, logs) as urls,
+        running_fleet(
+            args.gpus, kinds, args.scale, args.prompts, book_size, logs, args.profile
+        ) as urls,
     ):
         names = {n: n.rsplit("-g", 1)[0] for n in urls}
         config = fleet_config(names, urls, groups=not args.no_compute_groups)
@@ -184,7 +188,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             except KeyboardInterrupt:
                 interrupted = True
     meta = {
-        "config": f"simulated: {args.gpus} GPUs x {args.kinds}, twin profile, scale {args.scale}",
+        "config": f"simulated: {args.gpus} GPUs x {args.kinds}, {args.profile.name}, "
+        f"scale {args.scale}",
         "launched": True,
         "per_task": args.per_task,
         "max_tokens": args.max_tokens,
