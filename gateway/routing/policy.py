@@ -14,7 +14,7 @@ from contracts.config import BackendConfig, GatewayConfig
 from gateway.classify.features import SPECULATION_OFF, SPECULATION_ON, RequestFeatures
 from gateway.routing.adaptive import Estimates, bucket_of
 from gateway.routing.adaptive_choice import AdaptiveChoice, choose
-from gateway.routing.load import LoadView, load_view, measured_at_load
+from gateway.routing.load import LoadView, load_view, measured_at_load, speedup_at
 from gateway.routing.rules import first_match
 from gateway.speculation.prompt_stats import PromptStats
 
@@ -136,6 +136,8 @@ class _Plan:
     saturated: bool = False
     # whether a speculative backend's and a plain one's speeds were learnt at this load
     measured: Callable[[str], bool] | None = None
+    # a speculative backend's learnt speed over plain's at its max_batch_for_speculation
+    paid: Callable[[str, int], float | None] | None = None
     # the requests on each backend's compute before this one, and where bursts of ours run
     load: LoadView = field(default_factory=lambda: LoadView({}, frozenset()))
 
@@ -255,7 +257,19 @@ class RoutingPolicy:
                     decay=settings.decay,
                 )
 
-            plan.measured = measured
+            def paid(name: str, limit: int) -> float | None:
+                t, threshold = features.temperature, settings.overlap_threshold
+                return speedup_at(
+                    learnt,
+                    features.task,
+                    bucket_of(t, overlap, threshold, limit),
+                    name,
+                    self.plain,
+                    min_weight=settings.min_load_weight,
+                    decay=settings.decay,
+                )
+
+            plan.measured, plan.paid = measured, paid
         order: list[str] = []
         for pool in pools:
             plan.kept = []
@@ -422,8 +436,15 @@ class RoutingPolicy:
         plan.seen.add(name)
         batch = plan.load.concurrency[name]  # every backend's: >= its own batch
         leads = name in plan.load.bursts
+        explored = None
+        if not leads and plan.paid is not None and name in self.speculative:
+            idle = all(
+                (s := state.get(m)) is None or s.inflight == 0
+                for m in (name, *self.peers.get(name, ()))
+            )
+            explored = self._explore(name, backend, batch, plan) if idle else None
         passed_over = self._pass_over(
-            name, backend, snap, rng, features, plan.measured, batch, leads
+            name, backend, snap, rng, features, plan.measured, batch, leads or bool(explored)
         )
         if passed_over is not None:
             plan.deferred.append(name)
@@ -439,7 +460,35 @@ class RoutingPolicy:
             )
         if snap.demoted:
             why += f"; demoted but taking its {self.config.routing.probe_share:.0%} probe share"
+        if explored is not None:
+            why += f"; {explored}"
+            plan.reasons.append(f"{name}: {explored}")
         plan.candidates.append(Candidate(name, pool, True, why))
+
+    def _explore(self, name: str, backend: BackendConfig, batch: float, plan: _Plan) -> str | None:
+        """Why speculative backend ``name``, over its ``max_batch_for_speculation``, is kept
+        for a burst that starts on its idle compute (None: it is not): the burst (``batch``
+        requests before this one) is within :data:`LEADER_SLACK` times its limit, its speed
+        there is not learnt (``plan.measured``), and at its limit it was learnt faster than
+        plain (``plan.paid``). It is then judged as a burst's leader (its limit times
+        :data:`LEADER_SLACK`; a refusal or a demotion still passes it over). The burst runs
+        there and teaches its speed at that load (each request is learnt at the load it ran
+        in), so the limit gives way to what was measured
+        (:func:`~gateway.routing.load.measured_at_load`) instead of standing where the
+        target's speed moved: on the cost twin EAGLE-3 ran at 0.92x plain at 8 requests in
+        one run and 1.08x in the next (docs/benchmarks.md section 7, session 15)."""
+        limit = backend.max_batch_for_speculation
+        if limit is None or not limit < batch <= limit * LEADER_SLACK or plan.paid is None:
+            return None
+        if plan.measured is not None and plan.measured(name):
+            return None  # measured here: the learnt speeds decide, not the limit
+        gain = plan.paid(name, limit)
+        if gain is None or gain <= 1.0:
+            return None
+        return (
+            f"batch {batch:g} > max_batch_for_speculation {limit}, kept to learn its speed "
+            f"there ({gain:.2f}x plain at {limit}, not yet measured above)"
+        )
 
     def _pass_over(
         self,
