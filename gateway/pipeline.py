@@ -113,7 +113,7 @@ async def prepare_routed(runtime: Runtime, request: RoutedRequest) -> None:
     decision = routed.decision
     trace.task, trace.rule = prepared.features.task, decision.rule
     trace.features, trace.prompt = prepared.features, prepared.prompt
-    trace.concurrency = decision.concurrency
+    trace.concurrency = decision.joined  # raised to the most it ran beside when it ends
     if not decision.backends:
         gateway.stats.rejected += 1
         if decision.saturated:

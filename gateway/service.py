@@ -185,29 +185,33 @@ class Gateway:
         32-63 requests for code, where alone it is 0.74x: docs/benchmarks.md section 7,
         session 14).
 
-        A request is learnt at the load it ran in: ``trace.concurrency`` (its compute's load at
-        dispatch) is raised to the most requests of ours on that compute while it was in
-        flight (:meth:`ran_in`). A wave's first requests are dispatched beside few others but
-        run in the whole wave's batch; learnt at dispatch, EAGLE-3's waves of 8 taught its
-        4-7 band and never its 8-15 one, so its configured ``max_batch_for_speculation`` of
-        4 never gave way where it paid (section 7, session 15)."""
+        A request is learnt at the load it ran in: ``trace.concurrency`` (the batch it joined
+        at dispatch, :attr:`~gateway.routing.policy.RouteDecision.joined`) is raised to the
+        most requests of ours on its compute while it was in flight (:meth:`ran_in`); one of
+        ours routed to another server of its compute meanwhile makes it ``shared``. A wave's
+        first requests are dispatched beside few others but run in the whole wave's batch;
+        learnt at dispatch, EAGLE-3's waves of 8 taught its 4-7 band, never its 8-15 one
+        (docs/benchmarks.md section 7, "Seventh run")."""
         if not self.config.routing.feedback:
             return
-        if trace.backend is not None and not trace.shared:
-            trace.shared = self.shares_compute(trace.backend)
-        if trace.backend is not None and trace.duration_s is not None:
+        name = trace.backend
+        if name is not None and trace.status == 200 and trace.duration_s is not None:
             since = time.monotonic() - trace.duration_s
-            trace.concurrency = max(trace.concurrency, self.ran_in(trace.backend, since))
+            peers = self.policy.peers.get(name, ())
+            trace.shared = (
+                trace.shared or self.shares_compute(name) or self.ran_in(peers, since) > 0
+            )
+            trace.concurrency = max(trace.concurrency, self.ran_in((name, *peers), since))
         self.feedback.observe(trace)
 
-    def ran_in(self, name: str, since: float) -> int:
-        """The most of this gateway's requests on backend ``name``'s compute (its compute
-        group, else itself) at once from ``since`` (``time.monotonic()``) to now, as noted
-        when requests were routed or sent there
-        (:meth:`~gateway.upstream.state.BackendState.highest_since`); 0 when none was."""
+    def ran_in(self, names: tuple[str, ...], since: float) -> int:
+        """The most of this gateway's requests noted on the backends ``names`` at once from
+        ``since`` (``time.monotonic()``) to now: each routing decision notes its compute
+        group's total there, this request included, and each attempt the backend's own
+        in-flight count (:meth:`~gateway.upstream.state.BackendState.highest_since`); 0 when
+        none was noted (no request of ours went there meanwhile)."""
         states = self.registry.states
-        members = (name, *self.policy.peers.get(name, ()))
-        return max((s.highest_since(since) for m in members if (s := states.get(m))), default=0)
+        return max((s.highest_since(since) for m in names if (s := states.get(m))), default=0)
 
     def shares_compute(self, name: str) -> bool:
         """Whether another server of ``name``'s compute group holds requests of this

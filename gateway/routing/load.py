@@ -141,6 +141,13 @@ def measured_at_load(
     )
 
 
+def learnt_weight(
+    estimates: Estimates, task: str, bucket: str, backend: str, decay: float
+) -> float:
+    """``backend``'s decayed observations for ``task`` in ``bucket`` (0 when none)."""
+    return _weight(estimates, (task, bucket), backend, decay)
+
+
 def speedup_at(
     estimates: Estimates,
     task: str,

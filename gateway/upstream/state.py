@@ -31,8 +31,9 @@ PEAK_WINDOW_S = 10.0
 #: (a guard or a connection lies between them): requests that arrive together see each
 #: other's choices, so a burst is not spread by decisions that all saw an idle server.
 RESERVE_S = 2.0
-#: Noted loads a backend keeps, newest last (:meth:`BackendState.highest_since`): enough for
-#: the requests of one wave on one compute group (the benches' largest is 256 on 8 GPUs).
+#: Noted loads a backend keeps, newest last (:meth:`BackendState.highest_since`): about two
+#: a request (its routing decision's and its attempt's), so a wave of 256 on one compute
+#: group (the benches' largest: 32 a GPU on 8 GPUs).
 LOAD_NOTES = 512
 
 
@@ -69,7 +70,8 @@ class BackendState:
     none; None: not seen yet), learnt by :class:`~gateway.upstream.feedback.ResponseTap`.
     ``peak``/``peak_prev``/``peak_since``: the in-flight peak of the current and the last
     ``peak_window_s`` slot (:meth:`recent_peak`); ``notes``: each load noted, as
-    ``(time.monotonic(), requests)``, for :meth:`highest_since`.
+    ``(time.monotonic(), requests)`` (its own in-flight count when an attempt began there,
+    its compute group's total when a request was routed there), for :meth:`highest_since`.
     """
 
     healthy: bool | None = None

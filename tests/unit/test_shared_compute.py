@@ -370,7 +370,7 @@ def test_a_wave_is_learnt_at_the_batch_it_ran_in() -> None:
         gateway.learn(t)
     assert [t.concurrency for t in wave] == [8] * 8
     assert gateway.feedback.bucket(wave[0]) == "greedy/norep/c8"
-    assert gateway.ran_in("plain-g0", time.monotonic() - 0.3) == 8  # one GPU, one batch
+    assert gateway.ran_in(("plain-g0", "eagle3-g0"), time.monotonic() - 0.3) == 8
     time.sleep(0.01)
     since = time.monotonic()
     _reserve(gateway, "eagle3-g0")
@@ -379,5 +379,68 @@ def test_a_wave_is_learnt_at_the_batch_it_ran_in() -> None:
     lone.duration_s = time.monotonic() - since
     state.release()
     gateway.learn(lone)
-    assert lone.concurrency == 1 and gateway.ran_in("eagle3-g0", since) == 1
+    assert lone.concurrency == 1 and gateway.ran_in(("eagle3-g0",), since) == 1
     assert BackendState().highest_since(0.0) == 0
+    # routed within the wave's remembered peak, it is routed at 8 but joined an idle GPU
+    now = time.monotonic()
+    state_now = {n: s.snapshot(now) for n, s in gateway.registry.states.items()}
+    decision = policy.decide(code, state_now, random.Random(0))
+    assert decision.concurrency == 8 and decision.joined == 1
+    # one of ours sent to the other server of its GPU while it ran: it shared the GPU
+    since = time.monotonic()
+    _reserve(gateway, "eagle3-g0")
+    state.take(time.monotonic())
+    _reserve(gateway, "plain-g0")
+    beside = trace(1)
+    beside.duration_s = time.monotonic() - since
+    state.release()
+    gateway.learn(beside)
+    assert beside.shared and gateway.feedback.shared == 1
+
+
+def test_a_burst_over_the_limit_explores_where_speculation_paid_below() -> None:
+    """A wave of 8 starts on an idle GPU (its last burst: 8). EAGLE-3 (limit 4) was learnt
+    1.3x plain for code at 4-7 requests and never at 8-15: the wave's first request keeps
+    it (as a burst's leader, up to twice its limit) so its speed at 8 gets measured. Not
+    when it lost at 4-7, not while a request of ours is on the GPU (the burst already runs
+    somewhere), and not once both speeds at 8-15 are learnt (they decide then)."""
+    policy = fleet(1)
+    code = RequestFeatures(SIM_MODEL, 0.0, True, "code", 1.0, "header")
+
+    def learner_with(c4: dict[str, float], c8: dict[str, float] | None = None) -> Learner:
+        learner = Learner(0.98)
+        for bucket, speeds in (
+            ("greedy/norep", {"plain": 200.0, "eagle3-g0": 300.0}),
+            ("greedy/norep/c4", c4),
+            ("greedy/norep/c8", c8 or {}),
+        ):
+            for _ in range(5):
+                for backend, speed in speeds.items():
+                    name = "plain-g0" if backend == "plain" else backend
+                    learner.observe(Observation("code", bucket, name, speed, 64))
+        return learner  # fmt: skip
+
+    def first(learner: Learner, **inflight: int) -> tuple[str, str]:
+        state = {
+            n: BackendSnapshot(True, inflight=inflight.get(n.split("-")[0], 0), recent=8.0)
+            for n in ("plain-g0", "eagle3-g0")
+        }
+        decision = policy.decide(code, state, random.Random(0), learner.view())
+        why = next(c.why for c in decision.candidates if c.backend == "eagle3-g0")
+        return decision.backends[0], why
+
+    paid = learner_with({"plain": 220.0, "eagle3-g0": 290.0})
+    backend, why = first(paid)
+    assert backend == "eagle3-g0"
+    assert (
+        "kept to learn its speed there (1.32x plain at 4, its own speed above not yet learnt)"
+        in why
+    )
+    lost = learner_with({"plain": 220.0, "eagle3-g0": 190.0})
+    assert first(lost) == ("plain-g0", "batch 7 > max_batch_for_speculation 4: speculation loses")
+    assert first(paid, plain=1)[0] == "plain-g0"  # the wave already runs on plain
+    measured = learner_with(
+        {"plain": 220.0, "eagle3-g0": 290.0}, {"plain": 210.0, "eagle3-g0": 180.0}
+    )
+    backend, why = first(measured)
+    assert backend == "plain-g0" and "kept to learn" not in why
