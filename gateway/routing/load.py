@@ -141,39 +141,6 @@ def measured_at_load(
     )
 
 
-def learnt_weight(
-    estimates: Estimates, task: str, bucket: str, backend: str, decay: float
-) -> float:
-    """``backend``'s decayed observations for ``task`` in ``bucket`` (0 when none)."""
-    return _weight(estimates, (task, bucket), backend, decay)
-
-
-def speedup_at(
-    estimates: Estimates,
-    task: str,
-    bucket: str,
-    backend: str,
-    plains: Iterable[str],
-    *,
-    min_weight: float,
-    decay: float,
-) -> float | None:
-    """``backend``'s learnt speed over the fastest of ``plains`` for ``task`` in ``bucket``
-    (geometric-mean tokens/s, both with ``min_weight`` decayed observations there), or None
-    when either was not measured enough there."""
-    group = estimates.get((task, bucket))
-    if group is None or _weight(estimates, (task, bucket), backend, decay) < min_weight:
-        return None
-    plain = [
-        group.backends[p].speed_tps
-        for p in plains
-        if p in group.backends and _weight(estimates, (task, bucket), p, decay) >= min_weight
-    ]
-    if not plain or max(plain) <= 0:
-        return None
-    return group.backends[backend].speed_tps / max(plain)
-
-
 def break_even(
     estimates: Estimates,
     speculative: Iterable[str],

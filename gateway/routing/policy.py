@@ -14,13 +14,7 @@ from contracts.config import BackendConfig, GatewayConfig
 from gateway.classify.features import SPECULATION_OFF, SPECULATION_ON, RequestFeatures
 from gateway.routing.adaptive import Estimates, bucket_of
 from gateway.routing.adaptive_choice import AdaptiveChoice, choose
-from gateway.routing.load import (
-    LoadView,
-    learnt_weight,
-    load_view,
-    measured_at_load,
-    speedup_at,
-)
+from gateway.routing.load import LoadView, load_view, measured_at_load
 from gateway.routing.rules import first_match
 from gateway.speculation.prompt_stats import PromptStats
 
@@ -102,8 +96,8 @@ class RouteDecision:
     the estimates behind an adaptive choice (None under the static policy);
     ``concurrency``: requests on the chosen backend's compute when it was chosen, this one
     included (its ``compute_group``'s batch, or its recent peak less one, + 1: the load band
-    it is routed at); ``joined``: the same without the recent peak (the batch it joined + 1:
-    with the most of ours it ran beside, the load the learner files the answer under,
+    it is routed at); ``joined``: the same without the recent peak (the batch it joined + 1;
+    raised to the most of ours it ran beside, the load the learner files the answer under,
     :meth:`gateway.service.Gateway.learn`);
     ``guarded``: (backend, guard) pairs the known-engine-bug guards took out of the try
     list (:func:`gateway.routing.guards.apply_guards`);
@@ -146,8 +140,6 @@ class _Plan:
     saturated: bool = False
     # whether a speculative backend's and a plain one's speeds were learnt at this load
     measured: Callable[[str], bool] | None = None
-    # a speculative backend's learnt speed over plain's at its max_batch_for_speculation
-    paid: Callable[[str, int], float | None] | None = None
     # the requests on each backend's compute before this one, and where bursts of ours run
     load: LoadView = field(default_factory=lambda: LoadView({}, frozenset()))
 
@@ -267,24 +259,7 @@ class RoutingPolicy:
                     decay=settings.decay,
                 )
 
-            def paid(name: str, limit: int) -> float | None:
-                weight = learnt_weight(learnt, features.task, buckets[name], name, settings.decay)
-                if weight >= settings.min_load_weight:
-                    return None  # its own speed at this load is known
-                t, threshold = features.temperature, settings.overlap_threshold
-                return speedup_at(
-                    learnt,
-                    features.task,
-                    bucket_of(t, overlap, threshold, limit),
-                    name,
-                    self.plain,
-                    min_weight=settings.min_load_weight,
-                    decay=settings.decay,
-                )
-
             plan.measured = measured
-            if self.config.routing.feedback:  # else nothing explored would be learnt
-                plan.paid = paid
         order: list[str] = []
         for pool in pools:
             plan.kept = []
@@ -452,11 +427,8 @@ class RoutingPolicy:
         plan.seen.add(name)
         batch = plan.load.concurrency[name]  # every backend's: >= its own batch
         leads = name in plan.load.bursts
-        explored = None
-        if plan.paid is not None and not leads and name in self.speculative:
-            explored = self._explore(name, backend, batch, plan, state)
         passed_over = self._pass_over(
-            name, backend, snap, rng, features, plan.measured, batch, leads or bool(explored)
+            name, backend, snap, rng, features, plan.measured, batch, leads
         )
         if passed_over is not None:
             plan.deferred.append(name)
@@ -472,46 +444,7 @@ class RoutingPolicy:
             )
         if snap.demoted:
             why += f"; demoted but taking its {self.config.routing.probe_share:.0%} probe share"
-        if explored is not None:
-            why += f"; {explored}"
         plan.candidates.append(Candidate(name, pool, True, why))
-
-    def _explore(
-        self,
-        name: str,
-        backend: BackendConfig,
-        batch: float,
-        plan: _Plan,
-        state: Mapping[str, BackendSnapshot],
-    ) -> str | None:
-        """Why speculative backend ``name``, over its ``max_batch_for_speculation``, is kept
-        for a burst of ours that starts on its compute group (None: it is not): no request
-        of ours or of anyone's (scraped) is on the group, the burst (``batch`` requests
-        before this one: the group's recent peak) is within :data:`LEADER_SLACK` times its
-        limit, its own speed at that load is not learnt, and at its limit (the load band of
-        ``limit`` requests) it was learnt faster than plain (``plan.paid``). It is then judged
-        as a burst's leader (its limit times :data:`LEADER_SLACK`; a refusal or a demotion
-        still passes it over); the adaptive choice may still pick plain. A burst that runs
-        there teaches its speed at that load (each request is learnt at the load it ran in),
-        so the limit gives way to what was measured
-        (:func:`~gateway.routing.load.measured_at_load`) instead of standing where the
-        target's speed moved: on the cost twin EAGLE-3 ran at 0.92x plain at 8 requests in
-        the sixth run and 1.08x in the seventh (docs/benchmarks.md section 7, "Seventh
-        run")."""
-        limit, peers = backend.max_batch_for_speculation, self.peers.get(name, ())
-        if limit is None or not limit < batch <= limit * LEADER_SLACK or plan.paid is None:
-            return None
-        if not peers or plan.load.queued.get(name, 0.0) > 0:
-            return None  # no group (no burst would follow), or the group is not idle
-        if any((s := state.get(m)) is not None and s.inflight for m in (name, *peers)):
-            return None  # a burst of ours already runs on the group
-        gain = plan.paid(name, limit)
-        if gain is None or gain <= 1.0:
-            return None
-        return (
-            f"batch {batch:g} > max_batch_for_speculation {limit}, kept to learn its speed "
-            f"there ({gain:.2f}x plain at {limit}, its own speed above not yet learnt)"
-        )
 
     def _pass_over(
         self,
