@@ -1,10 +1,12 @@
 """specgate (adaptive policy) in front of a simulated GPU fleet: routing at fleet scale, no GPU.
 
     python -m bench.sim_fleet [--gpus 5] [--kinds plain,ngram,eagle3] [--scale 10] \
-        [--concurrency 16,64,128,256] [--per-task 64] [--warmup 20] [--out bench/out/sim-fleet]
+        [--concurrency 16,64,128,256] [--per-task 64] [--warmup 20] [--out bench/out/sim-fleet] \
+        [--profile bench/sim/twin-2026-12-01.json]
 
 Starts, in one subprocess, ``--gpus`` simulated GPUs each running one simulated vLLM server
-of each of ``--kinds`` (:mod:`bench.sim.server`, the cost twin's profile: 5 x 3 = 15
+of each of ``--kinds`` (:mod:`bench.sim.server`, the cost twin's profile, or ``--profile``'s,
+e.g. ``bench/sim/twin-2026-12-02.json``, fitted to a later run: 5 x 3 = 15
 backends by default, steps of the servers of one GPU time-sliced as the twin's were), and the
 real gateway (``python -m cli serve``) on a config made from ``config/gpu-twin.yaml``: its
 rules and ``routing`` with ``policy: adaptive``, the simulated backends in its pools

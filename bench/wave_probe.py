@@ -36,8 +36,10 @@ TEMPERATURES = {"code": 0.2, "rag": 0.0, "chat": 0.7, "creative": 1.0}
 
 
 def bodies(prompts: Path, model: str, per_task: int) -> list[bytes]:
-    """Streaming chat request bodies: ``per_task`` prompts of each task (<= 3,000 characters,
-    as bench.speedup cuts them), shuffled with a fixed seed."""
+    """Streaming chat request bodies: ``per_task`` prompts of each task, their first 3,000
+    characters (bench.speedup keeps head and tail, sends HumanEval rows to /v1/completions
+    and seeds sampled requests; this probe sends every prompt as chat, unseeded), shuffled
+    with a fixed seed."""
     out = []
     for task, temperature in TEMPERATURES.items():
         lines = (prompts / f"{task}.jsonl").read_text().splitlines()[:per_task]
@@ -160,6 +162,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--marks", type=Path)
     args = parser.parse_args(argv)
     if args.analyse:
+        if not args.marks:
+            parser.error("--analyse needs --marks (the bench.wave_marks gateway's file)")
         analyse(json.loads(args.analyse.read_text()), json.loads(args.marks.read_text()))
         return 0
     if not all((args.direct, args.gateway, args.model, args.prompts, args.out)):

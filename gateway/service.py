@@ -187,20 +187,20 @@ class Gateway:
 
         A request is learnt at the load it ran in: ``trace.concurrency`` (the batch it joined
         at dispatch, :attr:`~gateway.routing.policy.RouteDecision.joined`) is raised to the
-        most requests of ours on its compute while it was in flight (:meth:`ran_in`); one of
-        ours routed to another server of its compute meanwhile makes it ``shared``. A wave's
-        first requests are dispatched beside few others but run in the whole wave's batch;
-        learnt at dispatch, EAGLE-3's waves of 8 taught its 4-7 band, never its 8-15 one
-        (docs/benchmarks.md section 7, "Seventh run")."""
+        most requests of ours on its compute while it was in flight (:meth:`ran_in`); an
+        attempt of ours sent to another server of its compute meanwhile (another request's,
+        or this one's own before a failover or a refusal moved it) makes it ``shared``. A
+        wave's first requests are dispatched beside few others but run in the whole wave's
+        batch; learnt at dispatch, EAGLE-3's waves of 8 taught mostly its 4-7 band (one
+        request a wave reached 8-15; docs/benchmarks.md section 7, "Seventh run")."""
         if not self.config.routing.feedback:
             return
         name = trace.backend
         if name is not None and trace.status == 200 and trace.duration_s is not None:
-            since = time.monotonic() - trace.duration_s
-            peers = self.policy.peers.get(name, ())
-            trace.shared = (
-                trace.shared or self.shares_compute(name) or self.ran_in(peers, since) > 0
-            )
+            since = time.monotonic() - trace.duration_s  # learn runs as the request ends
+            peers, states = self.policy.peers.get(name, ()), self.registry.states
+            sent_beside = any((s := states.get(p)) and s.sent_at >= since for p in peers)
+            trace.shared = trace.shared or sent_beside or self.shares_compute(name)
             trace.concurrency = max(trace.concurrency, self.ran_in((name, *peers), since))
         self.feedback.observe(trace)
 

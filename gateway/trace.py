@@ -34,8 +34,9 @@ class RequestTrace:
     :meth:`gateway.service.Gateway.learn`); ``spec_decoding``: the answer's
     ``metrics.speculative_decoding`` (vLLM per-request acceptance), when it had one;
     ``shared``: another server of the backend's compute group held requests of this gateway
-    when the request was dispatched or when it ended (its speed is not that backend's at
-    this load: not learnt, see :meth:`gateway.service.Gateway.learn`).
+    when the request was dispatched or when it ended, or an attempt of ours began there
+    while it ran (its speed is not that backend's at this load: not learnt, see
+    :meth:`gateway.service.Gateway.learn`).
     Never holds prompt text.
     """
 

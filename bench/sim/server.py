@@ -2,7 +2,7 @@
 a fleet of them (several GPUs, several servers each) served from one process.
 
     python -m bench.sim.server --gpu plain,ngram,eagle3 --gpu plain,eagle3 --port 9300 \
-        [--scale 1] [--version 0.32] [--prompts DIR]
+        [--scale 1] [--version 0.32] [--prompts DIR] [--profile bench/sim/twin-2026-12-01.json]
 
 Each app answers like vLLM's OpenAI server, in the shape of ``--version`` (0.26 or 0.32):
 

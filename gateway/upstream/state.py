@@ -32,8 +32,8 @@ PEAK_WINDOW_S = 10.0
 #: other's choices, so a burst is not spread by decisions that all saw an idle server.
 RESERVE_S = 2.0
 #: Noted loads a backend keeps, newest last (:meth:`BackendState.highest_since`): about two
-#: a request (its routing decision's and its attempt's), so a wave of 256 on one compute
-#: group (the benches' largest: 32 a GPU on 8 GPUs).
+#: a request routed there (its decision's and its attempt's), so 512 cover a wave of about
+#: 256 requests on one backend.
 LOAD_NOTES = 512
 
 
@@ -71,7 +71,8 @@ class BackendState:
     ``peak``/``peak_prev``/``peak_since``: the in-flight peak of the current and the last
     ``peak_window_s`` slot (:meth:`recent_peak`); ``notes``: each load noted, as
     ``(time.monotonic(), requests)`` (its own in-flight count when an attempt began there,
-    its compute group's total when a request was routed there), for :meth:`highest_since`.
+    its compute group's total when a request was routed there), for :meth:`highest_since`;
+    ``sent_at``: when an attempt of this gateway last began there (``time.monotonic()``).
     """
 
     healthy: bool | None = None
@@ -99,6 +100,7 @@ class BackendState:
     peak_since: float = -2 * PEAK_WINDOW_S
     peak_window_s: float = PEAK_WINDOW_S
     notes: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=LOAD_NOTES))
+    sent_at: float = float("-inf")
 
     @property
     def health(self) -> Health:
@@ -134,6 +136,7 @@ class BackendState:
         if self.reserved:
             del self.reserved[0]
         self.inflight += 1
+        self.sent_at = now
         self.note_load(now, self.inflight)
 
     def note_load(self, now: float, load: int) -> None:

@@ -386,13 +386,42 @@ def test_a_wave_is_learnt_at_the_batch_it_ran_in() -> None:
     state_now = {n: s.snapshot(now) for n, s in gateway.registry.states.items()}
     decision = policy.decide(code, state_now, random.Random(0))
     assert decision.concurrency == 8 and decision.joined == 1
-    # one of ours sent to the other server of its GPU while it ran: it shared the GPU
+    # one of ours sent to the other server of its GPU and ended while it ran: shared
     since = time.monotonic()
     _reserve(gateway, "eagle3-g0")
     state.take(time.monotonic())
+    plain = gateway.registry.states["plain-g0"]
     _reserve(gateway, "plain-g0")
+    plain.take(time.monotonic())
+    plain.release()
+    assert not gateway.shares_compute("eagle3-g0")  # nothing of ours there any more
     beside = trace(1)
     beside.duration_s = time.monotonic() - since
     state.release()
     gateway.learn(beside)
     assert beside.shared and gateway.feedback.shared == 1
+    # its own decision moved to the other server (a pin) before it was sent: not shared
+    time.sleep(0.01)
+    since = time.monotonic()
+    _reserve(gateway, "eagle3-g0")
+    _reserve(gateway, "plain-g0", instead_of="eagle3-g0")
+    plain.take(time.monotonic())
+    moved = trace(1)
+    moved.backend, moved.duration_s = "plain-g0", time.monotonic() - since
+    plain.release()
+    gateway.learn(moved)
+    assert not moved.shared and moved.concurrency == 1
+
+
+def test_a_backend_without_a_compute_group_is_learnt_at_its_own_peak() -> None:
+    """No group: the load a request ran in is this gateway's in flight on that backend."""
+    names = {"plain-g0": "plain", "eagle3-g0": "eagle3"}
+    urls = {n: f"http://127.0.0.1:{9000 + i}" for i, n in enumerate(names)}
+    config = parse_config(fleet_config(names, urls, groups=False))
+    gateway = Gateway(config, registry=BackendRegistry(config.backends))
+    name = "eagle3-g0"
+    assert not gateway.policy.peers.get(name)
+    state, since = gateway.registry.states[name], time.monotonic()
+    for _ in range(3):
+        state.take(time.monotonic())
+    assert gateway.ran_in((name,), since) == 3
