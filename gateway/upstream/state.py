@@ -31,9 +31,9 @@ PEAK_WINDOW_S = 10.0
 #: (a guard or a connection lies between them): requests that arrive together see each
 #: other's choices, so a burst is not spread by decisions that all saw an idle server.
 RESERVE_S = 2.0
-#: Noted loads a backend keeps, newest last (:meth:`BackendState.highest_since`): about two
-#: a request routed there (its decision's and its attempt's), so 512 cover a wave of about
-#: 256 requests on one backend.
+#: Noted loads a backend keeps at the most (:meth:`BackendState.highest_since`): only those
+#: higher than every later one are kept (a monotone queue), so a wave leaves one, and 512
+#: is a bound, not a window.
 LOAD_NOTES = 512
 
 
@@ -69,9 +69,10 @@ class BackendState:
     ``fingerprint``: the ``system_fingerprint`` its answers carry, as JSON text (``b""``:
     none; None: not seen yet), learnt by :class:`~gateway.upstream.feedback.ResponseTap`.
     ``peak``/``peak_prev``/``peak_since``: the in-flight peak of the current and the last
-    ``peak_window_s`` slot (:meth:`recent_peak`); ``notes``: each load noted, as
-    ``(time.monotonic(), requests)`` (its own in-flight count when an attempt began there,
-    its compute group's total when a request was routed there), for :meth:`highest_since`;
+    ``peak_window_s`` slot (:meth:`recent_peak`); ``notes``: the loads noted that no later
+    note matched or passed, oldest (and highest) first, as ``(time.monotonic(), requests)``
+    (its own in-flight count when an attempt began there, its compute group's total when a
+    request was routed there), for :meth:`highest_since`;
     ``sent_at``: when an attempt of this gateway last began there (``time.monotonic()``).
     """
 
@@ -147,17 +148,21 @@ class BackendState:
             self.peak_prev = self.peak if age < 2 * window else 0
             self.peak, self.peak_since = 0, now
         self.peak = max(self.peak, load)
-        self.notes.append((now, load))
+        notes = self.notes  # loads falling from oldest to newest: a note no higher than a
+        while notes and notes[-1][1] <= load:  # later one never answers highest_since
+            notes.pop()
+        notes.append((now, load))
 
     def highest_since(self, since: float) -> int:
         """The highest load noted here (:meth:`note_load`) at or after ``since``
         (``time.monotonic()``), 0 when none: the batch a request that started then ran in,
-        as far as this gateway's own requests tell (the last :data:`LOAD_NOTES` notes)."""
+        as far as this gateway's own requests tell: the oldest kept note since then, as
+        every note dropped had a later one at least as high."""
         peak = 0
-        for at, load in reversed(self.notes):
+        for at, load in reversed(self.notes):  # newest first, each higher than the last
             if at < since:
                 break
-            peak = max(peak, load)
+            peak = load
         return peak
 
     def recent_peak(self, now: float) -> int:
