@@ -425,3 +425,20 @@ def test_a_backend_without_a_compute_group_is_learnt_at_its_own_peak() -> None:
     for _ in range(3):
         state.take(time.monotonic())
     assert gateway.ran_in((name,), since) == 3
+
+
+def test_noted_loads_answer_the_highest_since_any_time() -> None:
+    """The notes keep only loads no later note matched or passed: every "highest since t"
+    is still answered exactly (against all notes kept), and a rising wave leaves one."""
+    state, kept = BackendState(), []
+    loads = [1, 2, 3, 8, 5, 6, 2, 4, 1, 7, 3]
+    for i, load in enumerate(loads):
+        state.note_load(100.0 + i, load)
+        kept.append((100.0 + i, load))
+    for since in [99.0, 100.5, 103.0, 103.5, 105.2, 108.0, 109.9, 110.0, 111.0]:
+        assert state.highest_since(since) == max((n for t, n in kept if t >= since), default=0)
+    assert [n for _, n in state.notes] == [8, 7, 3]
+    rising = BackendState()
+    for i in range(64):
+        rising.note_load(200.0 + i, i + 1)
+    assert list(rising.notes) == [(263.0, 64)]
