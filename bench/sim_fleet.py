@@ -1,10 +1,12 @@
 """specgate (adaptive policy) in front of a simulated GPU fleet: routing at fleet scale, no GPU.
 
     python -m bench.sim_fleet [--gpus 5] [--kinds plain,ngram,eagle3] [--scale 10] \
-        [--concurrency 16,64,128,256] [--per-task 64] [--warmup 20] [--out bench/out/sim-fleet]
+        [--concurrency 16,64,128,256] [--per-task 64] [--warmup 20] [--out bench/out/sim-fleet] \
+        [--profile bench/sim/twin-2026-12-01.json]
 
 Starts, in one subprocess, ``--gpus`` simulated GPUs each running one simulated vLLM server
-of each of ``--kinds`` (:mod:`bench.sim.server`, the cost twin's profile: 5 x 3 = 15
+of each of ``--kinds`` (:mod:`bench.sim.server`, the cost twin's profile, or ``--profile``'s,
+e.g. ``bench/sim/twin-2026-12-02.json``, fitted to a later run: 5 x 3 = 15
 backends by default, steps of the servers of one GPU time-sliced as the twin's were), and the
 real gateway (``python -m cli serve``) on a config made from ``config/gpu-twin.yaml``: its
 rules and ``routing`` with ``policy: adaptive``, the simulated backends in its pools
@@ -45,6 +47,7 @@ from bench import adaptive_bench, speedup_report
 from bench.llm_client import Outcome, run_items, run_spread
 from bench.procs import Server, free_port, interrupt_on_sigterm
 from bench.sim.fleet import fleet_config, running_fleet
+from bench.sim.profile import TWIN_PROFILE
 from bench.sim.server import MODEL
 from bench.speedup import _Run, acceptance
 from bench.workloads import Item, default_prompts_dir, sample, unseeded
@@ -136,6 +139,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=20, help="adaptive warm-up per task")
     parser.add_argument("--prompts", type=Path, default=default_prompts_dir())
     parser.add_argument("--no-compute-groups", action="store_true")
+    parser.add_argument("--profile", type=Path, default=TWIN_PROFILE, help="fitted costs")
     parser.add_argument("--out", type=Path, default=Path("bench/out/sim-fleet"))
     args = parser.parse_args(argv)
     interrupt_on_sigterm()
@@ -152,7 +156,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     book_size = args.per_task + 2 * args.warmup  # the simulator knows the warm-up prompts too
     with (
         tempfile.TemporaryDirectory(prefix="specgate-sim-fleet-") as tmp,
-        running_fleet(args.gpus, kinds, args.scale, args.prompts, book_size, logs) as urls,
+        running_fleet(
+            args.gpus, kinds, args.scale, args.prompts, book_size, logs, args.profile
+        ) as urls,
     ):
         names = {n: n.rsplit("-g", 1)[0] for n in urls}
         config = fleet_config(names, urls, groups=not args.no_compute_groups)
@@ -184,7 +190,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             except KeyboardInterrupt:
                 interrupted = True
     meta = {
-        "config": f"simulated: {args.gpus} GPUs x {args.kinds}, twin profile, scale {args.scale}",
+        "config": f"simulated: {args.gpus} GPUs x {args.kinds}, {args.profile.name}, "
+        f"scale {args.scale}",
         "launched": True,
         "per_task": args.per_task,
         "max_tokens": args.max_tokens,

@@ -11,6 +11,7 @@ from typing import Any
 import yaml
 
 from bench.procs import Server, free_port
+from bench.sim.profile import TWIN_PROFILE
 from bench.sim.server import MODEL
 
 TWIN_CONFIG = Path("config/gpu-twin.yaml")
@@ -53,13 +54,20 @@ def fleet_config(
 
 @contextlib.contextmanager
 def running_fleet(
-    gpus: int, kinds: Sequence[str], scale: float, prompts: Path, per_task: int, logs: Path
+    gpus: int,
+    kinds: Sequence[str],
+    scale: float,
+    prompts: Path,
+    per_task: int,
+    logs: Path,
+    profile: Path = TWIN_PROFILE,
 ) -> Iterator[dict[str, str]]:
-    """The simulated fleet in a subprocess; yields backend name -> URL."""
+    """The simulated fleet in a subprocess (costs from ``profile``); yields backend name ->
+    URL."""
     port = free_port()
     names = [f"{k}-g{g}" for g in range(gpus) for k in kinds]
     argv = [sys.executable, "-m", "bench.sim.server", "--port", str(port), "--scale", str(scale)]
-    argv += ["--prompts", str(prompts), "--per-task", str(per_task)]
+    argv += ["--prompts", str(prompts), "--per-task", str(per_task), "--profile", str(profile)]
     for _ in range(gpus):
         argv += ["--gpu", ",".join(kinds)]
     # ports are consecutive from --port: the last one answering means all are up

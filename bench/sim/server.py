@@ -2,7 +2,7 @@
 a fleet of them (several GPUs, several servers each) served from one process.
 
     python -m bench.sim.server --gpu plain,ngram,eagle3 --gpu plain,eagle3 --port 9300 \
-        [--scale 1] [--version 0.32] [--prompts DIR]
+        [--scale 1] [--version 0.32] [--prompts DIR] [--profile bench/sim/twin-2026-12-01.json]
 
 Each app answers like vLLM's OpenAI server, in the shape of ``--version`` (0.26 or 0.32):
 
@@ -56,7 +56,7 @@ from starlette.routing import Route
 
 from bench.sim.book import book_from_prompts
 from bench.sim.engine import Clock, Engine, Gpu, PromptBook, SimRequest
-from bench.sim.profile import SimProfile, load_profile
+from bench.sim.profile import TWIN_PROFILE, SimProfile, load_profile
 
 MODEL = "smollm2-twin"
 MAX_MODEL_LEN = 4096
@@ -378,8 +378,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--no-per-request-metrics", action="store_true")
     parser.add_argument("--prompts", type=Path, help="prompt datasets: tasks known by text")
     parser.add_argument("--per-task", type=int, default=64)
+    parser.add_argument("--profile", type=Path, default=TWIN_PROFILE, help="fitted costs")
     args = parser.parse_args(argv)
-    profile = load_profile()
+    profile = load_profile(args.profile)
 
     async def run() -> None:
         book = PromptBook(profile)

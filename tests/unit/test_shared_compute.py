@@ -338,3 +338,107 @@ def test_the_peak_window_is_a_setting() -> None:
     assert slow.recent_peak(1150.0) == 32 and slow.recent_peak(1201.0) == 0
     assert BackendState().recent_peak(0.0) == 0  # a fresh state remembers no burst
     assert Settings(peak_window_s=100.0).peak_window_s == 100.0
+
+
+def test_a_wave_is_learnt_at_the_batch_it_ran_in() -> None:
+    """A wave of 8 on EAGLE-3: its requests are dispatched beside 0-7 others, but each runs
+    in the batch of 8 until the wave ends, so each is learnt in the 8-15 band (on the twin,
+    learnt at dispatch, EAGLE-3 never had a speed at 8 where it paid: section 7, session
+    15). A lone request after the wave is learnt at 1; a backend's notes only count from
+    the request's start."""
+    from gateway.pipeline import _reserve
+
+    policy = fleet(1)
+    gateway = Gateway(policy.config, registry=BackendRegistry(policy.config.backends))
+    state = gateway.registry.states["eagle3-g0"]
+    code = RequestFeatures(SIM_MODEL, 0.0, True, "code", 1.0, "header")
+
+    def trace(load: float) -> RequestTrace:
+        t = RequestTrace("r", "chat/completions", stream=False)
+        t.backend, t.task, t.features, t.concurrency = "eagle3-g0", "code", code, load
+        t.usage_bytes = b'{"usage":{"completion_tokens":64}}'
+        t.status, t.duration_s = 200, 0.3
+        return t
+
+    wave = []
+    for k in range(8):
+        _reserve(gateway, "eagle3-g0")
+        state.take(time.monotonic())
+        wave.append(trace(k + 1))
+    for t in wave:
+        state.release()
+        gateway.learn(t)
+    assert [t.concurrency for t in wave] == [8] * 8
+    assert gateway.feedback.bucket(wave[0]) == "greedy/norep/c8"
+    assert gateway.ran_in(("plain-g0", "eagle3-g0"), time.monotonic() - 0.3) == 8
+    time.sleep(0.01)
+    since = time.monotonic()
+    _reserve(gateway, "eagle3-g0")
+    state.take(time.monotonic())
+    lone = trace(1)
+    lone.duration_s = time.monotonic() - since
+    state.release()
+    gateway.learn(lone)
+    assert lone.concurrency == 1 and gateway.ran_in(("eagle3-g0",), since) == 1
+    assert BackendState().highest_since(0.0) == 0
+    # routed within the wave's remembered peak, it is routed at 8 but joined an idle GPU
+    now = time.monotonic()
+    state_now = {n: s.snapshot(now) for n, s in gateway.registry.states.items()}
+    decision = policy.decide(code, state_now, random.Random(0))
+    assert decision.concurrency == 8 and decision.joined == 1
+    # one of ours sent to the other server of its GPU and ended while it ran: shared
+    since = time.monotonic()
+    _reserve(gateway, "eagle3-g0")
+    state.take(time.monotonic())
+    plain = gateway.registry.states["plain-g0"]
+    _reserve(gateway, "plain-g0")
+    plain.take(time.monotonic())
+    plain.release()
+    assert not gateway.shares_compute("eagle3-g0")  # nothing of ours there any more
+    beside = trace(1)
+    beside.duration_s = time.monotonic() - since
+    state.release()
+    gateway.learn(beside)
+    assert beside.shared and gateway.feedback.shared == 1
+    # its own decision moved to the other server (a pin) before it was sent: not shared
+    time.sleep(0.01)
+    since = time.monotonic()
+    _reserve(gateway, "eagle3-g0")
+    _reserve(gateway, "plain-g0", instead_of="eagle3-g0")
+    plain.take(time.monotonic())
+    moved = trace(1)
+    moved.backend, moved.duration_s = "plain-g0", time.monotonic() - since
+    plain.release()
+    gateway.learn(moved)
+    assert not moved.shared and moved.concurrency == 1
+
+
+def test_a_backend_without_a_compute_group_is_learnt_at_its_own_peak() -> None:
+    """No group: the load a request ran in is this gateway's in flight on that backend."""
+    names = {"plain-g0": "plain", "eagle3-g0": "eagle3"}
+    urls = {n: f"http://127.0.0.1:{9000 + i}" for i, n in enumerate(names)}
+    config = parse_config(fleet_config(names, urls, groups=False))
+    gateway = Gateway(config, registry=BackendRegistry(config.backends))
+    name = "eagle3-g0"
+    assert not gateway.policy.peers.get(name)
+    state, since = gateway.registry.states[name], time.monotonic()
+    for _ in range(3):
+        state.take(time.monotonic())
+    assert gateway.ran_in((name,), since) == 3
+
+
+def test_noted_loads_answer_the_highest_since_any_time() -> None:
+    """The notes keep only loads no later note matched or passed: every "highest since t"
+    is still answered exactly (against all notes kept), and a rising wave leaves one."""
+    state, kept = BackendState(), []
+    loads = [1, 2, 3, 8, 5, 6, 2, 4, 1, 7, 3]
+    for i, load in enumerate(loads):
+        state.note_load(100.0 + i, load)
+        kept.append((100.0 + i, load))
+    for since in [99.0, 100.5, 103.0, 103.5, 105.2, 108.0, 109.9, 110.0, 111.0]:
+        assert state.highest_since(since) == max((n for t, n in kept if t >= since), default=0)
+    assert [n for _, n in state.notes] == [8, 7, 3]
+    rising = BackendState()
+    for i in range(64):
+        rising.note_load(200.0 + i, i + 1)
+    assert list(rising.notes) == [(263.0, 64)]
