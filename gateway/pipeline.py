@@ -113,7 +113,7 @@ async def prepare_routed(runtime: Runtime, request: RoutedRequest) -> None:
     decision = routed.decision
     trace.task, trace.rule = prepared.features.task, decision.rule
     trace.features, trace.prompt = prepared.features, prepared.prompt
-    trace.concurrency = decision.joined  # raised to the most it ran beside when it ends
+    trace.concurrency = decision.concurrency
     if not decision.backends:
         gateway.stats.rejected += 1
         if decision.saturated:
@@ -124,7 +124,6 @@ async def prepare_routed(runtime: Runtime, request: RoutedRequest) -> None:
     request.decision = decision
     if decision.backends[0] != first:  # a guard, a pin or the client moved it
         _reserve(gateway, decision.backends[0], instead_of=first)
-        trace.concurrency = 1.0  # joined another server: learnt at what it ran beside there
     # after the move: this request's own reservation is not another server's load
     trace.shared = gateway.shares_compute(decision.backends[0])
     if decision_log.isEnabledFor(logging.DEBUG):

@@ -183,35 +183,12 @@ class Gateway:
         GPU while the batch beside it slows (on the twin, one EAGLE-3 request of a wave of
         64 ran at 188 tokens/s against plain's 113; learnt, EAGLE-3 looked 1.38x plain at
         32-63 requests for code, where alone it is 0.74x: docs/benchmarks.md section 7,
-        session 14).
-
-        A request is learnt at the load it ran in: ``trace.concurrency`` (the batch it joined
-        at dispatch, :attr:`~gateway.routing.policy.RouteDecision.joined`) is raised to the
-        most requests of ours on its compute while it was in flight (:meth:`ran_in`); an
-        attempt of ours sent to another server of its compute meanwhile (another request's,
-        or this one's own before a failover or a refusal moved it) makes it ``shared``. A
-        wave's first requests are dispatched beside few others but run in the whole wave's
-        batch; learnt at dispatch, EAGLE-3's waves of 8 taught mostly its 4-7 band (one
-        request a wave reached 8-15; docs/benchmarks.md section 7, "Seventh run")."""
+        session 14)."""
         if not self.config.routing.feedback:
             return
-        name = trace.backend
-        if name is not None and trace.status == 200 and trace.duration_s is not None:
-            since = time.monotonic() - trace.duration_s  # learn runs as the request ends
-            peers, states = self.policy.peers.get(name, ()), self.registry.states
-            sent_beside = any((s := states.get(p)) and s.sent_at >= since for p in peers)
-            trace.shared = trace.shared or sent_beside or self.shares_compute(name)
-            trace.concurrency = max(trace.concurrency, self.ran_in((name, *peers), since))
+        if trace.backend is not None and not trace.shared:
+            trace.shared = self.shares_compute(trace.backend)
         self.feedback.observe(trace)
-
-    def ran_in(self, names: tuple[str, ...], since: float) -> int:
-        """The most of this gateway's requests noted on the backends ``names`` at once from
-        ``since`` (``time.monotonic()``) to now: each routing decision notes its compute
-        group's total there, this request included, and each attempt the backend's own
-        in-flight count (:meth:`~gateway.upstream.state.BackendState.highest_since`); 0 when
-        none was noted (no request of ours went there meanwhile)."""
-        states = self.registry.states
-        return max((s.highest_since(since) for m in names if (s := states.get(m))), default=0)
 
     def shares_compute(self, name: str) -> bool:
         """Whether another server of ``name``'s compute group holds requests of this

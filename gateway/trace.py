@@ -29,14 +29,11 @@ class RequestTrace:
     ``duration_s`` is end to end. ``usage_bytes`` keeps the last chunk that carried a
     ``usage`` object, read by :meth:`completion_tokens`. ``features``/``prompt``: what
     routing read from the request (numbers only); ``concurrency``: requests on the chosen
-    backend's compute at dispatch, this one included (raised when it ends to the most of
-    ours on that compute while it ran, this one included:
-    :meth:`gateway.service.Gateway.learn`); ``spec_decoding``: the answer's
+    backend's compute at dispatch, this one included; ``spec_decoding``: the answer's
     ``metrics.speculative_decoding`` (vLLM per-request acceptance), when it had one;
     ``shared``: another server of the backend's compute group held requests of this gateway
-    when the request was dispatched or when it ended, or an attempt of ours began there
-    while it ran (its speed is not that backend's at this load: not learnt, see
-    :meth:`gateway.service.Gateway.learn`).
+    when the request was dispatched or when it ended (its speed is not that backend's at
+    this load: not learnt, see :meth:`gateway.service.Gateway.learn`).
     Never holds prompt text.
     """
 

@@ -54,10 +54,9 @@ def bucket_of(
     Temperature band: ``greedy`` (<= 0.1) or ``sampled``; prompt band: ``rep`` when the share
     of repeated word bigrams is at least ``overlap_threshold``, ``norep`` otherwise or unknown;
     load band (only from 2 on): ``/c2``, ``/c4`` ... ``/c128`` (:data:`BANDS`) for the requests
-    sharing the backend's compute, this one included (see :func:`load_band`): at dispatch
-    when routing, the most while it ran when learning
-    (:meth:`gateway.service.Gateway.learn`), so speed is learnt per concurrency and the
-    concurrency at which speculation stops paying is measured, not assumed.
+    sharing the backend's compute at dispatch, this one included (see :func:`load_band`), so
+    speed is learnt per concurrency and the concurrency at which speculation stops
+    paying is measured, not assumed.
     """
     band = "greedy" if temperature <= GREEDY_MAX_T else "sampled"
     rep = "rep" if overlap is not None and overlap >= overlap_threshold else "norep"

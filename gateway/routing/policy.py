@@ -95,10 +95,7 @@ class RouteDecision:
     (with an empty try list the caller answers 429 rather than 503); ``adaptive`` holds
     the estimates behind an adaptive choice (None under the static policy);
     ``concurrency``: requests on the chosen backend's compute when it was chosen, this one
-    included (its ``compute_group``'s batch, or its recent peak less one, + 1: the load band
-    it is routed at); ``joined``: the same without the recent peak (the batch it joined + 1;
-    raised to the most of ours it ran beside, the load the learner files the answer under,
-    :meth:`gateway.service.Gateway.learn`);
+    included (its ``compute_group``'s batch + 1; what the learner files the answer under);
     ``guarded``: (backend, guard) pairs the known-engine-bug guards took out of the try
     list (:func:`gateway.routing.guards.apply_guards`);
     ``outside``: the try list's backends from outside the rule's pools (step 7);
@@ -118,7 +115,6 @@ class RouteDecision:
     saturated: bool = False
     adaptive: AdaptiveChoice | None = None
     concurrency: float = 1.0
-    joined: float = 1.0
     guarded: tuple[tuple[str, str], ...] = ()
     last_resort: str | None = None
     outside: tuple[str, ...] = ()
@@ -294,7 +290,6 @@ class RoutingPolicy:
             saturated=plan.saturated,
             adaptive=adaptive,
             concurrency=load.concurrency.get(chosen, 0.0) + 1 if chosen else 1.0,
-            joined=load.queued.get(chosen, 0.0) + 1 if chosen else 1.0,
             last_resort=last_resort,
             outside=tuple(outside),
         )

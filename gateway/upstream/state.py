@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Literal
@@ -31,10 +31,6 @@ PEAK_WINDOW_S = 10.0
 #: (a guard or a connection lies between them): requests that arrive together see each
 #: other's choices, so a burst is not spread by decisions that all saw an idle server.
 RESERVE_S = 2.0
-#: Noted loads a backend keeps at the most (:meth:`BackendState.highest_since`): only those
-#: higher than every later one are kept (a monotone queue), so a wave leaves one, and 512
-#: is a bound, not a window.
-LOAD_NOTES = 512
 
 
 def health_of(healthy: bool | None) -> Health:
@@ -68,12 +64,6 @@ class BackendState:
     liveness: a backend answering requests is alive, however slow its probe).
     ``fingerprint``: the ``system_fingerprint`` its answers carry, as JSON text (``b""``:
     none; None: not seen yet), learnt by :class:`~gateway.upstream.feedback.ResponseTap`.
-    ``peak``/``peak_prev``/``peak_since``: the in-flight peak of the current and the last
-    ``peak_window_s`` slot (:meth:`recent_peak`); ``notes``: the loads noted that no later
-    note matched or passed, oldest (and highest) first, as ``(time.monotonic(), requests)``
-    (its own in-flight count when an attempt began there, its compute group's total when a
-    request was routed there), for :meth:`highest_since`;
-    ``sent_at``: when an attempt of this gateway last began there (``time.monotonic()``).
     """
 
     healthy: bool | None = None
@@ -100,8 +90,6 @@ class BackendState:
     peak_prev: int = 0
     peak_since: float = -2 * PEAK_WINDOW_S
     peak_window_s: float = PEAK_WINDOW_S
-    notes: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=LOAD_NOTES))
-    sent_at: float = float("-inf")
 
     @property
     def health(self) -> Health:
@@ -137,7 +125,6 @@ class BackendState:
         if self.reserved:
             del self.reserved[0]
         self.inflight += 1
-        self.sent_at = now
         self.note_load(now, self.inflight)
 
     def note_load(self, now: float, load: int) -> None:
@@ -148,22 +135,6 @@ class BackendState:
             self.peak_prev = self.peak if age < 2 * window else 0
             self.peak, self.peak_since = 0, now
         self.peak = max(self.peak, load)
-        notes = self.notes  # loads falling from oldest to newest: a note no higher than a
-        while notes and notes[-1][1] <= load:  # later one never answers highest_since
-            notes.pop()
-        notes.append((now, load))
-
-    def highest_since(self, since: float) -> int:
-        """The highest load noted here (:meth:`note_load`) at or after ``since``
-        (``time.monotonic()``), 0 when none: the batch a request that started then ran in,
-        as far as this gateway's own requests tell: the oldest kept note since then, as
-        every note dropped had a later one at least as high."""
-        peak = 0
-        for at, load in reversed(self.notes):  # newest first, each higher than the last
-            if at < since:
-                break
-            peak = load
-        return peak
 
     def recent_peak(self, now: float) -> int:
         """The most of this gateway's requests in flight there at once over the last
