@@ -31,8 +31,7 @@ from pathlib import Path
 
 import aiohttp
 
-#: Each task at the temperature the benches send it with (bench.speedup's items).
-TEMPERATURES = {"code": 0.2, "rag": 0.0, "chat": 0.7, "creative": 1.0}
+from bench.workloads import TEMPERATURE
 
 
 def bodies(prompts: Path, model: str, per_task: int) -> list[bytes]:
@@ -41,7 +40,7 @@ def bodies(prompts: Path, model: str, per_task: int) -> list[bytes]:
     and seeds sampled requests; this probe sends every prompt as chat, unseeded), shuffled
     with a fixed seed."""
     out = []
-    for task, temperature in TEMPERATURES.items():
+    for task, temperature in TEMPERATURE.items():  # as the benches send each task
         lines = (prompts / f"{task}.jsonl").read_text().splitlines()[:per_task]
         for line in lines:
             prompt = json.loads(line)["prompt"][:3000]
