@@ -32,6 +32,7 @@ docs/benchmarks.md section 7); the ratios are those the calibration reproduces
 from __future__ import annotations
 
 import argparse
+import random
 import sys
 import tempfile
 import time
@@ -88,6 +89,19 @@ def rescaled(outcomes: Sequence[Outcome], scale: float) -> list[Outcome]:
     return list(outcomes)
 
 
+def arrival_order(wave: Sequence[Item], seed: int) -> list[Item]:
+    """``wave``'s items in a fixed-seed shuffled order, as a fleet's clients would send a
+    mix of tasks. The sample cycles through the tasks (code, rag, chat, creative, ...), and
+    any deterministic spreading of a wave in that order segregates them on a fleet of 4, 8
+    or 16 servers: ``run_spread``'s round robin (item i to server i % n) gave every plain
+    server of 8 GPUs one task, rag alone on two, and the gateway's least-loaded replica
+    (ties in list order) clumped them: 0 to 16 of the 64 rag requests a GPU at c=256
+    (session 16)."""
+    order = list(wave)
+    random.Random(seed).shuffle(order)
+    return order
+
+
 def measure(
     targets: dict[str, list[str]],
     urls: dict[str, str],
@@ -98,7 +112,8 @@ def measure(
     runs: list[dict[str, Any]],
 ) -> None:
     """Every (concurrency, target) run into ``runs`` (bench.speedup's shape): waves of c
-    items, each wave to every target in turn (fixed order: simulated servers have no
+    items (each in :func:`arrival_order`, the same for every target), each wave to every
+    target in turn (fixed order: simulated servers have no
     spinning threads to favour one)."""
     total = len(concurrencies) * len(targets) * len(items)
     with tqdm(total=total, desc="sim-fleet", unit="req") as bar:
@@ -106,7 +121,7 @@ def measure(
             acc = {name: _Run(name, c) for name in targets}
             sent = unseeded(items)
             for i in range(0, len(sent), c):
-                wave = sent[i : i + c]
+                wave = arrival_order(sent[i : i + c], seed=i)
                 for name, bases in targets.items():
                     bar.set_postfix_str(f"c{c} {name}")
                     time.sleep(0.05 * scale)  # the twin run's --settle 0.05

@@ -286,3 +286,20 @@ def test_the_fleet_config_is_the_twins_rules_over_every_simulated_backend() -> N
     assert [r.name for r in config.rules] == [r.name for r in twin.rules]  # the twin's rules
     without = fleet_config(names, {n: "http://x" for n in names}, False)
     assert all("compute_group" not in b for b in without["backends"].values())
+
+
+def test_a_fleet_wave_arrives_in_an_order_that_does_not_cycle_through_the_tasks() -> None:
+    """bench.sim_fleet sends each wave shuffled (the same order to every target): the
+    sample's code, rag, chat, creative cycle dealt round robin over 8 servers gave each
+    server one task (session 16); shuffled, every server of 8 gets more than one, and the
+    wave keeps its items."""
+    from bench.sim_fleet import arrival_order
+    from bench.workloads import Item
+
+    tasks = ("code", "rag", "chat", "creative")
+    wave = [Item(t, f"{t}-{i}", "/v1/chat/completions", {}, 10) for i in range(64) for t in tasks]
+    order = arrival_order(wave, seed=0)
+    assert sorted(i.id for i in order) == sorted(i.id for i in wave)
+    assert order == arrival_order(wave, seed=0)  # every target gets the same order
+    assert all(len({i.task for i in order[s::8]}) > 1 for s in range(8))
+    assert all(len({i.task for i in wave[s::8]}) == 1 for s in range(8))  # as it was
