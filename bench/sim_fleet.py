@@ -15,8 +15,9 @@ backend's ``compute_group`` set to its GPU (``--no-compute-groups`` leaves it ou
 
 Then, as ``bench.speedup`` does, the sample of the shared prompt datasets (``--per-task``
 prompts a task, near-greedy code and rag, warm chat, hot creative, 64 tokens max) goes in
-waves of ``c`` requests to every target in turn: one target per kind, that kind's servers
-alone with the wave dealt round-robin over them (one per GPU: the fleet deployed with that
+waves of ``c`` requests (each in a shuffled order, the same for every target) to every
+target in turn: one target per kind, that kind's servers alone with the wave dealt
+round-robin over them (one per GPU: the fleet deployed with that
 kind only, the oracle's candidates), and ``specgate``, the gateway over all of them after
 ``--warmup`` requests a task one at a time. The report (``bench.speedup_report``:
 ``speedup.md``, ``results.json``, charts) gives per (task, c) each target's tokens/s and
@@ -113,8 +114,7 @@ def measure(
 ) -> None:
     """Every (concurrency, target) run into ``runs`` (bench.speedup's shape): waves of c
     items (each in :func:`arrival_order`, the same for every target), each wave to every
-    target in turn (fixed order: simulated servers have no
-    spinning threads to favour one)."""
+    target in turn (fixed order: simulated servers have no spinning threads to favour one)."""
     total = len(concurrencies) * len(targets) * len(items)
     with tqdm(total=total, desc="sim-fleet", unit="req") as bar:
         for c in concurrencies:
