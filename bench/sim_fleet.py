@@ -93,11 +93,11 @@ def rescaled(outcomes: Sequence[Outcome], scale: float) -> list[Outcome]:
 def arrival_order(wave: Sequence[Item], seed: int) -> list[Item]:
     """``wave``'s items in a fixed-seed shuffled order, as a fleet's clients would send a
     mix of tasks. The sample cycles through the tasks (code, rag, chat, creative, ...), and
-    any deterministic spreading of a wave in that order segregates them on a fleet of 4, 8
-    or 16 servers: ``run_spread``'s round robin (item i to server i % n) gave every plain
-    server of 8 GPUs one task, rag alone on two, and the gateway's least-loaded replica
-    (ties in list order) clumped them: 0 to 16 of the 64 rag requests a GPU at c=256
-    (session 16)."""
+    a round robin over 4, 8 or 16 servers in that order segregates them: ``run_spread``
+    (item i to server i % n) gave every plain server of 8 GPUs one task, rag alone on two,
+    and the gateway's least-loaded replica (ties in list order) clumped them: 0 to 16 of the
+    64 rag requests a GPU at c=256 in one run (session 16). ``seed`` is the wave's position,
+    so repeats deal alike."""
     order = list(wave)
     random.Random(seed).shuffle(order)
     return order
