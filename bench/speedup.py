@@ -40,6 +40,7 @@ from tqdm import tqdm
 from bench import adaptive_bench, speedup_report
 from bench.llm_client import run_items
 from bench.procs import Server, free_port, interrupt_on_sigterm
+from bench.speedup_report import RELAY
 from bench.workloads import Item, default_prompts_dir, sample, unseeded
 from contracts.config import GatewayConfig, load_config, parse_config
 from contracts.vllm_metrics import parse_vllm_metrics
@@ -229,6 +230,16 @@ def _named_url(spec: str) -> tuple[str, str]:
     return name, url
 
 
+def _relay_url(spec: str) -> tuple[str, str]:
+    """``NAME=URL`` -> (``relay-NAME``, url): a ``--relay`` target, named so that the report
+    takes it for neither a single backend nor one of specgate's gateways; raises
+    argparse.ArgumentTypeError when the name or the URL is empty."""
+    name, _, url = spec.partition("=")
+    if not name or not url:
+        raise argparse.ArgumentTypeError(f"expected NAME=URL, got {spec!r}")
+    return f"{RELAY}{name}", url
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the benchmark; returns the exit code."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -254,6 +265,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         metavar="NAME=URL",
         help="another running gateway measured beside them (e.g. a variant of the adaptive "
         "one, NAME adaptive-...), warmed up as the adaptive one is; repeatable",
+    )
+    parser.add_argument(
+        "--relay",
+        action="append",
+        default=[],
+        type=_relay_url,
+        metavar="NAME=URL",
+        help="a running relay in front of one backend (bench.bare_proxy, vllm-router), "
+        "measured beside them as relay-NAME, not warmed up: what relaying alone costs; "
+        "repeatable",
     )
     parser.add_argument(
         "--no-prefix-cache", action="store_true", help="launch backends without prefix caching"
@@ -294,6 +315,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         backend_urls,
                     )  # fmt: skip
                 extra.append((name, extra_url))
+            extra += args.relay
             try:
                 measure(
                     config,

@@ -20,11 +20,14 @@ WITHIN_BEST = 0.95
 #: Targets that are gateways, not single backends (``adaptive``: bench.adaptive_bench;
 #: ``adaptive-...``: bench.speedup's ``--extra-gateway`` variants).
 GATEWAYS = ("specgate", "adaptive")
+#: The prefix of bench.speedup's ``--relay`` targets: relays in front of one backend, neither
+#: a single backend (never the oracle) nor one of specgate's gateways.
+RELAY = "relay-"
 
 
 def is_gateway(target: str) -> bool:
     """Whether ``target`` names a gateway rather than a single backend."""
-    return target in GATEWAYS or target.startswith("adaptive-")
+    return target in GATEWAYS or target.startswith(("adaptive-", RELAY))
 
 
 def _ms(values: list[float], q: float) -> float | None:

@@ -20,6 +20,9 @@
 # starts a second adaptive gateway on the same servers (port 8030, that environment and
 # config, default $CONFIG; state not saved), and `bench` measures it beside the others as
 # `adaptive-b` (an A/B in the same waves).
+# RELAYS ("NAME=URL ...", relays already running in front of one server, as twin-relay.sh
+# starts them): `bench` measures each that answers /health beside the others (bench.speedup
+# --relay, target relay-NAME).
 #
 # CONFIG defaults to config/gpu-single.yaml; CONFIG=config/gpu-twin.yaml TWIN=1 gives the cost
 # twin's stack (docs/benchmarks.md, section 7).
@@ -125,13 +128,22 @@ bench)
     if [ -n "${VARIANT_ENV:-}${VARIANT_CONFIG:-}" ]; then
         variant=(--extra-gateway adaptive-b=http://127.0.0.1:8030)
     fi
+    for relay in ${RELAYS:-}; do
+        if curl -sf "${relay#*=}/health" > /dev/null; then
+            variant+=(--relay "$relay")
+        else
+            say "relay $relay does not answer /health: left out"
+        fi
+    done
     "$PY" -m bench.speedup --config "$ROOT/gpu-static.yaml" --gateway http://127.0.0.1:8010 \
         --adaptive --adaptive-gateway http://127.0.0.1:8000 "${variant[@]}" --prompts .gpu/prompts \
         --per-task "${PER_TASK:-8}" --max-tokens 64 --concurrency "${CONCURRENCY:-1,8,32}" \
         --warmup 10 --settle 0.05 \
         --out "$out/speedup" 2>&1 | grep -v -e '^bench: ' -e 'it/s' | tail -60
     curl -s localhost:8000/routes > "$out/routes-adaptive.json" || true
-    [ -z "${variant[*]}" ] || curl -s localhost:8030/routes > "$out/routes-variant.json" || true
+    if [ -n "${VARIANT_ENV:-}${VARIANT_CONFIG:-}" ]; then
+        curl -s localhost:8030/routes > "$out/routes-variant.json" || true
+    fi
     cp "$ROOT/up.log" "$out/" 2>/dev/null || true
     cp "$ROOT/variant.log" "$out/" 2>/dev/null || true
     tar -czf "$out/server-logs.tgz" -C "$SPECGATE_CACHE_DIR" logs 2>/dev/null || true

@@ -1,5 +1,5 @@
 """bench.twin_repeats: medians over repeats, ratios taken within each repeat; bench.speedup's
-extra gateways."""
+extra gateways and relays."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.speedup import _named_url
+from bench.speedup import _named_url, _relay_url
+from bench.speedup_report import checks
 from bench.twin_repeats import load, table
 
 TASKS = ("code", "rag", "chat", "creative", "all")
@@ -62,3 +63,29 @@ def test_an_extra_gateway_needs_an_adaptive_name_and_a_url(spec: str) -> None:
 
 def test_an_extra_gateway_spec() -> None:
     assert _named_url("adaptive-b=http://127.0.0.1:8030") == ("adaptive-b", "http://127.0.0.1:8030")
+
+
+def test_a_relay_is_a_column_never_the_oracle(tmp_path: Path) -> None:
+    """A ``--relay`` target (relay-NAME) is measured beside the gateways: a column of the
+    table, never the oracle, and in bench.speedup_report's checks never the best backend."""
+    name, url = _relay_url("bare=http://127.0.0.1:8040")
+    assert (name, url) == ("relay-bare", "http://127.0.0.1:8040")
+    speeds = {"plain": 100.0, "eagle3": 150.0, "specgate": 120.0, "adaptive": 90.0, name: 400.0}
+    repeats = [load(_repeat(tmp_path / "r0", speeds))]
+    lines = table(repeats)
+    assert lines[0].startswith("| c | task | plain | eagle3 | specgate | adaptive | relay-bare |")
+    code = next(line for line in lines if line.startswith("| 1 | code |"))
+    assert code == (
+        "| 1 | code | 100 | 150 | 120 | 90 | 400 | eagle3 | 0.60 (0.60-0.60) | 0.90 (0.90-0.90) |"
+    )
+    rows = [
+        {"concurrency": 1, "task": "code", "target": t, "tok_s_p50": v} for t, v in speeds.items()
+    ]
+    (check,) = checks(rows)
+    assert (check["best"], check["ratio_to_best"]) == ("eagle3", 120.0 / 150.0)
+
+
+@pytest.mark.parametrize("spec", ["bare", "bare=", "=http://x"])
+def test_a_relay_needs_a_name_and_a_url(spec: str) -> None:
+    with pytest.raises(argparse.ArgumentTypeError, match="expected NAME=URL"):
+        _relay_url(spec)

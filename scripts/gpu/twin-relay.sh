@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Session 18's host run (docs/benchmarks.md section 7, "Ninth run (session 18)"), after
+# `stack.sh install-b` with a bundle that carries vllm-router, detached from the repository
+# root on the host:
+#
+#   setsid nohup bash scripts/gpu/twin-relay.sh /root/sg/results > /root/sg/twin-relay.log 2>&1 &
+#
+# Is the first-token gap of the gateways at c=32-64 (every request on plain, yet 0.89-0.94x
+# plain in the eighth run) specgate's own work, or what any relay in front of vLLM costs in a
+# burst? Two relays in front of the plain twin server are measured beside the others, waves
+# interleaved: `bare` (bench.bare_proxy on :8040, specgate's stack, uvicorn and aiohttp, with
+# no work of its own) and `vllm-router` (vllm-router from PyPI, Rust, round robin over plain
+# alone, :8050). Then twin-run.sh's three repeats (PER_TASK=12, no checks, no sampled step, no
+# draft-model stack). The relays start once plain answers (stack.sh wait, inside twin-run.sh,
+# waits for the gateways; the relays wait for plain's /health themselves).
+set -uo pipefail
+OUT=${1:?OUT}
+mkdir -p "$OUT"
+export PYTHONPATH=/root/sg/site:$PWD SPECGATE_CACHE_DIR=/root/sg/cache
+plain=http://127.0.0.1:8001
+(
+    until curl -sf "$plain/health" > /dev/null; do sleep 5; done
+    python3 -m bench.bare_proxy --upstream "$plain" --port 8040 > "$OUT/bare.log" 2>&1 &
+    python3 -m vllm_router.launch_router --host 127.0.0.1 --port 8050 --policy round_robin \
+        --worker-urls "$plain" > "$OUT/vllm-router.log" 2>&1 &
+    wait
+) < /dev/null &
+RELAYS="bare=http://127.0.0.1:8040 vllm-router=http://127.0.0.1:8050" PER_TASK=12 CHECKS=0 \
+    SAMPLED=0 DRAFT_CONFIG= CONFIG=config/gpu-twin.yaml bash scripts/gpu/twin-run.sh "$OUT"
