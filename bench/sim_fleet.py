@@ -19,9 +19,13 @@ waves of ``c`` requests (each in a shuffled order, the same for every target) to
 target in turn: one target per kind, that kind's servers alone with the wave dealt
 round-robin over them (one per GPU: the fleet deployed with that
 kind only, the oracle's candidates), and ``specgate``, the gateway over all of them after
-``--warmup`` requests a task one at a time. The report (``bench.speedup_report``:
-``speedup.md``, ``results.json``, charts) gives per (task, c) each target's tokens/s and
-specgate's ratio to the best single kind (the oracle) and to plain.
+``--warmup`` requests a task one at a time. ``--router`` adds ``relay-vllm-router``:
+vllm-router (round robin, installed from PyPI on first use as ``bench.overhead`` installs
+it) over the plain servers, the same dealing through a relay, as a plain fleet's clients
+would reach it: what relaying alone costs at that load, measured in the same run. The
+report (``bench.speedup_report``: ``speedup.md``, ``results.json``, charts) gives per
+(task, c) each target's tokens/s and specgate's ratio to the best single kind (the oracle)
+and to plain.
 
 Time: the simulated servers run ``--scale`` real seconds per simulated second (default 10,
 so 2 shared cores can relay and parse every chunk); the times reported are divided by it,
@@ -33,6 +37,7 @@ docs/benchmarks.md section 7); the ratios are those the calibration reproduces
 from __future__ import annotations
 
 import argparse
+import contextlib
 import random
 import sys
 import tempfile
@@ -52,6 +57,8 @@ from bench.sim.fleet import fleet_config, running_fleet
 from bench.sim.profile import TWIN_PROFILE
 from bench.sim.server import MODEL
 from bench.speedup import _Run, acceptance
+from bench.speedup_report import RELAY
+from bench.targets import vllm_router_target
 from bench.workloads import Item, default_prompts_dir, sample, unseeded
 from contracts.config import parse_config
 from contracts.vllm_metrics import parse_vllm_metrics
@@ -155,6 +162,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--prompts", type=Path, default=default_prompts_dir())
     parser.add_argument("--no-compute-groups", action="store_true")
     parser.add_argument("--profile", type=Path, default=TWIN_PROFILE, help="fitted costs")
+    parser.add_argument(
+        "--router",
+        action="store_true",
+        help="add relay-vllm-router: vllm-router (PyPI, Rust, round robin) over the plain "
+        "servers, what a plain fleet's clients reach them through",
+    )
     parser.add_argument("--out", type=Path, default=Path("bench/out/sim-fleet"))
     args = parser.parse_args(argv)
     interrupt_on_sigterm()
@@ -192,9 +205,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "SPECGATE_PEAK_WINDOW_S": str(PEAK_WINDOW_S * args.scale),
             },
         )
-        with gateway:
+        targets = {k: [u for n, u in urls.items() if names[n] == k] for k in kinds}
+        router: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
+        if args.router:
+            spec = vllm_router_target(free_port(), targets["plain"], logs / "peers.log")
+            ready = spec.url + spec.ready_path
+            router = Server(spec.name, spec.argv, ready_url=ready, log_path=logs / "router.log")
+            targets[f"{RELAY}vllm-router"] = [spec.url]
+        with gateway, router:
             url = f"http://127.0.0.1:{port}"
-            targets = {k: [u for n, u in urls.items() if names[n] == k] for k in kinds}
             targets["specgate"] = [url]
             warm = adaptive_bench.warm_up(
                 url, MODEL, more, args.warmup, args.max_tokens, tqdm.write, list(urls.values())
