@@ -14,6 +14,10 @@ choice of backend per task. Writes ``results.json``, ``speedup.md`` and charts t
 
 ``--adaptive`` adds an ``adaptive`` target: a second gateway with ``routing.policy: adaptive``,
 warmed up first (see :mod:`bench.adaptive_bench`; use ``--concurrency 1``).
+``--extra-gateway adaptive-NAME=URL`` adds a running variant of it, warmed up alike;
+``--relay NAME=URL`` a running relay in front of one backend (``bench.bare_proxy``,
+vllm-router), not warmed up, as ``relay-NAME``: the reference a gateway's own cost is read
+against (docs/benchmarks.md section 7, "Ninth run").
 
 ``--launch`` starts the config's ``local: true`` backends itself (on free ports, so a stack
 already running on 8001-8004 is left alone), the gateway in a subprocess, and stops them all

@@ -26,7 +26,8 @@ RELAY = "relay-"
 
 
 def is_gateway(target: str) -> bool:
-    """Whether ``target`` names a gateway rather than a single backend."""
+    """Whether ``target`` names a gateway (or a ``--relay``) rather than a single backend:
+    gateways are never an oracle candidate."""
     return target in GATEWAYS or target.startswith(("adaptive-", RELAY))
 
 
