@@ -51,6 +51,22 @@ def test_checks_against_static_and_the_oracle() -> None:
     assert "| code | ngram |" in adaptive_bench.markdown([row], warm)
 
 
+def test_relays_and_variants_are_never_the_oracle() -> None:
+    """A ``--relay`` in front of plain and an ``--extra-gateway`` variant can be faster than
+    every backend alone in a run (the ninth GPU run's raw report named relay-vllm-router the
+    oracle for creative); the oracle is still the best single backend."""
+    runs = [
+        run("plain", [outcome("a", None, 4.0), outcome("b", None, 4.0)]),
+        run("ngram", [outcome("a", None, 3.0), outcome("b", None, 3.0)]),  # the oracle
+        run("specgate", [outcome("a", "ngram", 3.1), outcome("b", "ngram", 3.1)]),
+        run("adaptive", [outcome("a", "ngram", 3.2), outcome("b", "plain", 4.1)]),
+        run("adaptive-b", [outcome("a", "ngram", 2.0), outcome("b", "ngram", 2.0)]),
+        run("relay-bare", [outcome("a", None, 1.0), outcome("b", None, 1.0)]),
+    ]
+    [row] = adaptive_bench.checks(runs, [])
+    assert row["oracle"] == "ngram"
+
+
 def test_failed_requests_are_counted_and_reported_never_fatal() -> None:
     """bench.speedup once crashed in its report (None < str) after requests had failed."""
     from bench import speedup_report
