@@ -110,7 +110,11 @@ wait)
             setsid nohup "$PY" -m gateway serve --config "${VARIANT_CONFIG:-$CONFIG}" \
             > "$ROOT/variant.log" 2>&1 < /dev/null &
         for _ in $(seq 60); do curl -sf localhost:8030/ready > /dev/null && break; sleep 1; done
-        say "variant: adaptive-b :8030 (${VARIANT_ENV:-} ${VARIANT_CONFIG:-})"
+        if curl -sf localhost:8030/ready > /dev/null; then
+            say "variant: adaptive-b :8030 (${VARIANT_ENV:-} ${VARIANT_CONFIG:-})"
+        else
+            say "variant :8030 not ready after 60 s (log $ROOT/variant.log)"
+        fi
     fi
     grep -h -i -e "all backends healthy" -e "KV cache" -e "Available" "$ROOT/up.log" "$SPECGATE_CACHE_DIR"/logs/*.log | tail -20
     say "ready: adaptive :8000, static :8010"
