@@ -144,7 +144,7 @@ def checks(runs: Sequence[dict[str, Any]], warm: Sequence[Outcome]) -> list[dict
     for measured requests, at the oracle's tok/s for warm-up ones).
     """
     outs = {r["target"]: r["outcomes"] for r in runs if r["concurrency"] == 1}
-    singles = [t for t in outs if t not in (TARGET, STATIC) and not is_gateway(t)]
+    singles = [t for t in outs if not is_gateway(t)]
     by_id = {t: {o["id"]: o for o in v} for t, v in outs.items()}
     results = []
     for task in TASKS:
