@@ -13,6 +13,8 @@
 #   stack.sh bench OUT    plan, bench.gpu_checks (CHECKS=0 skips), bench.speedup (CONCURRENCY,
 #                         PER_TASK; direct, static, adaptive)
 #   stack.sh sampled OUT  bench.sampled_scores (sampled tokens scored by plain's prompt_logprobs)
+#   stack.sh relays [LOGS]  once plain (:8001) answers /health: bench.bare_proxy (:8040) and
+#                         vllm-router (:8050, in the bundle) in front of it, detached
 #
 # DRAFT_CONFIG (e.g. config/gpu-twin-draft.yaml): `up` also starts that stack (gateway :8020)
 # and `sampled` scores its backends too (into OUT/draft).
@@ -152,6 +154,16 @@ bench)
     cp "$ROOT/variant.log" "$out/" 2>/dev/null || true
     tar -czf "$out/server-logs.tgz" -C "$SPECGATE_CACHE_DIR" logs 2>/dev/null || true
     ;;
+relays)
+    logs=${2:-$ROOT}
+    until curl -sf localhost:8001/health > /dev/null; do sleep 5; done
+    setsid nohup "$PY" -m bench.bare_proxy --upstream http://127.0.0.1:8001 --port 8040 \
+        > "$logs/bare.log" 2>&1 < /dev/null &
+    setsid nohup "$PY" -m vllm_router.launch_router --host 127.0.0.1 --port 8050 \
+        --policy round_robin --worker-urls http://127.0.0.1:8001 \
+        > "$logs/vllm-router.log" 2>&1 < /dev/null &
+    say "relays: bench.bare_proxy :8040, vllm-router :8050, in front of plain :8001"
+    ;;
 sampled)
     "$PY" -m bench.sampled_scores --config "$CONFIG" --prompts .gpu/prompts --out "${2:?sampled OUT}"
     if [ -n "${DRAFT_CONFIG:-}" ]; then
@@ -161,7 +173,7 @@ sampled)
     fi
     ;;
 *)
-    sed -n 2,19p "$0"
+    sed -n 2,21p "$0"
     exit 2
     ;;
 esac

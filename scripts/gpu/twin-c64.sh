@@ -9,7 +9,7 @@
 # adaptive gateway there was `specgate up` (the servers' supervisor in the same process),
 # saved its learnt state and ran the distribution canary; the static one was `gateway serve`
 # with neither. This run separates them on the same servers, waves interleaved: beside
-# plain, static (:8010), adaptive (`up`, :8000) and the two relays of twin-relay.sh, two more
+# plain, static (:8010), adaptive (`up`, :8000) and the two relays (`stack.sh relays`), two more
 # adaptive gateways on the same config, both `gateway serve`: adaptive-serve (:8031, state
 # saved to a file of its own, canary on, as `up`'s) and adaptive-quiet (:8032, neither).
 # Then bench.speedup on plain alone and those targets at c = 16, 32, 64, PER_TASK=32, RUNS
@@ -21,10 +21,7 @@ export CONFIG=config/gpu-twin.yaml DRAFT_CONFIG=
 export PYTHONPATH=/root/sg/site:$PWD SPECGATE_CACHE_DIR=/root/sg/cache PYTHONUNBUFFERED=1
 bash scripts/gpu/stack.sh up > "$OUT/up.log" 2>&1 || exit 1
 bash scripts/gpu/stack.sh wait 480 > "$OUT/wait.log" 2>&1 || exit 1
-plain=http://127.0.0.1:8001
-python3 -m bench.bare_proxy --upstream "$plain" --port 8040 > "$OUT/bare.log" 2>&1 < /dev/null &
-python3 -m vllm_router.launch_router --host 127.0.0.1 --port 8050 --policy round_robin \
-    --worker-urls "$plain" > "$OUT/vllm-router.log" 2>&1 < /dev/null &
+bash scripts/gpu/stack.sh relays "$OUT" > "$OUT/relays.log" 2>&1 || exit 1
 SPECGATE_PORT=8031 SPECGATE_STATE_FILE=/root/sg/state-8031.json \
     python3 -m gateway serve --config "$CONFIG" > "$OUT/serve.log" 2>&1 < /dev/null &
 SPECGATE_PORT=8032 SPECGATE_STATE_PERSIST=false SPECGATE_SAMPLE_CANARY_INTERVAL_S=0 \

@@ -11,19 +11,11 @@
 # interleaved: `bare` (bench.bare_proxy on :8040, specgate's stack, uvicorn and aiohttp, with
 # no work of its own) and `vllm-router` (vllm-router from PyPI, Rust, round robin over plain
 # alone, :8050). Then twin-run.sh's three repeats (PER_TASK=12, no checks, no sampled step, no
-# draft-model stack). The relays start once plain answers (stack.sh wait, inside twin-run.sh,
-# waits for the gateways; the relays wait for plain's /health themselves).
+# draft-model stack). The relays start once plain answers (`stack.sh relays`, in the
+# background while twin-run.sh starts the stack and waits for the gateways).
 set -uo pipefail
 OUT=${1:?OUT}
 mkdir -p "$OUT"
-export PYTHONPATH=/root/sg/site:$PWD SPECGATE_CACHE_DIR=/root/sg/cache
-plain=http://127.0.0.1:8001
-(
-    until curl -sf "$plain/health" > /dev/null; do sleep 5; done
-    python3 -m bench.bare_proxy --upstream "$plain" --port 8040 > "$OUT/bare.log" 2>&1 &
-    python3 -m vllm_router.launch_router --host 127.0.0.1 --port 8050 --policy round_robin \
-        --worker-urls "$plain" > "$OUT/vllm-router.log" 2>&1 &
-    wait
-) < /dev/null &
+bash scripts/gpu/stack.sh relays "$OUT" > "$OUT/relays.log" 2>&1 < /dev/null &
 RELAYS="bare=http://127.0.0.1:8040 vllm-router=http://127.0.0.1:8050" PER_TASK=12 CHECKS=0 \
     SAMPLED=0 DRAFT_CONFIG= CONFIG=config/gpu-twin.yaml bash scripts/gpu/twin-run.sh "$OUT"
