@@ -1,6 +1,6 @@
 """The cheapest proxy on specgate's own stack: the reference its hot path is measured against.
 
-    python -m bench.bare_proxy --upstream http://127.0.0.1:9100 --port 9300
+    python -m bench.bare_proxy --upstream http://127.0.0.1:9100 --port 9300 [--workers N]
 
 A raw ASGI app under uvicorn (uvloop, httptools, access log off: as ``specgate serve``)
 that reads the request body, parses it as JSON once, posts it to one upstream with one
@@ -8,17 +8,24 @@ that reads the request body, parses it as JSON once, posts it to one upstream wi
 No routing, no classifier, no metrics, no log line: what any Python gateway on this stack
 pays per request before doing anything of its own. ``bench.cost_check`` and
 ``bench.overhead`` state specgate's CPU per request as a multiple of this one's, measured
-in the same run, so a busy machine moves both.
+in the same run, so a busy machine moves both. ``--workers N`` (uvicorn's worker processes
+on one listening socket, the kernel handing each new connection to one of them) takes
+requests in N processes: what a relay that is not one event loop costs in a burst
+(docs/benchmarks.md section 7, "Tenth run").
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from typing import Any
 
 import aiohttp
+
+#: The upstream of the app each worker process builds (:func:`from_env`).
+UPSTREAM_ENV = "SPECGATE_BARE_PROXY_UPSTREAM"
 
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
@@ -87,16 +94,26 @@ async def _answer(send: Send, status: int, content: bytes) -> None:
     await send({"type": "http.response.body", "body": content})
 
 
+def from_env() -> BareProxy:
+    """The app of one worker process: :class:`BareProxy` in front of the upstream named by
+    :data:`UPSTREAM_ENV` (uvicorn's factory, called in each worker; KeyError when unset)."""
+    return BareProxy(os.environ[UPSTREAM_ENV])
+
+
 def main(argv: Sequence[str] | None = None) -> None:
-    """Serve :class:`BareProxy` on 127.0.0.1 until interrupted."""
+    """Serve :class:`BareProxy` on 127.0.0.1 until interrupted, in ``--workers`` processes."""
     import uvicorn
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--upstream", required=True)
     parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--workers", type=int, default=1)
     args = parser.parse_args(argv)
+    os.environ[UPSTREAM_ENV] = args.upstream
     uvicorn.run(
-        BareProxy(args.upstream),
+        "bench.bare_proxy:from_env" if args.workers > 1 else BareProxy(args.upstream),
+        factory=args.workers > 1,
+        workers=args.workers,
         host="127.0.0.1",
         port=args.port,
         log_level="warning",

@@ -31,29 +31,9 @@ def run_gateway(
 
     from gateway.app import create_app
 
-    level = settings.log_level.upper()
-    # debug is for specgate's own loggers (e.g. specgate.decision): the libraries stay at
-    # info (httpcore alone logs a dozen DEBUG lines per health poll)
-    logging.getLogger().setLevel("INFO" if level == "DEBUG" else level)
-    for name in OWN_LOGGERS:
-        logging.getLogger(name).setLevel(level)
-    # No record field the log format shows needs the caller's frame, thread or process:
-    # the logging HOWTO's "Optimization" switches, since every request logs an access line.
-    logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
-    logging._srcfile = None
+    set_log_levels(settings)
     app = create_app(settings, config=config, processes=processes)
-    # Every object alive now (modules, config, classifier tables: ~110k) lives as long as
-    # the process: frozen out of the cyclic GC, a full collection under load scans only
-    # what requests allocate (measured: gen-2 pauses of 70-120 ms CPU with 400 requests in
-    # flight, blocking the event loop; bench.health_load, docs/benchmarks.md).
-    gc.freeze()
-    # A request's objects die by reference counting when it ends, so a young generation
-    # of 700 (the default) is collected every few requests only to scan what is still in
-    # flight: 7% of the gateway's CPU at c=32, ~11% at 400 concurrent (gc.callbacks,
-    # docs/benchmarks.md sections 1 and 6). At 10,000 a young collection waits for that
-    # many more container objects alive (in flight, or garbage cycles): ~0% and ~4%, and
-    # cyclic garbage is still collected.
-    gc.set_threshold(10_000, 20, 100)
+    settle_heap()
     uvicorn.run(
         app,
         host=settings.host,
@@ -69,3 +49,35 @@ def run_gateway(
         http="httptools",
         access_log=False,
     )
+
+
+def set_log_levels(settings: Settings) -> None:
+    """The process's log levels from ``settings.log_level``, and the logging module's
+    per-record lookups it never shows turned off (every request logs an access line)."""
+    level = settings.log_level.upper()
+    # debug is for specgate's own loggers (e.g. specgate.decision): the libraries stay at
+    # info (httpcore alone logs a dozen DEBUG lines per health poll)
+    logging.getLogger().setLevel("INFO" if level == "DEBUG" else level)
+    for name in OWN_LOGGERS:
+        logging.getLogger(name).setLevel(level)
+    # No record field the log format shows needs the caller's frame, thread or process:
+    # the logging HOWTO's "Optimization" switches, since every request logs an access line.
+    logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
+    logging._srcfile = None
+
+
+def settle_heap() -> None:
+    """Freeze what is alive now out of the cyclic GC and raise its young threshold: call it
+    once the app is built, before serving."""
+    # Every object alive now (modules, config, classifier tables: ~110k) lives as long as
+    # the process: frozen out of the cyclic GC, a full collection under load scans only
+    # what requests allocate (measured: gen-2 pauses of 70-120 ms CPU with 400 requests in
+    # flight, blocking the event loop; bench.health_load, docs/benchmarks.md).
+    gc.freeze()
+    # A request's objects die by reference counting when it ends, so a young generation
+    # of 700 (the default) is collected every few requests only to scan what is still in
+    # flight: 7% of the gateway's CPU at c=32, ~11% at 400 concurrent (gc.callbacks,
+    # docs/benchmarks.md sections 1 and 6). At 10,000 a young collection waits for that
+    # many more container objects alive (in flight, or garbage cycles): ~0% and ~4%, and
+    # cyclic garbage is still collected.
+    gc.set_threshold(10_000, 20, 100)
