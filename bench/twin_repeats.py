@@ -22,7 +22,10 @@ from pathlib import Path
 
 from bench.speedup_report import is_gateway
 
-SINGLES = ("plain", "ngram", "eagle3")
+#: The column order of the single backends the twin runs name; any other single backend (a
+#: draft-model server) follows them, by name. What is a single backend is
+#: :func:`bench.speedup_report.is_gateway`'s to say, as everywhere else.
+ORDER = ("plain", "ngram", "eagle3")
 TASKS = ("code", "rag", "chat", "creative", "all")
 
 
@@ -41,7 +44,8 @@ def table(
 ) -> list[str]:
     """The Markdown lines (header first); raises KeyError when a repeat lacks a cell."""
     c0 = min(k[0] for k in repeats[0])
-    singles = [s for s in SINGLES if (c0, "all", s) in repeats[0]]
+    found = {t for (c, task, t) in repeats[0] if c == c0 and task == "all" and not is_gateway(t)}
+    singles = sorted(found, key=lambda s: (ORDER.index(s) if s in ORDER else len(ORDER), s))
     # bench.sim_fleet runs one gateway, adaptive, named "specgate"
     if adaptive is None:
         adaptive = "adaptive" if (c0, "all", "adaptive") in repeats[0] else "specgate"

@@ -89,3 +89,15 @@ def test_a_relay_is_a_column_never_the_oracle(tmp_path: Path) -> None:
 def test_a_relay_needs_a_name_and_a_url(spec: str) -> None:
     with pytest.raises(argparse.ArgumentTypeError, match="expected NAME=URL"):
         _relay_url(spec)
+
+
+def test_every_single_backend_is_an_oracle_candidate(tmp_path: Path) -> None:
+    """A single backend outside the twin's three (a draft-model server) is a column and an
+    oracle candidate, after plain, ngram and eagle3."""
+    speeds = {"draft": 200.0, "plain": 100.0, "eagle3": 150.0, "specgate": 120.0, "adaptive": 90.0}
+    lines = table([load(_repeat(tmp_path / "r0", speeds))])
+    assert lines[0].startswith("| c | task | plain | eagle3 | draft | specgate | adaptive |")
+    code = next(line for line in lines if line.startswith("| 1 | code |"))
+    assert code == (
+        "| 1 | code | 100 | 150 | 200 | 120 | 90 | draft | 0.45 (0.45-0.45) | 0.90 (0.90-0.90) |"
+    )
