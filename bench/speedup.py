@@ -149,16 +149,20 @@ def measure(
     extra: Sequence[tuple[str, str]] = (),
     settle_s: float = 0.5,
     runs: list[dict[str, Any]] | None = None,
+    order_seed: int = 0,
 ) -> list[dict[str, Any]]:
     """Every (concurrency, target) run: outcomes, wall time, acceptance deltas.
 
     Targets are interleaved: the items go in waves of ``concurrency`` requests, and every
-    target serves each wave in turn, in a fresh random order (seeded) per wave, after
-    ``settle_s`` of quiet: a CPU server that just worked keeps its threads spinning for a
-    while and slows the next one (measured here: up to +0.8 s time to first token), so a
-    fixed order would favour some targets for some tasks.
+    target serves each wave in turn, in a fresh random order per wave, after ``settle_s`` of
+    quiet: a CPU server that just worked keeps its threads spinning for a while and slows the
+    next one (measured here: up to +0.8 s time to first token), so a fixed order would favour
+    some targets for some tasks. The orders come from ``random.Random(order_seed)``: the same
+    seed gives every run the same orders, so repeats meant to average a position out need
+    seeds of their own (docs/benchmarks.md section 7, "Tenth run": with one seed for all
+    repeats, the twin's c=64 wave of 48 ran the static gateway right after plain every time).
     """
-    rng = random.Random(0)
+    rng = random.Random(order_seed)
     model = next(iter(config.backends.values())).served_model
     targets = [(n, config.backends[n].base_url) for n in backends] + [("specgate", gateway_url)]
     targets += extra  # more gateways (name, URL), e.g. the adaptive one
@@ -257,6 +261,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--max-prompt-chars", type=int, default=3000)
     parser.add_argument("--concurrency", default="1,8")
     parser.add_argument("--settle", type=float, default=0.5, help="seconds between targets")
+    parser.add_argument(
+        "--order-seed",
+        type=int,
+        default=0,
+        help="seeds the targets' order in each wave; give each repeat its own",
+    )
     parser.add_argument("--out", type=Path, default=Path("bench/out/speedup"))
     parser.add_argument("--adaptive", action="store_true", help="add the adaptive gateway")
     parser.add_argument("--adaptive-gateway", help="its URL when already running")
@@ -331,6 +341,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     extra,
                     settle_s=args.settle,
                     runs=runs,
+                    order_seed=args.order_seed,
                 )
             except KeyboardInterrupt:
                 interrupted = True
@@ -342,6 +353,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "max_tokens": args.max_tokens,
         "max_prompt_chars": args.max_prompt_chars,
         "settle_s": args.settle,
+        "order_seed": args.order_seed,
         "prefix_cache": not args.no_prefix_cache,
         "items": [
             {

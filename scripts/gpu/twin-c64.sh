@@ -55,7 +55,8 @@ for n in $(seq "${RUNS:-5}"); do
         --relay bare=http://127.0.0.1:8040 --relay vllm-router=http://127.0.0.1:8050 \
         --relay bare-w$W=http://127.0.0.1:8041 \
         --backends plain --prompts .gpu/prompts --per-task "${PER_TASK:-32}" --max-tokens 64 \
-        --concurrency 16,32,64 --warmup 10 --settle 0.05 --out "$OUT/hi$n/speedup" \
+        --concurrency 16,32,64 --warmup 10 --settle 0.05 --order-seed "$n" \
+        --out "$OUT/hi$n/speedup" \
         > "$OUT/hi$n.log" 2>&1
     date +%s > "$OUT/t$n"
 done

@@ -21,14 +21,15 @@ mkdir -p "$OUT"
 bash scripts/gpu/stack.sh up > "$OUT/up.log" 2>&1 || exit 1
 bash scripts/gpu/stack.sh wait 480 > "$OUT/wait.log" 2>&1 || exit 1
 date +%s > "$OUT/t0"
-CHECKS=${CHECKS:-1} bash scripts/gpu/stack.sh bench "$OUT/r1" > "$OUT/r1.log" 2>&1
+# each repeat its own targets' order in the waves (until session 19 all three had seed 0's)
+ORDER_SEED=1 CHECKS=${CHECKS:-1} bash scripts/gpu/stack.sh bench "$OUT/r1" > "$OUT/r1.log" 2>&1
 date +%s > "$OUT/t1"
 if [ "${SAMPLED:-1}" = 1 ]; then
     bash scripts/gpu/stack.sh sampled "$OUT/sampled" > "$OUT/sampled.log" 2>&1
 fi
 date +%s > "$OUT/t2"
 for n in 2 3; do
-    CHECKS=0 bash scripts/gpu/stack.sh bench "$OUT/r$n" > "$OUT/r$n.log" 2>&1
+    ORDER_SEED=$n CHECKS=0 bash scripts/gpu/stack.sh bench "$OUT/r$n" > "$OUT/r$n.log" 2>&1
     date +%s > "$OUT/t$((n + 1))"
 done
 if [ "$DRAFT_CONFIG" = config/gpu-twin-dyn.yaml ]; then

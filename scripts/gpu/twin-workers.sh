@@ -22,7 +22,8 @@ python3 -m bench.speedup --config /root/sg/gpu-static.yaml --gateway http://127.
     --extra-gateway adaptive-quiet=http://127.0.0.1:8032 \
     --extra-gateway "adaptive-w${WORKERS:-4}=http://127.0.0.1:8033" \
     --prompts .gpu/prompts --per-task "${PER_TASK:-12}" --max-tokens 64 \
-    --concurrency 1,4,8,16,32,64 --warmup 10 --settle 0.05 --out "$OUT/speedup" \
+    --concurrency 1,4,8,16,32,64 --warmup 10 --settle 0.05 --order-seed "${ORDER_SEED:-0}" \
+    --out "$OUT/speedup" \
     > "$OUT/speedup.log" 2>&1
 curl -s localhost:8000/routes > "$OUT/routes-adaptive.json" || true
 curl -s localhost:8033/routes > "$OUT/routes-w4.json" || true

@@ -1,0 +1,58 @@
+"""bench.speedup's waves: every target serves every wave once, in an order drawn from
+``--order-seed``, so repeats given seeds of their own put targets in other positions
+(docs/benchmarks.md section 7, "Tenth run")."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench import speedup
+from bench.workloads import Item
+from contracts.config import load_config
+
+CONFIG = Path(__file__).resolve().parents[2] / "config" / "local.yaml"
+
+
+def _orders(monkeypatch: pytest.MonkeyPatch, seed: int) -> list[list[str]]:
+    """The target order of each wave of ``bench.speedup.measure`` at c = 2 and 4 (8 items),
+    with the HTTP calls replaced by a recorder."""
+    config = load_config(CONFIG)
+    urls = {b.base_url: name for name, b in config.backends.items()}
+    urls |= {"http://gateway": "specgate", "http://adaptive": "adaptive"}
+    called: list[str] = []
+
+    def run_items(url: str, *_: Any, **kw: Any) -> tuple[list[Any], float]:
+        if kw["max_tokens"] != 8:  # not the warm-up
+            called.append(urls[url])
+        return [], 0.0
+
+    monkeypatch.setattr(speedup, "run_items", run_items)
+    monkeypatch.setattr(speedup, "scrape", lambda _config: {})
+    monkeypatch.setattr(speedup.time, "sleep", lambda _s: None)
+    items = [Item("chat", str(i), "/v1/chat/completions", {"messages": []}, 10) for i in range(8)]
+    backends = list(config.backends)
+    extra = [("adaptive", "http://adaptive")]
+    speedup.measure(
+        config, "http://gateway", items, [2, 4], 64, backends, extra, 0.0, order_seed=seed
+    )
+    n = len(backends) + 2
+    return [called[i : i + n] for i in range(0, len(called), n)]
+
+
+def test_every_target_serves_every_wave_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    waves = _orders(monkeypatch, 0)
+    assert len(waves) == 4 + 2  # 8 items: four waves at c=2, two at c=4
+    targets = {*load_config(CONFIG).backends, "specgate", "adaptive"}
+    assert all(sorted(w) == sorted(targets) for w in waves)
+
+
+def test_the_order_seed_decides_the_orders(monkeypatch: pytest.MonkeyPatch) -> None:
+    first, again = _orders(monkeypatch, 0), _orders(monkeypatch, 0)
+    assert first == again  # one seed: the same positions in every run
+    others = [_orders(monkeypatch, seed) for seed in (1, 2, 3)]
+    assert all(o != first for o in others)
+    # the target that opens the first wave is not the same for every seed
+    assert len({w[0][0] for w in [first, *others]}) > 1
