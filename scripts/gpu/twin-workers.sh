@@ -4,10 +4,10 @@
 #
 #   setsid nohup bash scripts/gpu/twin-workers.sh /root/sg/results/rw > /root/sg/rw.log 2>&1 &
 #
-# twin-c64.sh's c=64 waves put the adaptive gateway in 4 worker processes (adaptive-w4,
-# bench.gateway_workers) at the bare relay's level. Each worker sees only its own requests in
-# flight, besides the backends' scraped batch: does it still route at c = 1-8, where the
-# load decides between EAGLE-3 and plain? One repeat of twin-run.sh's measurement (every
+# In twin-c64.sh's c=64 waves the adaptive gateway in 4 worker processes (adaptive-w4,
+# bench.gateway_workers) ran 0.93x plain against one process's 0.90x (the bare relay 0.98x).
+# Each worker sees only its own requests in flight, besides the backends' scraped batch:
+# does it still route at c = 1-8, where the load decides between EAGLE-3 and plain? One repeat of twin-run.sh's measurement (every
 # backend, c = 1 to 64, PER_TASK=12) with adaptive-quiet (one process, :8032) and adaptive-w4
 # beside the others.
 set -uo pipefail
