@@ -1,7 +1,7 @@
 """A lean fake vLLM upstream for overhead benchmarks: no token delay, fixed 64-token answers.
 
     python -m bench.fake_upstream --port 9100 [--port 9101 ...] [--tokens 64]
-                                  [--token-delay-ms 0]
+                                  [--token-delay-ms 0] [--first-token-delay-ms 0]
 
 A raw asyncio protocol (on uvloop when installed), not a framework, so it costs far less
 CPU per request than any gateway in front of it. It speaks just enough HTTP/1.1 (keep-alive,
@@ -11,7 +11,10 @@ CPU per request than any gateway in front of it. It speaks just enough HTTP/1.1 
   words, or with ``"stream": true`` an SSE stream (chunked encoding) of ``tokens`` events
   plus ``data: [DONE]``, each event written on its own with a yield to the loop between
   them, so they leave as separate writes (as a real server's tokens do); with
-  ``--token-delay-ms`` a sleep instead of the yield (streams that last, as under load);
+  ``--token-delay-ms`` a sleep instead of the yield (streams that last, as under load); with
+  ``--first-token-delay-ms`` the stream's headers at once and its first event that long after
+  the request arrived (vLLM's prefill), so a gateway's delay in sending a request upstream
+  shows in its first token;
 * ``GET /health`` 200, ``GET /metrics`` a few vLLM gauges, any other ``GET`` the model list.
 
 One process can listen on several ports (so a gateway sees several backends).
@@ -44,8 +47,10 @@ def _chunk(data: bytes) -> bytes:
 class Answers:
     """Every response the fake sends, encoded once at start."""
 
-    def __init__(self, tokens: int, token_delay_s: float = 0.0) -> None:
-        self.token_delay_s = token_delay_s
+    def __init__(
+        self, tokens: int, token_delay_s: float = 0.0, first_token_delay_s: float = 0.0
+    ) -> None:
+        self.token_delay_s, self.first_token_delay_s = token_delay_s, first_token_delay_s
         words = [f" w{i}" for i in range(tokens)]
         usage = {"prompt_tokens": 16, "completion_tokens": tokens, "total_tokens": 16 + tokens}
         text_choice = {"index": 0, "text": "".join(words), "finish_reason": "length"}
@@ -156,7 +161,15 @@ class FakeProtocol(asyncio.Protocol):
             self.transport.write(a.not_found)
 
     async def _write_stream(self, frames: list[bytes]) -> None:
-        self.transport.write(self.answers.stream_head + frames[0])  # type: ignore[union-attr]
+        assert self.transport is not None
+        if self.answers.first_token_delay_s > 0:
+            self.transport.write(self.answers.stream_head)
+            await asyncio.sleep(self.answers.first_token_delay_s)
+            if self.transport is None:
+                return
+            self.transport.write(frames[0])
+        else:
+            self.transport.write(self.answers.stream_head + frames[0])
         for frame in frames[1:]:
             await asyncio.sleep(self.answers.token_delay_s)
             if self.transport is None:
@@ -166,9 +179,16 @@ class FakeProtocol(asyncio.Protocol):
         self._serve()
 
 
-async def serve(host: str, ports: Sequence[int], tokens: int, token_delay_s: float = 0.0) -> None:
-    """Listen on every port until cancelled (``token_delay_s`` between stream events)."""
-    answers = Answers(tokens, token_delay_s)
+async def serve(
+    host: str,
+    ports: Sequence[int],
+    tokens: int,
+    token_delay_s: float = 0.0,
+    first_token_delay_s: float = 0.0,
+) -> None:
+    """Listen on every port until cancelled (``token_delay_s`` between stream events,
+    ``first_token_delay_s`` from a request to its stream's first event)."""
+    answers = Answers(tokens, token_delay_s, first_token_delay_s)
     loop = asyncio.get_running_loop()
     servers = [
         await loop.create_server(lambda: FakeProtocol(answers), host, port, backlog=1024)
@@ -185,6 +205,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--port", type=int, action="append", required=True)
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--token-delay-ms", type=float, default=0.0)
+    parser.add_argument("--first-token-delay-ms", type=float, default=0.0)
     args = parser.parse_args(argv)
     try:
         import uvloop
@@ -193,7 +214,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     except ImportError:
         runner = asyncio.run
     try:
-        runner(serve(args.host, args.port, args.tokens, args.token_delay_ms / 1000))
+        delays = args.token_delay_ms / 1000, args.first_token_delay_ms / 1000
+        runner(serve(args.host, args.port, args.tokens, *delays))
     except KeyboardInterrupt:
         pass
 

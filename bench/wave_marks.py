@@ -17,6 +17,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import signal
 import sys
 import time
 from typing import Any
@@ -77,6 +78,9 @@ def main() -> int:
     path, marks = os.environ["MARKS"], {}
     instrument(marks)
     atexit.register(lambda: json.dump(marks, open(path, "w")))
+    # uvicorn (0.29+) re-raises the signal that stopped it once it has shut down; SIGTERM's
+    # default action would then end the process without running the atexit above
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     return specgate(sys.argv[1:])
 
 

@@ -189,7 +189,8 @@ class ProxyEndpoint:
             receive, request.headers, settings.max_body_bytes, settings.body_timeout_s
         )
         with admission:
-            await prepare_routed(state, request)
+            async with state.turns.take():  # a burst's requests leave as they are decided
+                await prepare_routed(state, request)
             work = send_routed(state, request, send)
             if not await until_disconnect(receive, work):
                 request.trace.finish(499, "client_closed")

@@ -1,0 +1,108 @@
+"""gateway.turns: one holder per turn of the event loop, so what a holder started (an
+upstream connection, a body write) is served before the next holder's turn."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from gateway.turns import Turns
+
+
+async def _burst(turns: Turns | None, n: int, log: list[str]) -> None:
+    """``n`` tasks ready at once, each doing its work (``hold``) under a turn (or none) and
+    scheduling a callback there, as a socket's completion would be (``io``)."""
+    loop = asyncio.get_running_loop()
+
+    async def one(i: int) -> None:
+        if turns is None:
+            log.append(f"hold{i}")
+            loop.call_soon(log.append, f"io{i}")
+            return
+        async with turns.take():
+            log.append(f"hold{i}")
+            loop.call_soon(log.append, f"io{i}")
+
+    await asyncio.gather(*(one(i) for i in range(n)))
+    await asyncio.sleep(0)
+
+
+async def test_without_turns_a_burst_runs_every_hold_before_any_io() -> None:
+    log: list[str] = []
+    await _burst(None, 3, log)
+    assert log == ["hold0", "hold1", "hold2", "io0", "io1", "io2"]
+
+
+async def test_with_turns_each_holder_io_runs_before_the_next_hold() -> None:
+    log: list[str] = []
+    await _burst(Turns(), 3, log)
+    assert log == ["hold0", "io0", "hold1", "io1", "hold2", "io2"]
+
+
+async def test_a_lone_holder_does_not_wait() -> None:
+    turns, loop = Turns(), asyncio.get_running_loop()
+    entered: list[bool] = []
+
+    async def alone() -> None:
+        async with turns.take():
+            entered.append(True)
+
+    task = loop.create_task(alone())
+    await asyncio.sleep(0)  # one turn: the task ran to its end without waiting
+    assert entered == [True] and task.done()
+    await asyncio.sleep(0)
+    async with turns.take():  # and the turn was handed back: the next one passes too
+        pass
+
+
+async def test_a_failing_holder_hands_the_turn_on() -> None:
+    turns, done = Turns(), []
+
+    async def fails() -> None:
+        async with turns.take():
+            raise ValueError("prepare failed")
+
+    async def after() -> None:
+        async with turns.take():
+            done.append("after")
+
+    results = await asyncio.gather(fails(), after(), return_exceptions=True)
+    assert isinstance(results[0], ValueError) and done == ["after"]
+
+
+async def test_a_waiter_cancelled_in_the_queue_is_skipped() -> None:
+    turns, log = Turns(), []
+    loop = asyncio.get_running_loop()
+
+    async def one(name: str) -> None:
+        async with turns.take():
+            log.append(name)
+
+    first, second, third = (loop.create_task(one(n)) for n in ("a", "b", "c"))
+    await asyncio.sleep(0)  # "a" held its turn; "b" and "c" wait
+    second.cancel()
+    await asyncio.gather(first, third)
+    with pytest.raises(asyncio.CancelledError):
+        await second
+    assert log == ["a", "c"]
+    await asyncio.wait_for(one("d"), timeout=1)  # the turn is free again
+    assert log == ["a", "c", "d"]
+
+
+async def test_a_waiter_cancelled_after_its_wake_up_hands_the_turn_on() -> None:
+    turns, log = Turns(), []
+    loop = asyncio.get_running_loop()
+
+    async def one(name: str) -> None:
+        async with turns.take():
+            log.append(name)
+
+    first, second, third = (loop.create_task(one(n)) for n in ("a", "b", "c"))
+    await first
+    await asyncio.sleep(0)  # "b" was woken: its future is done, its task not yet resumed
+    second.cancel()
+    await asyncio.wait_for(third, timeout=1)
+    assert log in (["a", "c"], ["a", "b", "c"])  # "b" ran or was cancelled: "c" ran anyway
+    await asyncio.wait_for(one("d"), timeout=1)  # and the turn is free again
+    assert log[-1] == "d"
