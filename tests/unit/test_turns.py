@@ -8,6 +8,7 @@ import asyncio
 import pytest
 
 from gateway.turns import Turns
+from tests.unit.conftest import MODEL, InProcess
 
 
 async def _burst(turns: Turns | None, n: int, log: list[str]) -> None:
@@ -82,7 +83,7 @@ async def test_a_waiter_cancelled_in_the_queue_is_skipped() -> None:
     first, second, third = (loop.create_task(one(n)) for n in ("a", "b", "c"))
     await asyncio.sleep(0)  # "a" held its turn; "b" and "c" wait
     second.cancel()
-    await asyncio.gather(first, third)
+    await asyncio.wait_for(asyncio.gather(first, third), timeout=1)
     with pytest.raises(asyncio.CancelledError):
         await second
     assert log == ["a", "c"]
@@ -106,3 +107,58 @@ async def test_a_waiter_cancelled_after_its_wake_up_hands_the_turn_on() -> None:
     assert log in (["a", "c"], ["a", "b", "c"])  # "b" ran or was cancelled: "c" ran anyway
     await asyncio.wait_for(one("d"), timeout=1)  # and the turn is free again
     assert log[-1] == "d"
+
+
+async def _turns_of(turns: Turns, n: int, during: list[float] | None = None) -> list[int]:
+    """The loop turn in which each of ``n`` tasks, ready at once, entered ``turns``."""
+    loop = asyncio.get_running_loop()
+    turn, entered = [0], []
+
+    def tick() -> None:  # counts the loop's turns
+        turn[0] += 1
+        loop.call_soon(tick)
+
+    async def one() -> None:
+        async with turns.take():
+            entered.append(turn[0])
+            if during:
+                during[0] += 0.004  # the clock moves 4 ms a prepare
+
+    loop.call_soon(tick)
+    await asyncio.wait_for(asyncio.gather(*(one() for _ in range(n))), timeout=1)
+    return [entered.count(t) for t in sorted(set(entered))]
+
+
+async def test_one_a_turn_while_none_waited_too_long() -> None:
+    assert await _turns_of(Turns(), 10) == [1] * 10
+
+
+async def test_those_that_waited_too_long_enter_together() -> None:
+    """With each prepare taking 4 ms and 10 ms the longest wait, one a turn until the
+    queue's head has waited 10 ms; from then on each turn admits every overdue one."""
+    now = [0.0]
+    turns = Turns(max_wait_s=0.010, clock=lambda: now[0])
+    per_turn = await _turns_of(turns, 10, during=now)
+    # the first enters at 0 and prepares until 4 ms; the 9 others queue at 4 ms. One a turn
+    # at 4, 8 and 12 ms; at 16 ms the 6 left have waited 12 ms: all enter
+    assert per_turn == [1, 1, 1, 1, 6]
+
+
+async def test_routed_requests_take_a_turn_to_prepare(
+    gw: InProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The routed endpoints prepare under the runtime's turns (gateway/api/openai.py)."""
+    taken: list[Turns] = []
+    take = Turns.take
+
+    def counted(self: Turns):  # type: ignore[no-untyped-def]
+        taken.append(self)
+        return take(self)
+
+    monkeypatch.setattr(Turns, "take", counted)
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
+    answers = await asyncio.gather(
+        *(gw.client.post("/v1/chat/completions", json=body) for _ in range(5))
+    )
+    assert [a.status_code for a in answers] == [200] * 5
+    assert len(taken) == 5 and {id(t) for t in taken} == {id(gw.app.state.runtime.turns)}
