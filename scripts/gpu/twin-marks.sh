@@ -13,14 +13,7 @@
 # short runs (bench.speedup --backends plain, c = 16, 32, 64, the bare relay beside, each run
 # its own --order-seed). OUT/probe{64,48}/, OUT/hiN/speedup; OUT/tN when each part ended.
 set -uo pipefail
-OUT=${1:?OUT}
-mkdir -p "$OUT"
-export CONFIG=config/gpu-twin.yaml DRAFT_CONFIG=
-export PYTHONPATH=/root/sg/site:$PWD SPECGATE_CACHE_DIR=/root/sg/cache PYTHONUNBUFFERED=1
-export SPECGATE_VLLM_PYTHON=${SPECGATE_VLLM_PYTHON:-$(command -v python3)}
-bash scripts/gpu/stack.sh up > "$OUT/up.log" 2>&1 || exit 1
-bash scripts/gpu/stack.sh wait 480 > "$OUT/wait.log" 2>&1 || exit 1
-bash scripts/gpu/stack.sh relays "$OUT" > "$OUT/relays.log" 2>&1 || exit 1
+source scripts/gpu/twin-start.sh "${1:?OUT}" || exit 1
 date +%s > "$OUT/t0"
 for n in 64 48; do
     mkdir -p "$OUT/probe$n"

@@ -18,7 +18,7 @@ from openai import OpenAI
 
 from bench.fake_upstream import MODEL
 from bench.targets import specgate_config
-from tests.fakes.servers import free_port
+from tests.fakes.servers import free_port, stop_process
 
 
 def _wait_up(url: str, process: subprocess.Popen[bytes], timeout_s: float = 60.0) -> None:
@@ -44,15 +44,6 @@ def _start(argv: list[str], env: dict[str, str] | None = None) -> subprocess.Pop
     )
 
 
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    process.terminate()
-    try:
-        process.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
-
-
 @pytest.fixture
 def upstreams() -> Iterator[list[str]]:
     ports = [free_port() for _ in range(3)]
@@ -63,7 +54,7 @@ def upstreams() -> Iterator[list[str]]:
         _wait_up(urls[0], fake)
         yield urls
     finally:
-        _stop(fake)
+        stop_process(fake)
 
 
 def _streamed_words(base_url: str) -> list[str]:
@@ -85,7 +76,7 @@ def test_bare_proxy_in_two_workers_relays_streams(upstreams: list[str]) -> None:
         for _ in range(4):  # new connections each time: whichever worker takes them
             assert "".join(_streamed_words(url)).split() == [f"w{i}" for i in range(8)]
     finally:
-        _stop(proxy)
+        stop_process(proxy)
 
 
 def test_gateway_in_two_workers_routes_and_relays(upstreams: list[str], tmp_path: Path) -> None:
@@ -108,4 +99,4 @@ def test_gateway_in_two_workers_routes_and_relays(upstreams: list[str], tmp_path
         routes = httpx.get(f"{url}/routes", timeout=5).json()  # one worker's view
         assert {b["name"] for b in routes["backends"]} == {"plain", "ngram", "draft"}
     finally:
-        _stop(gateway)
+        stop_process(gateway)

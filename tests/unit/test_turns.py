@@ -72,14 +72,19 @@ async def test_a_failing_holder_hands_the_turn_on() -> None:
     assert isinstance(results[0], ValueError) and done == ["after"]
 
 
-async def test_a_waiter_cancelled_in_the_queue_is_skipped() -> None:
-    turns, log = Turns(), []
-    loop = asyncio.get_running_loop()
+def _named(turns: Turns, log: list[str]):  # type: ignore[no-untyped-def]
+    """A coroutine function: enter ``turns`` and log the name."""
 
     async def one(name: str) -> None:
         async with turns.take():
             log.append(name)
 
+    return one
+
+
+async def test_a_waiter_cancelled_in_the_queue_is_skipped() -> None:
+    turns, log = Turns(), []
+    one, loop = _named(turns, log), asyncio.get_running_loop()
     first, second, third = (loop.create_task(one(n)) for n in ("a", "b", "c"))
     await asyncio.sleep(0)  # "a" held its turn; "b" and "c" wait
     second.cancel()
@@ -93,12 +98,7 @@ async def test_a_waiter_cancelled_in_the_queue_is_skipped() -> None:
 
 async def test_a_waiter_cancelled_after_its_wake_up_hands_the_turn_on() -> None:
     turns, log = Turns(), []
-    loop = asyncio.get_running_loop()
-
-    async def one(name: str) -> None:
-        async with turns.take():
-            log.append(name)
-
+    one, loop = _named(turns, log), asyncio.get_running_loop()
     first, second, third = (loop.create_task(one(n)) for n in ("a", "b", "c"))
     await first
     await asyncio.sleep(0)  # "b" was woken: its future is done, its task not yet resumed
