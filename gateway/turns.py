@@ -12,10 +12,11 @@ there only a cold pool waits). Against ``bench.fake_upstream --first-token-delay
 request of a wave was decided 16 ms after the first entered, and its first token came 83 ms
 after, not 66 (docs/benchmarks.md section 7, "Session 19 on this machine").
 
-:class:`Turns` admits one request a turn, so each request connects and sends before the next
-prepares, and every request that has waited :data:`MAX_WAIT_S` at once, so when every turn
-also relays many streams intake is delayed by at most that. A lone request passes at once.
-Measured figures: the section above.
+:class:`Turns` admits one request a turn, so each request connects and sends a prepare or so
+after its own (the poll's completions run after the next admitted request), not after the
+whole burst's; and every request that has waited :data:`MAX_WAIT_S` at once, so when every
+turn also relays many streams intake is delayed by about that at most. A lone request
+passes at once. Measured figures: the section above.
 """
 
 from __future__ import annotations
