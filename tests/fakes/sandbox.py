@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -33,8 +34,6 @@ from typing import Any
 
 import httpx
 from pydantic import BaseModel
-
-from tests.fakes.servers import stop_process
 
 ROOT = Path(__file__).resolve().parents[2]
 FIRST_ALIAS = 10  # backend i resolves to 127.0.0.(10 + i)
@@ -189,6 +188,16 @@ def _exercise(s: Scenario, seen: Observed) -> None:
                 seen.state = routes.json().get("state")
 
 
+def _stop(gateway: subprocess.Popen[bytes]) -> None:
+    if gateway.poll() is None:
+        gateway.send_signal(signal.SIGTERM)
+        try:
+            gateway.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            gateway.kill()
+            gateway.wait()
+
+
 @contextlib.contextmanager
 def _running(argv: list[str]) -> Any:
     """Run ``argv`` for the block (output discarded), killed at its end."""
@@ -236,7 +245,7 @@ def sandbox_main(spec: Path) -> Observed:
                 if seen.healthy:
                     _exercise(s, seen)
         finally:
-            stop_process(gateway)
+            _stop(gateway)
     seen.exit_code = gateway.returncode
     seen.preflight = preflight.wait(timeout=s.timeout_s)
     seen.hits = {name: len(f.received) for name, f in fakes.items()}

@@ -3,26 +3,13 @@
 from __future__ import annotations
 
 import contextlib
-import signal
 import socket
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import uvicorn
-
-
-def stop_process(process: subprocess.Popen[bytes], timeout_s: float = 20.0) -> None:
-    """SIGTERM ``process`` if it still runs, wait ``timeout_s`` seconds, then SIGKILL it."""
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
 
 
 def free_port() -> int:

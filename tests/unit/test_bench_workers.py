@@ -4,10 +4,7 @@ process, run as that run started them, in front of :mod:`bench.fake_upstream`.""
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,44 +14,19 @@ import yaml
 from openai import OpenAI
 
 from bench.fake_upstream import MODEL
+from bench.procs import Server
 from bench.targets import specgate_config
-from tests.fakes.servers import free_port, stop_process
-
-
-def _wait_up(url: str, process: subprocess.Popen[bytes], timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        assert process.poll() is None, f"exited with {process.returncode}"
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise AssertionError(f"{url} did not answer /health within {timeout_s} s")
-
-
-def _start(argv: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [sys.executable, "-m", *argv],
-        env={**os.environ, **(env or {})},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
+from tests.fakes.servers import free_port
 
 
 @pytest.fixture
-def upstreams() -> Iterator[list[str]]:
+def upstreams(tmp_path: Path) -> Iterator[list[str]]:
     ports = [free_port() for _ in range(3)]
     flags = [f"--port={p}" for p in ports]
-    fake = _start(["bench.fake_upstream", *flags, "--tokens", "8"])
     urls = [f"http://127.0.0.1:{p}" for p in ports]
-    try:
-        _wait_up(urls[0], fake)
+    argv = [sys.executable, "-m", "bench.fake_upstream", *flags, "--tokens", "8"]
+    with Server("fake", argv, ready_url=f"{urls[0]}/health", log_path=tmp_path / "fake.log"):
         yield urls
-    finally:
-        stop_process(fake)
 
 
 def _streamed_words(base_url: str) -> list[str]:
@@ -65,18 +37,14 @@ def _streamed_words(base_url: str) -> list[str]:
     return [c.choices[0].delta.content or "" for c in stream if c.choices]
 
 
-def test_bare_proxy_in_two_workers_relays_streams(upstreams: list[str]) -> None:
+def test_bare_proxy_in_two_workers_relays_streams(upstreams: list[str], tmp_path: Path) -> None:
     port = free_port()
-    proxy = _start(
-        ["bench.bare_proxy", "--upstream", upstreams[0], "--port", str(port), "--workers", "2"]
-    )
-    try:
-        url = f"http://127.0.0.1:{port}"
-        _wait_up(url, proxy)
+    url = f"http://127.0.0.1:{port}"
+    argv = [sys.executable, "-m", "bench.bare_proxy", "--upstream", upstreams[0]]
+    argv += ["--port", str(port), "--workers", "2"]
+    with Server("bare", argv, ready_url=f"{url}/health", log_path=tmp_path / "bare.log"):
         for _ in range(4):  # new connections each time: whichever worker takes them
             assert "".join(_streamed_words(url)).split() == [f"w{i}" for i in range(8)]
-    finally:
-        stop_process(proxy)
 
 
 def test_gateway_in_two_workers_routes_and_relays(upstreams: list[str], tmp_path: Path) -> None:
@@ -90,13 +58,11 @@ def test_gateway_in_two_workers_routes_and_relays(upstreams: list[str], tmp_path
         "SPECGATE_SAMPLE_CANARY_INTERVAL_S": "0",
         "SPECGATE_CACHE_DIR": str(tmp_path / "cache"),
     }
-    gateway = _start(["bench.gateway_workers", "--workers", "2"], env)
-    try:
-        url = f"http://127.0.0.1:{port}"
-        _wait_up(url, gateway)
+    url = f"http://127.0.0.1:{port}"
+    argv = [sys.executable, "-m", "bench.gateway_workers", "--workers", "2"]
+    log = tmp_path / "gateway.log"
+    with Server("gateway", argv, ready_url=f"{url}/ready", log_path=log, env=env):
         for _ in range(4):
             assert "".join(_streamed_words(url)).split() == [f"w{i}" for i in range(8)]
         routes = httpx.get(f"{url}/routes", timeout=5).json()  # one worker's view
         assert {b["name"] for b in routes["backends"]} == {"plain", "ngram", "draft"}
-    finally:
-        stop_process(gateway)
