@@ -17,7 +17,6 @@ docs/benchmarks.md section 7 ("Tenth run") has what it measured on the GPU twin.
 from __future__ import annotations
 
 import argparse
-import logging
 from collections.abc import Sequence
 
 from fastapi import FastAPI
@@ -27,14 +26,11 @@ def app() -> FastAPI:
     """One worker's gateway (uvicorn's factory, called in each worker process), as
     :func:`cli.serve.run_gateway` builds it. Raises
     :class:`~contracts.config.ConfigError` for an invalid config."""
-    from cli.serve import set_log_levels, settle_heap
+    from cli.serve import basic_logging, set_log_levels, settle_heap
     from gateway.app import create_app
     from gateway.settings import Settings
 
-    logging.basicConfig(  # as cli.main.main
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    logging.getLogger("httpx").setLevel(logging.WARNING)
+    basic_logging()  # as cli.main.main
     settings = Settings()
     set_log_levels(settings)
     built = create_app(settings, config=settings.load_config())

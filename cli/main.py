@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from cli.backends import add_backends_commands, run_backends_command
 from cli.drafts import add_drafts_commands, run_drafts_command
-from cli.serve import run_gateway
+from cli.serve import basic_logging, run_gateway
 from cli.tune import add_tune_command, run_tune
 from contracts.config import ConfigError, GatewayConfig, attach_engine_guards, load_config
 from gateway.auth import InsecureSettings, build_auth
@@ -162,10 +161,7 @@ def cmd_explain(config_path: Path, task_type: str | None, speculation: str | Non
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``specgate`` console script; returns the exit code."""
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # else one line per health poll
+    basic_logging()
     if args.command == "config":
         return cmd_config_check(args.file or args.config_file)
     if args.command == "explain":

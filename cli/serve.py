@@ -51,6 +51,15 @@ def run_gateway(
     )
 
 
+def basic_logging() -> None:
+    """Every process's log format (time, level, logger: message) at info, httpx's at warning
+    (else one line per health poll)."""
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+
+
 def set_log_levels(settings: Settings) -> None:
     """The process's log levels from ``settings.log_level``, and the logging module's
     per-record lookups it never shows turned off (every request logs an access line)."""
