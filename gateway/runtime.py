@@ -16,7 +16,7 @@ import logging
 import random
 import signal
 from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import httpx
@@ -37,7 +37,6 @@ from gateway.telemetry.history import AcceptanceHistory
 from gateway.telemetry.metrics import GatewayMetrics
 from gateway.telemetry.sample_canary_metrics import SampleCanaryCollector
 from gateway.telemetry.status import StatusPage
-from gateway.turns import Turns
 from gateway.upstream.affinity import ResponseAffinity
 from gateway.upstream.canary import Canary
 from gateway.upstream.catalog import BackendCatalog
@@ -87,7 +86,6 @@ class Runtime:
     tasks: BackgroundTasks
     state: StateView
     probe_server: ProbeServer | None = None  # SPECGATE_HEALTH_PORT's listener, when set
-    turns: Turns = field(default_factory=Turns)  # one prepare stage per loop turn
 
 
 def runtime_of(app: Any) -> Runtime:

@@ -189,8 +189,7 @@ class ProxyEndpoint:
             receive, request.headers, settings.max_body_bytes, settings.body_timeout_s
         )
         with admission:
-            async with state.turns.take():  # a burst's requests leave as they are decided
-                await prepare_routed(state, request)
+            await prepare_routed(state, request)
             work = send_routed(state, request, send)
             if not await until_disconnect(receive, work):
                 request.trace.finish(499, "client_closed")
