@@ -41,7 +41,6 @@ from gateway.upstream.affinity import ResponseAffinity
 from gateway.upstream.canary import Canary
 from gateway.upstream.catalog import BackendCatalog
 from gateway.upstream.client import (
-    BACKEND_KEEPALIVE_S,
     AiohttpUpstream,
     HttpxUpstream,
     UpstreamClient,
@@ -159,7 +158,9 @@ def build_client(
     # measured in docs/benchmarks.md, "Keep-alive"). Admission (``max_inflight``) bounds the
     # requests in flight, and so the connections, instead.
     limits = httpx.Limits(
-        max_connections=None, max_keepalive_connections=None, keepalive_expiry=BACKEND_KEEPALIVE_S
+        max_connections=None,
+        max_keepalive_connections=None,
+        keepalive_expiry=settings.backend_keep_alive_s,
     )
     return httpx.AsyncClient(timeout=timeout, limits=limits, transport=transport)
 
@@ -217,7 +218,9 @@ def build_upstream(
     if transport is not None or settings.upstream_transport == "httpx":
         return HttpxUpstream(client)
     return AiohttpUpstream(
-        max_connections=settings.max_connections, connect_timeout_s=settings.connect_timeout_s
+        max_connections=settings.max_connections,
+        connect_timeout_s=settings.connect_timeout_s,
+        keep_alive_s=settings.backend_keep_alive_s,
     )
 
 

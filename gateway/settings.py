@@ -64,6 +64,13 @@ class Settings(BaseSettings):
     # so a client never reuses a connection this gateway closes at the same moment; 75 s is
     # nginx's keepalive_timeout (Envoy and AWS ALB: 60 s or more)
     keep_alive_s: float = Field(default=75.0, gt=0)
+    # how long a pooled connection to a backend may stay idle before it is dropped: below the
+    # backends' own idle timeout (vLLM's VLLM_HTTP_TIMEOUT_KEEP_ALIVE, 5 s by default), so the
+    # gateway never sends a request on a connection the backend is closing at that moment (a
+    # POST is not retried). Raise both together to keep connections between bursts more than
+    # 4 s apart (a burst that finds no idle connection connects first: docs/benchmarks.md
+    # section 7, "Eleventh run")
+    backend_keep_alive_s: float = Field(default=4.0, gt=0)
     # a probe port (gateway/probe_port.py): GET /health and /ready answered from a thread of
     # their own on this port (same host), so a probe never queues behind request work on
     # the event loop; None = off. /health there answers 503 when the loop's heartbeat

@@ -31,12 +31,6 @@ from typing import Protocol
 import aiohttp
 import httpx
 
-#: Seconds a pooled connection to a backend may stay idle before it is reused: shorter than
-#: vLLM's own idle timeout (``VLLM_HTTP_TIMEOUT_KEEP_ALIVE``, 5 s by default), so the gateway
-#: never sends a request on a connection the backend is closing at that moment (aiohttp's
-#: default is 15 s; a POST it does not retry).
-BACKEND_KEEPALIVE_S = 4.0
-
 #: Headers an ``httpx.AsyncClient`` adds to every request by default.
 _HTTPX_DEFAULTS = frozenset({"accept", "accept-encoding", "user-agent", "connection"})
 
@@ -134,18 +128,21 @@ class AiohttpUpstream:
     """:class:`UpstreamClient` on one ``aiohttp.ClientSession``.
 
     ``max_connections`` caps the pool (all backends together); ``connect_timeout_s`` bounds
-    the wait for a pooled connection plus the TCP connect. The body is sent and relayed as
-    bytes: no automatic ``Content-Type``, ``Accept-Encoding`` or ``User-Agent`` is added and
-    nothing is decompressed, so the backend sees the client's headers and the client the
-    backend's bytes. Must be built inside a running event loop.
+    the wait for a pooled connection plus the TCP connect; ``keep_alive_s`` is how long an
+    idle pooled connection is kept (``Settings.backend_keep_alive_s``). The body is sent and
+    relayed as bytes: no automatic ``Content-Type``, ``Accept-Encoding`` or ``User-Agent`` is
+    added and nothing is decompressed, so the backend sees the client's headers and the client
+    the backend's bytes. Must be built inside a running event loop.
     """
 
-    def __init__(self, *, max_connections: int, connect_timeout_s: float) -> None:
+    def __init__(
+        self, *, max_connections: int, connect_timeout_s: float, keep_alive_s: float
+    ) -> None:
         self.connect_timeout_s = connect_timeout_s
         self._timeouts: dict[float, aiohttp.ClientTimeout] = {}  # by first-byte timeout
         self.session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(
-                limit=max_connections, limit_per_host=0, keepalive_timeout=BACKEND_KEEPALIVE_S
+                limit=max_connections, limit_per_host=0, keepalive_timeout=keep_alive_s
             ),
             auto_decompress=False,
             skip_auto_headers=("Content-Type", "Accept-Encoding", "User-Agent"),
