@@ -7,6 +7,7 @@ process never imports vLLM, torch or transformers.
 
 from __future__ import annotations
 
+import math
 import signal
 import time
 from pathlib import Path
@@ -22,6 +23,18 @@ from cli.serve import run_gateway
 from contracts.config import GatewayConfig
 from contracts.paths import CachePaths, default_cache_dir
 from gateway.settings import Settings
+
+#: vLLM's environment variable for its HTTP server's idle timeout (seconds, an integer; 5 by
+#: default: vllm/envs.py, 0.26 and 0.32).
+IDLE_TIMEOUT_ENV = "VLLM_HTTP_TIMEOUT_KEEP_ALIVE"
+#: How much longer (seconds) a launched server keeps an idle connection than the gateway: so
+#: the gateway drops a pooled connection before the server may close it under a request.
+IDLE_MARGIN_S = 5.0
+#: The gateway's ``backend_keep_alive_s`` when ``up`` launched every backend: a burst more
+#: than 4 s (the default) after the last then finds pooled connections instead of connecting
+#: first, which on Python 3.12 waits for the burst's last routing decision (docs/benchmarks.md
+#: section 7, "Session 20 on this machine").
+LAUNCHED_KEEP_ALIVE_S = 60.0
 
 
 def cache_paths(settings: Settings) -> CachePaths:
@@ -62,14 +75,38 @@ def vllm_python(settings: Settings, paths: CachePaths) -> Path:
     return python
 
 
-def local_backends(config: GatewayConfig, paths: CachePaths, python: Path) -> list[LocalBackend]:
-    """A :class:`LocalBackend` for every backend marked ``local: true``, model refs resolved."""
+def local_backends(
+    config: GatewayConfig, paths: CachePaths, python: Path, *, keep_alive_s: float = 4.0
+) -> list[LocalBackend]:
+    """A :class:`LocalBackend` for every backend marked ``local: true``, model refs resolved.
+
+    Each server keeps an idle connection :data:`IDLE_MARGIN_S` longer than the gateway does
+    (``keep_alive_s``, its ``backend_keep_alive_s``): vLLM's ``VLLM_HTTP_TIMEOUT_KEEP_ALIVE``,
+    unless the profile's ``env`` sets it.
+    """
+    idle = {IDLE_TIMEOUT_ENV: str(math.ceil(keep_alive_s + IDLE_MARGIN_S))}
     out = []
     for name, backend in config.backends.items():
         if backend.local and backend.profile is not None:
             profile = resolve_profile(backend.profile, paths)
+            profile = profile.model_copy(update={"env": idle | profile.env})
             out.append(LocalBackend(name, profile, python, paths.logs / f"{name}.log"))
     return out
+
+
+def launched_keep_alive(settings: Settings, config: GatewayConfig) -> Settings:
+    """``settings`` with ``backend_keep_alive_s`` at :data:`LAUNCHED_KEEP_ALIVE_S` when this
+    ``up`` launches every backend of ``config`` and sets their idle timeout
+    (:func:`local_backends`: no profile sets :data:`IDLE_TIMEOUT_ENV` itself) and
+    ``SPECGATE_BACKEND_KEEP_ALIVE_S`` is not set; else ``settings`` as they are (a server
+    started elsewhere closes idle connections at vLLM's 5 s)."""
+    launched = all(
+        b.local and b.profile is not None and IDLE_TIMEOUT_ENV not in b.profile.env
+        for b in config.backends.values()
+    )
+    if not launched or "backend_keep_alive_s" in settings.model_fields_set:
+        return settings
+    return settings.model_copy(update={"backend_keep_alive_s": LAUNCHED_KEEP_ALIVE_S})
 
 
 def preflight(backends: list[LocalBackend]) -> bool:
@@ -113,9 +150,10 @@ def up(settings: Settings, config: GatewayConfig, *, startup_timeout_s: float) -
     signal.signal(signal.SIGTERM, _interrupt)
     started = time.monotonic()
     paths = cache_paths(settings)
+    settings = launched_keep_alive(settings, config)
     try:
         python = prepare(settings)
-        backends = local_backends(config, paths, python)
+        backends = local_backends(config, paths, python, keep_alive_s=settings.backend_keep_alive_s)
         if not preflight(backends):  # before any server starts
             _say("refusing to start the local stack: fix the errors above")
             return 1

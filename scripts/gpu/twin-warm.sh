@@ -10,9 +10,10 @@
 # host's Python 3.12 a request on a pooled connection leaves within its prepare step, one
 # that connects only after the burst's last prepare (on this machine, Python 3.12, waves of
 # 64 five seconds apart against bench.fake_upstream: first token p50 +45-56 ms over direct
-# at 4 s, +21 ms at 60 s). The servers here keep idle connections 75 s
-# (VLLM_HTTP_TIMEOUT_KEEP_ALIVE), and beside plain, static (:8010), adaptive (`up`, :8000)
-# and the bare relay (:8040), three `gateway serve` on the adaptive config, state not saved,
+# at 4 s, +21 ms at 60 s). `specgate up` now launches the servers keeping idle connections
+# 65 s (VLLM_HTTP_TIMEOUT_KEEP_ALIVE) and keeps its own 60 s (cli/launch.py); beside plain,
+# static (:8010, `gateway serve`, 4 s), adaptive (`up`, :8000, 60 s) and the bare relay
+# (:8040), three more `gateway serve` on the adaptive config, state not saved,
 # canary off: adaptive-quiet (:8032, keep-alive 4 s), adaptive-warm (:8034,
 # SPECGATE_BACKEND_KEEP_ALIVE_S=60) and adaptive-turns (:8035, gateway/ of e8ede40 from
 # TURNS, default .gpu/turns, first on the path: one prepare per loop turn, keep-alive 4 s).
@@ -23,7 +24,6 @@
 #   3. one full repeat (every backend, c = 1 to 64, PER_TASK=12, order seed 11) with
 #      adaptive-warm beside the others: OUT/rw/speedup.
 set -uo pipefail
-export VLLM_HTTP_TIMEOUT_KEEP_ALIVE=75  # the servers `stack.sh up` starts inherit it
 source scripts/gpu/twin-start.sh "${1:?OUT}" || exit 1
 QUIET=(SPECGATE_STATE_PERSIST=false SPECGATE_SAMPLE_CANARY_INTERVAL_S=0)
 env "${QUIET[@]}" SPECGATE_PORT=8032 python3 -m gateway serve --config "$CONFIG" \
