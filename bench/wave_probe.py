@@ -2,11 +2,12 @@
 time to first token goes.
 
     python -m bench.wave_probe --direct URL --gateway URL --model M --prompts DIR \
-        --out sent.json [--n 48] [--waves 10]
+        --out sent.json [--n 48] [--waves 10] [--gap 0.05]
     python -m bench.wave_probe --analyse sent.json --marks marks.json
 
-The first form sends ``--waves`` waves of ``--n`` streaming chat requests at once (the
-benches' prompts of every task, 64 tokens, each task at its benches' temperature), two rounds
+The first form sends ``--waves`` waves of ``--n`` streaming chat requests at once, ``--gap``
+seconds apart (the benches' prompts of every task, 64 tokens, each task at its benches'
+temperature), two rounds
 each, alternating the server alone and the gateway (with ``X-Specgate-Speculation: off``, so
 both serve from the same server), and prints each round's time to first token. Every request
 carries an ``x-request-id``; ``--out`` gets ``{round: {id: [sent, first chunk, end]}}`` in
@@ -74,17 +75,24 @@ async def one(
 
 
 async def waves(
-    url: str, requests: list[bytes], n: int, count: int, headers: dict[str, str]
+    url: str,
+    requests: list[bytes],
+    n: int,
+    count: int,
+    headers: dict[str, str],
+    gap_s: float = 0.05,
 ) -> dict[str, list[float]]:
-    """``count`` waves of ``n`` requests at once (after one unrecorded warm-up wave), 50 ms
-    apart as bench.speedup settles; the times of the recorded ones."""
+    """``count`` waves of ``n`` requests at once (after one unrecorded warm-up wave),
+    ``gap_s`` apart (50 ms: as bench.speedup settles between targets; 5 s: as one target's
+    waves in bench.speedup, past the gateway's 4 s backend keep-alive); the times of the
+    recorded ones."""
     times: dict[str, list[float]] = {}
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=n)) as session:
         for w in range(count + 1):
             batch = [requests[(w * n + i) % len(requests)] for i in range(n)]
             into: dict[str, list[float]] = {} if w == 0 else times
             await asyncio.gather(*(one(session, url, b, headers, into) for b in batch))
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(gap_s)
     return times
 
 
@@ -106,7 +114,7 @@ async def probe(args: argparse.Namespace) -> None:
             ("gateway", args.gateway, through),
         ):
             times = await waves(
-                f"{base}/v1/chat/completions", requests, args.n, args.waves, headers
+                f"{base}/v1/chat/completions", requests, args.n, args.waves, headers, args.gap
             )
             out[f"{name}{n}"] = times
             ttft = [t[1] - t[0] for t in times.values() if len(t) == 3]
@@ -157,6 +165,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", type=Path)
     parser.add_argument("--n", type=int, default=48, help="requests a wave")
     parser.add_argument("--waves", type=int, default=10, help="recorded waves a round")
+    parser.add_argument("--gap", type=float, default=0.05, help="seconds between waves")
     parser.add_argument("--analyse", type=Path)
     parser.add_argument("--marks", type=Path)
     args = parser.parse_args(argv)
