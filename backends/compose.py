@@ -42,6 +42,7 @@ from backends.stack import (
     gateway_secret_vars,
     health_command,
     stack_backends,
+    stack_keep_alive_s,
 )
 from contracts.config import GatewayConfig
 
@@ -111,9 +112,14 @@ ENV_FILE = "docker/specgate.env"
 
 
 def _gateway_service(
-    backends: list[StackBackend], image: str, admin: AdminMode, replicas: int, redis: bool
+    backends: list[StackBackend],
+    image: str,
+    admin: AdminMode,
+    replicas: int,
+    redis: bool,
+    keep_alive_s: float | None,
 ) -> dict[str, Any]:
-    environment = gateway_environment(admin)
+    environment = gateway_environment(admin, keep_alive_s)
     for var in gateway_secret_vars(admin):
         # compose interpolation: refuse to start, naming the variable, when it is unset or empty
         environment[var] = f"${{{var}:?set {var} (e.g. in {ENV_FILE}), see docs/deploy-gpu.md}}"
@@ -201,7 +207,9 @@ def build_compose(
     config_text = dump_yaml(gateway_config_data(config, backends, REDIS_SERVICE))
     if redis:
         services[REDIS_SERVICE] = _redis_service()
-    services["gateway"] = _gateway_service(backends, gateway_image, admin, gateway_replicas, redis)
+    services["gateway"] = _gateway_service(
+        backends, gateway_image, admin, gateway_replicas, redis, stack_keep_alive_s(config)
+    )
     data = {
         "name": "specgate",
         "services": services,

@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 import yaml
 
+from backends.keep_alive import launched_keep_alive_s, with_idle_timeout
 from backends.models import LOCAL_PREFIX
 from contracts.config import GatewayConfig
 from contracts.launch_profile import BackendProfile, build_serve_args
@@ -83,13 +84,22 @@ def service_name(backend: str) -> str:
     return f"vllm-{label}"[:63].rstrip("-")
 
 
+def stack_keep_alive_s(config: GatewayConfig) -> float | None:
+    """How long the deployed gateway keeps idle connections to the servers (seconds), when
+    the stack runs every backend of ``config`` (:func:`backends.keep_alive.launched_keep_alive_s`);
+    None (the gateway's default) when one runs elsewhere."""
+    return launched_keep_alive_s(b.profile for b in config.backends.values())
+
+
 def stack_backends(config: GatewayConfig) -> list[StackBackend]:
-    """The config's backends that have a launch profile, as services.
+    """The config's backends that have a launch profile, as services, each keeping idle
+    connections longer than the gateway (:func:`stack_keep_alive_s`) when it keeps them long.
 
     Raises :class:`StackError` for a ``local:`` model (a folder built on this machine that no
     container has) or two backends whose service names collide.
     """
     out: list[StackBackend] = []
+    keep_alive_s = stack_keep_alive_s(config)
     for name, backend in config.backends.items():
         profile = backend.profile
         if profile is None:
@@ -101,6 +111,8 @@ def stack_backends(config: GatewayConfig) -> list[StackBackend]:
                     "models prepare`; containers need a Hugging Face id or a mounted path"
                 )
         container = profile.model_copy(update={"host": "0.0.0.0"})
+        if keep_alive_s is not None:
+            container = with_idle_timeout(container, keep_alive_s)
         out.append(StackBackend(name, service_name(name), container, build_serve_args(container)))
     services = [b.service for b in out]
     if len(set(services)) != len(services):
@@ -151,11 +163,13 @@ def dump_yaml_all(documents: list[Any]) -> str:
     return yaml.dump_all(documents, Dumper=_Dumper, sort_keys=False, width=100)
 
 
-def gateway_environment(admin: AdminMode) -> dict[str, str]:
+def gateway_environment(admin: AdminMode, keep_alive_s: float | None = None) -> dict[str, str]:
     """The gateway container's plain (non-secret) variables: where it listens, its config,
     where it keeps what adaptive routing learnt (the writable /tmp of its own container: each
-    replica learns on its own and keeps it across container restarts, see the README), and
-    ``SPECGATE_ADMIN_ENABLED=false`` when ``admin`` is ``off``."""
+    replica learns on its own and keeps it across container restarts, see the README),
+    ``SPECGATE_ADMIN_ENABLED=false`` when ``admin`` is ``off``, and
+    ``SPECGATE_BACKEND_KEEP_ALIVE_S`` when ``keep_alive_s`` (seconds) is given
+    (:func:`stack_keep_alive_s`)."""
     env = {
         "SPECGATE_CONFIG": GATEWAY_CONFIG_PATH,
         "SPECGATE_HOST": "0.0.0.0",
@@ -164,6 +178,8 @@ def gateway_environment(admin: AdminMode) -> dict[str, str]:
     }
     if admin == "off":
         env["SPECGATE_ADMIN_ENABLED"] = "false"
+    if keep_alive_s is not None:
+        env["SPECGATE_BACKEND_KEEP_ALIVE_S"] = f"{keep_alive_s:g}"
     return env
 
 

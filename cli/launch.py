@@ -7,7 +7,6 @@ process never imports vLLM, torch or transformers.
 
 from __future__ import annotations
 
-import math
 import signal
 import time
 from pathlib import Path
@@ -15,6 +14,7 @@ from types import FrameType
 
 from backends.checks import check_profiles
 from backends.embedding_files import prepare_embedding
+from backends.keep_alive import launched_keep_alive_s, with_idle_timeout
 from backends.launcher import BackendError, LocalBackend, LocalStack
 from backends.models import prepare_models, resolve_profile
 from backends.supervisor import RestartPolicy, Supervisor
@@ -23,18 +23,6 @@ from cli.serve import run_gateway
 from contracts.config import GatewayConfig
 from contracts.paths import CachePaths, default_cache_dir
 from gateway.settings import Settings
-
-#: vLLM's environment variable for its HTTP server's idle timeout (seconds, an integer; 5 by
-#: default: vllm/envs.py, 0.26 and 0.32).
-IDLE_TIMEOUT_ENV = "VLLM_HTTP_TIMEOUT_KEEP_ALIVE"
-#: How much longer (seconds) a launched server keeps an idle connection than the gateway: so
-#: the gateway drops a pooled connection before the server may close it under a request.
-IDLE_MARGIN_S = 5.0
-#: The gateway's ``backend_keep_alive_s`` when ``up`` launched every backend: a burst more
-#: than 4 s (the default) after the last then finds pooled connections instead of connecting
-#: first, which on Python 3.12 waits for the burst's last routing decision (docs/benchmarks.md
-#: section 7, "Session 20 on this machine").
-LAUNCHED_KEEP_ALIVE_S = 60.0
 
 
 def cache_paths(settings: Settings) -> CachePaths:
@@ -78,35 +66,27 @@ def vllm_python(settings: Settings, paths: CachePaths) -> Path:
 def local_backends(
     config: GatewayConfig, paths: CachePaths, python: Path, *, keep_alive_s: float = 4.0
 ) -> list[LocalBackend]:
-    """A :class:`LocalBackend` for every backend marked ``local: true``, model refs resolved.
-
-    Each server keeps an idle connection :data:`IDLE_MARGIN_S` longer than the gateway does
-    (``keep_alive_s``, its ``backend_keep_alive_s``): vLLM's ``VLLM_HTTP_TIMEOUT_KEEP_ALIVE``,
-    unless the profile's ``env`` sets it.
-    """
-    idle = {IDLE_TIMEOUT_ENV: str(math.ceil(keep_alive_s + IDLE_MARGIN_S))}
+    """A :class:`LocalBackend` for every backend marked ``local: true``, model refs resolved,
+    each server keeping idle connections longer than the gateway does (``keep_alive_s``, its
+    ``backend_keep_alive_s``: :func:`backends.keep_alive.with_idle_timeout`)."""
     out = []
     for name, backend in config.backends.items():
         if backend.local and backend.profile is not None:
-            profile = resolve_profile(backend.profile, paths)
-            profile = profile.model_copy(update={"env": idle | profile.env})
+            profile = with_idle_timeout(resolve_profile(backend.profile, paths), keep_alive_s)
             out.append(LocalBackend(name, profile, python, paths.logs / f"{name}.log"))
     return out
 
 
 def launched_keep_alive(settings: Settings, config: GatewayConfig) -> Settings:
-    """``settings`` with ``backend_keep_alive_s`` at :data:`LAUNCHED_KEEP_ALIVE_S` when this
-    ``up`` launches every backend of ``config`` and sets their idle timeout
-    (:func:`local_backends`: no profile sets :data:`IDLE_TIMEOUT_ENV` itself) and
-    ``SPECGATE_BACKEND_KEEP_ALIVE_S`` is not set; else ``settings`` as they are (a server
-    started elsewhere closes idle connections at vLLM's 5 s)."""
-    launched = all(
-        b.local and b.profile is not None and IDLE_TIMEOUT_ENV not in b.profile.env
-        for b in config.backends.values()
-    )
-    if not launched or "backend_keep_alive_s" in settings.model_fields_set:
+    """``settings`` with ``backend_keep_alive_s`` at
+    :data:`backends.keep_alive.LAUNCHED_KEEP_ALIVE_S` when this ``up`` launches every backend
+    of ``config`` and sets their idle timeout (:func:`backends.keep_alive.launched_keep_alive_s`)
+    and ``SPECGATE_BACKEND_KEEP_ALIVE_S`` is not set; else ``settings`` as they are."""
+    profiles = [b.profile if b.local else None for b in config.backends.values()]
+    keep_alive_s = launched_keep_alive_s(profiles)
+    if keep_alive_s is None or "backend_keep_alive_s" in settings.model_fields_set:
         return settings
-    return settings.model_copy(update={"backend_keep_alive_s": LAUNCHED_KEEP_ALIVE_S})
+    return settings.model_copy(update={"backend_keep_alive_s": keep_alive_s})
 
 
 def preflight(backends: list[LocalBackend]) -> bool:

@@ -325,3 +325,32 @@ def test_without_redis_no_redis_is_generated_and_replicas_are_warned() -> None:
         "redis" not in services and "SPECGATE_STATE_URL" not in services["gateway"]["environment"]
     )
     assert "replicas learn alone" not in build_manifests(embedded, SOURCE, gateway_replicas=1)
+
+
+@pytest.mark.parametrize("external", [False, True])
+def test_servers_outlast_the_gateways_keep_alive_when_the_stack_runs_them(external: bool) -> None:
+    """The deployed servers keep idle connections 65 s and the gateway 60 s when the files
+    run every backend; with a server run elsewhere (vLLM's 5 s) neither is set."""
+    data = yaml.safe_load((ROOT / SOURCE).read_text())
+    if external:
+        data["backends"]["far"] = {"url": "http://10.0.0.9:8000", "model": "m"}
+        data["pools"]["plain"] = [*data["pools"]["plain"], "far"]
+    config = parse_config(data)
+    services = yaml.safe_load(build_compose(config, SOURCE))["services"]
+    docs = load_all(build_manifests(config, SOURCE))
+    containers = {
+        d["metadata"]["name"]: d["spec"]["template"]["spec"]["containers"][0]
+        for d in docs
+        if d["kind"] == "Deployment"
+    }
+    k8s_env = {
+        name: {e["name"]: e.get("value") for e in c.get("env", [])}
+        for name, c in containers.items()
+    }
+    server = None if external else "65"
+    gateway = None if external else "60"
+    for name in ("vllm-plain", "vllm-ngram", "vllm-draft", "vllm-eagle3"):
+        assert services[name]["environment"].get("VLLM_HTTP_TIMEOUT_KEEP_ALIVE") == server
+        assert k8s_env[name].get("VLLM_HTTP_TIMEOUT_KEEP_ALIVE") == server
+    assert services["gateway"]["environment"].get("SPECGATE_BACKEND_KEEP_ALIVE_S") == gateway
+    assert k8s_env["specgate-gateway"].get("SPECGATE_BACKEND_KEEP_ALIVE_S") == gateway
