@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 import yaml
 
-from backends.keep_alive import launched_keep_alive_s, with_idle_timeout
+from backends.keep_alive import DEFAULT_KEEP_ALIVE_S, gateway_keep_alive_s, with_idle_timeout
 from backends.models import LOCAL_PREFIX
 from contracts.config import GatewayConfig
 from contracts.launch_profile import BackendProfile, build_serve_args
@@ -85,15 +85,18 @@ def service_name(backend: str) -> str:
 
 
 def stack_keep_alive_s(config: GatewayConfig) -> float | None:
-    """How long the deployed gateway keeps idle connections to the servers (seconds), when
-    the stack runs every backend of ``config`` (:func:`backends.keep_alive.launched_keep_alive_s`);
-    None (the gateway's default) when one runs elsewhere."""
-    return launched_keep_alive_s(b.profile for b in config.backends.values())
+    """How long the deployed gateway keeps idle connections to the servers (seconds), as
+    :func:`backends.keep_alive.gateway_keep_alive_s` gives it for the servers the stack runs
+    (every backend with a profile); None when that is the gateway's default."""
+    profiles = [b.profile for b in config.backends.values()]
+    keep_alive_s = gateway_keep_alive_s(profiles, DEFAULT_KEEP_ALIVE_S, explicit=False)
+    return None if keep_alive_s == DEFAULT_KEEP_ALIVE_S else keep_alive_s
 
 
 def stack_backends(config: GatewayConfig) -> list[StackBackend]:
     """The config's backends that have a launch profile, as services, each keeping idle
-    connections longer than the gateway (:func:`stack_keep_alive_s`) when it keeps them long.
+    connections longer than the gateway (:func:`stack_keep_alive_s`) when that is not its
+    default.
 
     Raises :class:`StackError` for a ``local:`` model (a folder built on this machine that no
     container has) or two backends whose service names collide.

@@ -76,7 +76,7 @@ def launched(config_path: Path, work: Path, logs: Path) -> Iterator[tuple[Gatewa
     """Start the local backends and the gateway (their logs in ``logs``); yield (config in
     use, gateway URL)."""
     from backends.launcher import LocalStack
-    from cli.launch import cache_paths, local_backends, prepare
+    from cli.launch import cache_paths, launched_keep_alive, local_backends, prepare
     from gateway.settings import Settings
 
     free = available_gib()
@@ -86,9 +86,10 @@ def launched(config_path: Path, work: Path, logs: Path) -> Iterator[tuple[Gatewa
     config = parse_config(data, str(config_path))
     launched_path = work / "speedup-config.yaml"
     launched_path.write_text(yaml.safe_dump(data, sort_keys=False))
-    settings = Settings(config=launched_path)
+    settings = launched_keep_alive(Settings(config=launched_path), config)  # as `up` does
     python = prepare(settings)
-    backends = local_backends(config, cache_paths(settings), python)
+    keep_alive_s = settings.backend_keep_alive_s
+    backends = local_backends(config, cache_paths(settings), python, keep_alive_s=keep_alive_s)
     for backend in backends:  # not the cache's logs/: a `specgate up` may be writing there
         backend.log_path = logs / f"{backend.name}.log"
     stack = LocalStack(backends, timeout_s=600, log=tqdm.write)
@@ -107,7 +108,10 @@ def launched(config_path: Path, work: Path, logs: Path) -> Iterator[tuple[Gatewa
         ],
         ready_url=f"http://127.0.0.1:{port}/ready",
         log_path=logs / "gateway.log",
-        env={"SPECGATE_STATE_FILE": str(work / "gateway-state.json")},  # starts fresh
+        env={  # starts fresh
+            "SPECGATE_STATE_FILE": str(work / "gateway-state.json"),
+            "SPECGATE_BACKEND_KEEP_ALIVE_S": f"{keep_alive_s:g}",
+        },
     )
     with stack, gateway:
         yield config, f"http://127.0.0.1:{port}"

@@ -14,7 +14,7 @@ from types import FrameType
 
 from backends.checks import check_profiles
 from backends.embedding_files import prepare_embedding
-from backends.keep_alive import launched_keep_alive_s, with_idle_timeout
+from backends.keep_alive import VLLM_IDLE_TIMEOUT_S, gateway_keep_alive_s, with_idle_timeout
 from backends.launcher import BackendError, LocalBackend, LocalStack
 from backends.models import prepare_models, resolve_profile
 from backends.supervisor import RestartPolicy, Supervisor
@@ -64,7 +64,7 @@ def vllm_python(settings: Settings, paths: CachePaths) -> Path:
 
 
 def local_backends(
-    config: GatewayConfig, paths: CachePaths, python: Path, *, keep_alive_s: float = 4.0
+    config: GatewayConfig, paths: CachePaths, python: Path, *, keep_alive_s: float
 ) -> list[LocalBackend]:
     """A :class:`LocalBackend` for every backend marked ``local: true``, model refs resolved,
     each server keeping idle connections longer than the gateway does (``keep_alive_s``, its
@@ -78,13 +78,27 @@ def local_backends(
 
 
 def launched_keep_alive(settings: Settings, config: GatewayConfig) -> Settings:
-    """``settings`` with ``backend_keep_alive_s`` at
-    :data:`backends.keep_alive.LAUNCHED_KEEP_ALIVE_S` when this ``up`` launches every backend
-    of ``config`` and sets their idle timeout (:func:`backends.keep_alive.launched_keep_alive_s`)
-    and ``SPECGATE_BACKEND_KEEP_ALIVE_S`` is not set; else ``settings`` as they are."""
-    profiles = [b.profile if b.local else None for b in config.backends.values()]
-    keep_alive_s = launched_keep_alive_s(profiles)
-    if keep_alive_s is None or "backend_keep_alive_s" in settings.model_fields_set:
+    """``settings`` with ``backend_keep_alive_s`` as :func:`backends.keep_alive.
+    gateway_keep_alive_s` gives it for the servers this ``up`` launches (60 s when it
+    launches every backend and ``SPECGATE_BACKEND_KEEP_ALIVE_S`` is not set; below a
+    profile's own idle timeout). A backend whose ``url`` is not its profile's is not
+    launched here as far as the gateway's connections go. Warns when the setting is at or
+    above vLLM's default idle timeout (5 s) and a backend runs elsewhere."""
+    launched = {
+        name: b.profile if b.local and b.profile and b.base_url == b.profile.url else None
+        for name, b in config.backends.items()
+    }
+    explicit = "backend_keep_alive_s" in settings.model_fields_set
+    current = settings.backend_keep_alive_s
+    elsewhere = [name for name, p in launched.items() if p is None]
+    if explicit and current >= VLLM_IDLE_TIMEOUT_S and elsewhere:
+        _say(
+            f"warning: SPECGATE_BACKEND_KEEP_ALIVE_S={current:g} s: keep it below the idle "
+            f"timeout of {', '.join(elsewhere)} (run elsewhere; vLLM's default is "
+            f"{VLLM_IDLE_TIMEOUT_S:g} s), or a request can meet a connection it is closing"
+        )
+    keep_alive_s = gateway_keep_alive_s(launched.values(), current, explicit)
+    if keep_alive_s == current:
         return settings
     return settings.model_copy(update={"backend_keep_alive_s": keep_alive_s})
 

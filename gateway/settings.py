@@ -69,7 +69,8 @@ class Settings(BaseSettings):
     # gateway never sends a request on a connection the backend is closing at that moment (a
     # POST is not retried). Raise both together to keep connections between bursts more than
     # 4 s apart (a burst that finds no idle connection connects first: docs/benchmarks.md
-    # section 7, "Eleventh run")
+    # section 7, "Session 20 on this machine"). `specgate up` and the generated deployments
+    # raise both when they launch every backend (backends/keep_alive.py)
     backend_keep_alive_s: float = Field(default=4.0, gt=0)
     # a probe port (gateway/probe_port.py): GET /health and /ready answered from a thread of
     # their own on this port (same host), so a probe never queues behind request work on

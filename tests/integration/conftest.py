@@ -58,7 +58,9 @@ def stack_config() -> Iterator[GatewayConfig]:
     settings = Settings()
     python = prepare(settings)
     config = parse_config(local_config_data(), "config/local.yaml (test ports)")
-    with LocalStack(local_backends(config, cache_paths(settings), python), timeout_s=600):
+    keep_alive_s = settings.backend_keep_alive_s  # the tests' gateways: Settings() too
+    backends = local_backends(config, cache_paths(settings), python, keep_alive_s=keep_alive_s)
+    with LocalStack(backends, timeout_s=600):
         yield config
 
 

@@ -95,7 +95,10 @@ def live() -> Iterator[Live]:
     data["pools"] = {"plain": ["plain"], "speculative": ["ngram"]}
     config = parse_config(data, "config/local.yaml (plain, ngram; no guards)")
     policy = RestartPolicy(backoff_s=1, max_restarts=5, window_s=600)
-    with LocalStack(local_backends(config, cache_paths(settings), python), timeout_s=600) as stack:
+    backends = local_backends(
+        config, cache_paths(settings), python, keep_alive_s=settings.backend_keep_alive_s
+    )
+    with LocalStack(backends, timeout_s=600) as stack:
         with Supervisor(stack, policy, startup_timeout_s=300, log=print) as supervisor:
             app = create_app(settings, config=config, processes=supervisor.view)
             with running_server(app) as url:
