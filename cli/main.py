@@ -8,6 +8,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from cli.backends import add_backends_commands, run_backends_command
 from cli.drafts import add_drafts_commands, run_drafts_command
 from cli.serve import basic_logging, run_gateway
@@ -67,9 +69,23 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
-    """Settings from ``SPECGATE_*`` variables, overridden by the flags given."""
-    overrides = {k: getattr(args, k) for k in ("config", "host", "port") if getattr(args, k)}
+    """Settings from ``SPECGATE_*`` variables, overridden by the flags given (those a command
+    has). Raises ``pydantic.ValidationError`` for a value that is not valid
+    (:func:`settings_problem` words it)."""
+    names = ("config", "host", "port")
+    overrides = {k: getattr(args, k) for k in names if getattr(args, k, None)}
     return Settings(**overrides)
+
+
+def settings_problem(exc: ValidationError) -> str:
+    """One line per invalid setting, named as its variable: ``SPECGATE_X='abc': Input should
+    be a valid number, ...``."""
+    lines = [
+        f"{Settings.model_config['env_prefix']}{'.'.join(map(str, e['loc'])).upper()}"
+        f"={e['input']!r}: {e['msg']}"
+        for e in exc.errors()
+    ]
+    return "specgate: invalid settings:\n  " + "\n  ".join(lines)
 
 
 def describe(config: GatewayConfig) -> str:
@@ -177,12 +193,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         from cli.launch import prepare
 
         try:
-            prepare(Settings())
+            prepare(settings_from_args(args))
+        except ValidationError as exc:
+            print(settings_problem(exc), file=sys.stderr)
+            return 1
         except SetupError as exc:
             print(f"specgate: models prepare failed: {exc}", file=sys.stderr)
             return 1
         return 0
-    settings = settings_from_args(args)
+    try:
+        settings = settings_from_args(args)
+    except ValidationError as exc:
+        print(settings_problem(exc), file=sys.stderr)
+        return 1
     try:
         config = settings.load_config()
     except ConfigError as exc:

@@ -71,7 +71,7 @@ class Settings(BaseSettings):
     # 4 s apart (a burst that finds no idle connection connects first: docs/benchmarks.md
     # section 7, "Session 20 on this machine"). `specgate up` and the generated deployments
     # raise both when they launch every backend (backends/keep_alive.py)
-    backend_keep_alive_s: float = Field(default=4.0, gt=0)
+    backend_keep_alive_s: float = Field(default=4.0, gt=0, allow_inf_nan=False)
     # a probe port (gateway/probe_port.py): GET /health and /ready answered from a thread of
     # their own on this port (same host), so a probe never queues behind request work on
     # the event loop; None = off. /health there answers 503 when the loop's heartbeat
