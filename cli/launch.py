@@ -158,6 +158,7 @@ def up(settings: Settings, config: GatewayConfig, *, startup_timeout_s: float) -
                 f"gateway on http://{settings.host}:{settings.port}"
             )
             run_gateway(settings, config, processes=watching.view)
+        _say("gateway stopped: stopped every backend this started")
     except (BackendError, SetupError) as exc:
         _say(f"cannot start the local stack: {exc}")
         return 1

@@ -44,3 +44,23 @@ def test_up_refuses_a_draft_with_another_vocabulary_before_any_server_starts(
     assert started == []
     assert "error: backend 'spec': speculation.model: draft vocab_size 151936" in out
     assert "refusing to start the local stack" in out
+
+
+def test_up_says_when_it_stopped_the_backends_it_started(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """uvicorn takes Ctrl-C itself and returns: ``up`` then stops its servers and says so."""
+    events: list[str] = []
+    monkeypatch.setattr(launch, "prepare", lambda _settings: Path(tmp_path / "python"))
+    monkeypatch.setattr(launcher.LocalBackend, "start", lambda self: events.append("start"))
+    monkeypatch.setattr(launcher.LocalBackend, "wait_healthy", lambda self, *_a, **_k: 0.1)
+    monkeypatch.setattr(
+        launcher.LocalBackend, "stop", lambda self, *_a, **_k: events.append("stop")
+    )
+    monkeypatch.setattr(launch, "run_gateway", lambda *_a, **_k: events.append("served"))
+    monkeypatch.setenv("SPECGATE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(launch.signal, "signal", lambda *_args: None)  # keep pytest's SIGTERM
+    config = parse_config(config_with_draft(TARGET), "test")
+    assert launch.up(Settings(), config, startup_timeout_s=5) == 0
+    assert events[:2] == ["start", "served"] and "stop" in events[2:]
+    assert "gateway stopped: stopped every backend this started" in capsys.readouterr().out
