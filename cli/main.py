@@ -175,9 +175,22 @@ def cmd_explain(config_path: Path, task_type: str | None, speculation: str | Non
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``specgate`` console script; returns the exit code."""
+    """Entry point of the ``specgate`` console script; returns the exit code. An invalid
+    ``SPECGATE_*`` variable, in whichever command reads the settings, ends it with
+    :func:`settings_problem`'s lines (exit 1) instead of a traceback."""
     args = build_parser().parse_args(argv)
     basic_logging()
+    try:
+        return run_command(args)
+    except ValidationError as exc:
+        if exc.title != Settings.__name__:
+            raise
+        print(settings_problem(exc), file=sys.stderr)
+        return 1
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Run the parsed command; returns its exit code."""
     if args.command == "config":
         return cmd_config_check(args.file or args.config_file)
     if args.command == "explain":
@@ -194,18 +207,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         try:
             prepare(settings_from_args(args))
-        except ValidationError as exc:
-            print(settings_problem(exc), file=sys.stderr)
-            return 1
         except SetupError as exc:
             print(f"specgate: models prepare failed: {exc}", file=sys.stderr)
             return 1
         return 0
-    try:
-        settings = settings_from_args(args)
-    except ValidationError as exc:
-        print(settings_problem(exc), file=sys.stderr)
-        return 1
+    settings = settings_from_args(args)
     try:
         config = settings.load_config()
     except ConfigError as exc:

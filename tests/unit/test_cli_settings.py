@@ -3,6 +3,8 @@ traceback, before anything starts."""
 
 from __future__ import annotations
 
+import io
+
 import pytest
 
 from cli.main import main
@@ -44,3 +46,17 @@ def test_models_prepare_names_an_invalid_setting(
     monkeypatch.setenv("SPECGATE_PORT", "x")
     assert main(["models", "prepare"]) == 1
     assert "SPECGATE_PORT='x': Input should be a valid integer" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", [["config", "check", LOCAL], ["explain", "--config", LOCAL]])
+def test_every_command_that_reads_the_settings_names_an_invalid_one(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], command: list[str]
+) -> None:
+    monkeypatch.setenv("SPECGATE_BACKEND_KEEP_ALIVE_S", "nan")
+    monkeypatch.setattr(
+        "sys.stdin", io.StringIO('{"messages": [{"role": "user", "content": "hi"}]}')
+    )
+    assert main(command) == 1
+    assert "SPECGATE_BACKEND_KEEP_ALIVE_S='nan': Input should be a finite number" in (
+        capsys.readouterr().err
+    )
