@@ -195,8 +195,12 @@ def parse_json(raw: bytes) -> Any:
     """Decode a JSON body; malformed JSON, invalid UTF-8 or absurd nesting is a 400."""
     try:
         return json.loads(raw)
-    except (ValueError, RecursionError):
+    except ValueError:
         raise bad_request("The request body is not valid JSON.", code="invalid_json") from None
+    except RecursionError:
+        raise bad_request(
+            "The request body nests JSON arrays or objects too deeply.", code="invalid_json"
+        ) from None
 
 
 async def prompt_tokens(

@@ -87,6 +87,18 @@ async def test_bodies_that_are_no_json_object_get_400(gw: InProcess, content: by
     assert not any(f.received for f in gw.fakes.values())
 
 
+async def test_json_nested_too_deeply_is_named_as_such(gw: InProcess) -> None:
+    """Well-formed JSON nested past Python's recursion limit: a 400 that says why, not
+    "not valid JSON" (it is valid)."""
+    deep = b'{"model": "%s", "prompt": %s}' % (MODEL.encode(), b"[" * 5000 + b"]" * 5000)
+    resp = await gw.client.post("/v1/completions", content=deep)
+    assert_envelope(resp, 400)
+    assert resp.json()["error"]["message"] == (
+        "The request body nests JSON arrays or objects too deeply."
+    )
+    assert not any(f.received for f in gw.fakes.values())
+
+
 @pytest.mark.parametrize(
     "body",
     [
