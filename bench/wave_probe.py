@@ -32,6 +32,7 @@ from pathlib import Path
 
 import aiohttp
 
+from bench.load import percentile
 from bench.workloads import TEMPERATURE
 
 
@@ -97,9 +98,8 @@ async def waves(
 
 
 def quantiles(values: Sequence[float]) -> str:
-    """p10/p50/p90 of ``values`` in ms."""
-    v = sorted(values)
-    return "/".join(f"{1000 * v[min(len(v) - 1, int(q * len(v)))]:.1f}" for q in (0.1, 0.5, 0.9))
+    """p10/p50/p90 of ``values`` (seconds) in ms, "p10/p50/p90" (:func:`bench.load.percentile`)."""
+    return "/".join(f"{1000 * percentile(list(values), q):.1f}" for q in (10, 50, 90))
 
 
 async def probe(args: argparse.Namespace) -> None:
