@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 import pytest
 from aiohttp import web
 
+from gateway.runtime import build_client
 from gateway.settings import Settings
 from gateway.upstream.client import AiohttpUpstream
 
@@ -74,3 +75,19 @@ async def test_an_idle_connection_is_dropped_after_the_keep_alive(
     backend: tuple[str, set[int]],
 ) -> None:
     assert await connections_for_two_requests(*backend, keep_alive_s=0.2) == 2
+
+
+@pytest.mark.parametrize(("keep_alive_s", "connections"), [(5.0, 1), (0.2, 2)])
+async def test_the_httpx_client_keeps_connections_as_long(
+    backend: tuple[str, set[int]], keep_alive_s: float, connections: int
+) -> None:
+    """The health poller's and canaries' client (and the forwarder's with
+    ``SPECGATE_UPSTREAM_TRANSPORT=httpx``) reads the same setting."""
+    url, ports = backend
+    client = build_client(Settings(backend_keep_alive_s=keep_alive_s), None)
+    async with client:
+        for gap in (0.0, 0.5):
+            await asyncio.sleep(gap)
+            response = await client.post(url, content=b"{}")
+            assert response.status_code == 200 and response.content == b"{}"
+    assert len(ports) == connections
