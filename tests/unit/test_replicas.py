@@ -12,7 +12,10 @@ from typing import Any
 
 import httpx
 import pytest
+from redis.asyncio import Redis
 
+from gateway.speculation.spec_params import SpecParams
+from gateway.state.refusals import RefusalMirror
 from tests.fakes.fleet import Fleet, RedisProcess, redis_config, running_fleet, running_redis
 from tests.unit.conftest import MODEL, local_config
 
@@ -227,6 +230,22 @@ async def test_a_speculation_refusal_learnt_by_one_replica_is_known_to_all(fleet
             ok = await client.post(f"{url}/v1/completions", json=body, headers=CODE_TASK)
             assert ok.status_code == 200
         assert len(fleet.fakes[refused_by].received) == before
+
+
+async def test_a_refusal_of_a_field_every_request_sets_is_not_adopted(
+    redis_server: RedisProcess,
+) -> None:
+    """A replica from before ``NEVER_REFUSED`` could have published ``model`` (learnt from a
+    message quoting the request); adopting it would take speculation from every request."""
+    client = Redis.from_url(redis_server.url, decode_responses=True)
+    try:
+        await client.sadd("p:spec-refusals", "eagle3 /v1/completions model")
+        await client.sadd("p:spec-refusals", "eagle3 /v1/completions top_k")
+        params = SpecParams()
+        await RefusalMirror(params, prefix="p").sync(client)
+        assert params.learnt == {("eagle3", "/v1/completions"): {"top_k"}}
+    finally:
+        await client.aclose()
 
 
 async def test_a_response_stored_through_one_replica_is_reached_through_all(fleet: Fleet) -> None:

@@ -12,7 +12,7 @@ from contracts.config import GatewayConfig
 from gateway.classify.features import RequestFeatures
 from gateway.routing.policy import BackendSnapshot, RoutingPolicy
 from gateway.settle import Settle
-from gateway.speculation.spec_params import SpecParams, names_speculation
+from gateway.speculation.spec_params import NEVER_REFUSED, SpecParams, refusal_message
 from tests.unit.conftest import MODEL, InProcess, local_config
 
 CODE = {"model": MODEL, "prompt": "def add(a, b):", "temperature": 0, "max_tokens": 8}
@@ -70,13 +70,66 @@ def test_learning_from_a_backend_message() -> None:
     message = (
         "The repetition_penalty and top_k parameters are not supported with speculative decoding."
     )
-    assert names_speculation(message)
+    assert refusal_message(json.dumps({"error": {"message": message}})) == message
     assert params.learn("ngram", "/v1/chat/completions", body, message) == ("repetition_penalty",)
     assert params.refused(
         {"repetition_penalty": 1.1}, {"ngram", "draft_model"}, "/v1/chat/completions"
     ) == {"ngram": ("repetition_penalty",)}
     assert params.refused({"repetition_penalty": 1.1}, {"ngram"}, "/v1/completions") == {}
     assert params.snapshot()["learnt"] == {"ngram /v1/chat/completions": ["repetition_penalty"]}
+
+
+TRACE_IDS = "trace_decode_token_ids is not supported with speculative decoding."
+LOGITS_PROCESSORS = (
+    "Custom logits processors are not supported when speculative decoding is enabled."
+)
+
+
+def error(message: str) -> str:
+    return json.dumps({"error": {"message": message, "type": "BadRequestError", "code": 400}})
+
+
+@pytest.mark.parametrize(
+    ("text", "refusal"),
+    [
+        (error(VLLM_MESSAGE), VLLM_MESSAGE),
+        (json.dumps({"object": "error", "message": VLLM_MESSAGE}), VLLM_MESSAGE),  # older vLLM
+        (error(f"Bad request. {TRACE_IDS}"), TRACE_IDS),  # the refusing sentence only
+        (error(LOGITS_PROCESSORS), LOGITS_PROCESSORS),
+        # a stream's ordinary chunk whose text (an echoed prompt, an answer) says it
+        (
+            json.dumps({"choices": [{"text": "error: not supported with speculative decoding"}]}),
+            None,
+        ),
+        # a validation error quoting the client's own input back (pydantic's input_value)
+        (
+            error(
+                "1 validation error for CompletionRequest\ntop_k\n  Input should be a valid "
+                "integer [type=int_parsing, input_value='min_p is not supported with "
+                "speculative decoding', input_type=str]"
+            ),
+            None,
+        ),
+        (error("Fix this speculative decoding error in my code"), None),  # names it, no refusal
+        (error("The model `x` does not exist."), None),
+        ("speculative decoding is not supported", None),  # no JSON error envelope
+        ("[1, 2]", None),
+        ("{", None),
+    ],
+)
+def test_what_counts_as_a_refusal(text: str, refusal: str | None) -> None:
+    assert refusal_message(text) == refusal
+
+
+def test_the_fields_every_request_sets_are_never_learnt() -> None:
+    """A refusal naming ``model`` or ``prompt`` (as a message quoting the request might)
+    must not refuse every request."""
+    params = SpecParams()
+    body = {"model": MODEL, "prompt": "x", "stream": True, "top_k": 5}
+    message = "model, prompt, stream and top_k are not supported with speculative decoding."
+    assert params.learn("eagle3", "/v1/completions", body, message) == ("top_k",)
+    assert params.refused({"model": MODEL, "prompt": "y"}, {"eagle3"}, "/v1/completions") == {}
+    assert {"model", "prompt", "messages", "input", "stream"} <= NEVER_REFUSED
 
 
 def test_policy_passes_over_refusing_methods_for_plain() -> None:
@@ -163,6 +216,30 @@ async def test_a_new_refusal_is_learnt_and_retried_on_plain(gw: InProcess, strea
     assert sum(total.values()) - total["plain"] <= 3  # each method refused at most once
 
 
+@pytest.mark.parametrize("stream", [False, True])
+async def test_client_text_about_speculative_decoding_is_no_refusal(
+    gw: InProcess, stream: bool
+) -> None:
+    """An echoed prompt saying "speculative decoding error" is the answer's first chunk, not
+    a refusal: the speculative backend's answer reaches the client and nothing is learnt."""
+    body = CODE | {
+        "prompt": "Fix this speculative decoding error in my code:",
+        "echo": True,
+        "stream": stream,
+    }
+    for _ in range(3):
+        resp = await gw.client.post("/v1/completions", json=body)
+        assert resp.status_code == 200
+        assert resp.headers["x-specgate-backend"] in METHODS
+        assert "speculative decoding error" in resp.text
+    assert served(gw).get("plain") is None
+    refuses = (await gw.client.get("/routes")).json()["decisions"]["speculation_refuses"]
+    assert refuses["learnt"] == {} and refuses["refusals"] == 0
+    on = {"x-specgate-speculation": "on"}
+    resp = await gw.client.post("/v1/completions", json=CODE, headers=on)
+    assert resp.status_code == 200 and resp.headers["x-specgate-backend"] in METHODS
+
+
 async def test_speculative_only_when_nothing_else_is_healthy(gw: InProcess) -> None:
     refusing(gw)  # these fakes would serve it (another vLLM version)
     gw.fakes["plain"].healthy = False
@@ -178,7 +255,7 @@ async def test_refusal_without_another_backend_reaches_the_client(gw: InProcess)
     await gw.poll()
     resp = await gw.client.post("/v1/completions", json=CODE | {"min_p": 0.05})
     assert resp.status_code == 400
-    assert names_speculation(resp.json()["error"]["message"])
+    assert refusal_message(resp.text) == VLLM_MESSAGE.replace("min_p and logit_bias", "min_p")
 
 
 async def test_refused_attempt_is_not_traced_as_served(gw: InProcess) -> None:
