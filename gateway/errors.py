@@ -117,7 +117,8 @@ def no_backend(message: str = "No healthy backend can serve this request.") -> G
 def backend_died(died: BackendDied) -> GatewayError:
     """500 ``backend_died`` for a request in flight when its backend died (see
     :class:`~gateway.failures.BackendDied`). It is not sent to another backend: it may be
-    what killed this one."""
+    what killed this one (a death that blames nobody moves a request that has no answer yet
+    on once: :meth:`gateway.upstream.attempt.Attempt.contained`)."""
     if died.blame == "quarantined":
         after = (
             f"The same request is now refused for {died.ttl_s:g} s (code request_quarantined) "

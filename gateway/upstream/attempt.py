@@ -19,7 +19,8 @@ class Attempt:
     """Backend ``name`` at ``base_url`` with its live ``state``: a lease on the backend from
     :meth:`begin` to :meth:`end` (idempotent), which holds one of its in-flight slots and
     the ``watch``'s registration (None: no containment; the attempt is known as ``token``).
-    ``held``: the lease is taken and not yet ended."""
+    ``held``: the lease is taken and not yet ended. ``survived``: the backend died under
+    the attempt, blaming nobody, and the request moves on (:meth:`contain`)."""
 
     name: str
     base_url: str
@@ -27,6 +28,7 @@ class Attempt:
     watch: DeathWatch | None
     token: int = 0
     held: bool = False
+    survived: bool = False
 
     def begin(self, endpoint: str, body: Mapping[str, Any] | None) -> None:
         """Take the backend's in-flight slot and register the attempt in flight (``body``:
@@ -58,6 +60,18 @@ class Attempt:
         return await self.watch.check(
             self.name, self.base_url, self.token, signal, confirmed=reason is not None
         )
+
+    def contained(self, death: Death | None, *, may_survive: bool) -> BackendDied | None:
+        """What a participant of ``death`` fails with (:meth:`died_failure`), unless the
+        death blames nobody and ``may_survive`` (the request survived no death yet): then
+        None, and the attempt is marked ``survived`` (it fails over as an ordinary failure).
+        None too for no death, or not a participant."""
+        if death is None or not death.participant:
+            return None
+        if may_survive and death.unblamed:
+            self.survived = True
+            return None
+        return self.died_failure(death)
 
     def died_failure(self, death: Death) -> BackendDied:
         """What a participant of ``death`` fails with (answered 500 ``backend_died``)."""

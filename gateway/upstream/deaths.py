@@ -18,8 +18,11 @@ still belongs to it. Every attempt in flight there when the event opens is a par
 the backend is marked unhealthy at once (the poller marks it healthy again once it answers
 ``/health``). The participants are judged once per event by the
 :class:`~gateway.upstream.quarantine.QuarantineTable`'s rule (its module docstring), and
-again when another participant's answer confirms the event later. A
-participant is never failed over (it may be the query of death); an attempt that starts
+again when another participant's answer confirms the event later. A participant of a death
+that blames someone (an engine error, or it was alone in flight) is never failed over (it
+may be the query of death); one of a death that blames nobody (the process killed from
+outside under load: :attr:`Death.unblamed`) fails over once, as any failure before the
+answer does, and a second death under the same request ends it. An attempt that starts
 after the death (sent to an already dead backend) is not a participant and fails over.
 """
 
@@ -80,6 +83,13 @@ class Death:
     participant: bool
     quarantined: bool
     suspect: bool = False
+
+    @property
+    def unblamed(self) -> bool:
+        """The death blames nobody: no engine error and several requests in flight (the
+        process killed from outside, :mod:`gateway.upstream.quarantine`'s rule), so a
+        participant may fail over once (:meth:`~gateway.upstream.attempt.Attempt.contained`)."""
+        return not self.event.confirmed and len(self.event.participants) > 1
 
 
 class DeathWatch:

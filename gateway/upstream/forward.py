@@ -2,9 +2,11 @@
 
 The upstream status and headers are settled before anything is sent to the client: a
 connect error, a reset before the response, or a 502/503 moves on to the next backend of the
-decision, unless the backend died under the request (containment: see
-:mod:`gateway.upstream.deaths`): then the request is answered 500 ``backend_died`` and not
-sent anywhere else, since it may be what killed the backend. A 5xx answer's first 64 KiB
+decision, unless the backend died under the request and the death blames someone
+(containment: see :mod:`gateway.upstream.deaths`): then the request is answered 500
+``backend_died`` and not sent anywhere else, since it may be what killed the backend (a
+death that blames nobody, a process killed from outside under load, moves the request on
+once; a second death under it ends it the same way). A 5xx answer's first 64 KiB
 are read before deciding (an engine-dead message confirms a death). After that the answer
 is relayed as raw bytes (SSE chunk by chunk for streams), never re-parsed, and the upstream
 response is closed in a ``finally`` inside the body iterator, so a client that goes away
@@ -231,6 +233,7 @@ class Forwarder:
         """
         last_why = "no candidate backend"
         tried = order if next_on else order[: self.max_attempts]
+        survived = False  # a death that blamed nobody, once: the request moved on
         for number, name in enumerate(tried, start=1):
             backend, state = backends[name], states[name]
             trace.backend, trace.attempts = name, number
@@ -239,7 +242,9 @@ class Forwarder:
                 attempt.begin(path, request)  # the lease: ended on every way out of this try
                 state.circuit.on_attempt(self.clock())
                 sent = upstream_headers(headers, backend)
-                outcome = await self._try(attempt, method, backend.base_url + path, body, sent)
+                outcome = await self._try(
+                    attempt, method, backend.base_url + path, body, sent, may_survive=not survived
+                )
             except BaseException:
                 if attempt.held:  # not settled as a failure: cancelled (the client left)
                     attempt.end()
@@ -247,6 +252,7 @@ class Forwarder:
                 raise
             if isinstance(outcome, str):
                 last_why = outcome
+                survived = survived or attempt.survived
                 _report(on_failure, name, last_why)
                 continue
             response = outcome.response
@@ -268,11 +274,19 @@ class Forwarder:
         raise NoBackendAnswered(last_why)
 
     async def _try(
-        self, attempt: Attempt, method: str, url: str, body: bytes, headers: Mapping[str, str]
+        self,
+        attempt: Attempt,
+        method: str,
+        url: str,
+        body: bytes,
+        headers: Mapping[str, str],
+        *,
+        may_survive: bool,
     ) -> _Settled | str:
         """One attempt: its settled answer, or why it failed before answering (the lease
         then ended, the breaker told). Raises :class:`BackendTimedOut` on a first-byte
-        timeout, :class:`BackendDied` when the backend died with this request in flight.
+        timeout, :class:`BackendDied` when the backend died with this request in flight
+        (unless the death blames nobody and ``may_survive``: :meth:`Attempt.contained`).
         An answer not settled (an error, or cancelled) is closed."""
         try:
             response = await self.client.post(
@@ -291,16 +305,18 @@ class Forwarder:
             if isinstance(exc, UpstreamDropped):  # the request may have killed it
                 death = await attempt.died(f"connection dropped before the response ({exc})")
             self._failed(attempt)
-            if death is not None and death.participant:
-                raise attempt.died_failure(death) from None
+            if (died := attempt.contained(death, may_survive=may_survive)) is not None:
+                raise died from None
             return f"{attempt.name}: {exc}"
         try:
-            return await self._judge(attempt, response)
+            return await self._judge(attempt, response, may_survive=may_survive)
         except BaseException:
             await response.aclose()
             raise
 
-    async def _judge(self, attempt: Attempt, response: UpstreamResponse) -> _Settled | str:
+    async def _judge(
+        self, attempt: Attempt, response: UpstreamResponse, *, may_survive: bool
+    ) -> _Settled | str:
         """Settle an answer's status: a 5xx is looked at closer (its head read: a death, or
         a retryable failure, closes it), a status outside 200-599 fails over."""
         chunks, head = response.chunks(), list[bytes]()
@@ -310,8 +326,8 @@ class Forwarder:
             if death is not None or broken or response.status in RETRYABLE_STATUS:
                 self._failed(attempt)
                 await response.aclose()
-                if death is not None and death.participant:
-                    raise attempt.died_failure(death)
+                if (died := attempt.contained(death, may_survive=may_survive)) is not None:
+                    raise died
                 return f"{attempt.name}: HTTP {response.status}"
         elif not 200 <= response.status <= 599:
             self._failed(attempt)

@@ -209,7 +209,8 @@ async def test_a_backend_killed_under_load_is_one_death_and_blames_no_innocent(
     killed: the process vanishing (``drop``: every connection reset, /health failing) or its
     engine killed from outside (``500``: every request gets vLLM's EngineDeadError). One
     death, however many requests saw it; nobody quarantined; with the engine error each
-    distinct body is struck once (a suspect), without it nobody is blamed."""
+    distinct body is struck once (a suspect) and answered 500 ``backend_died``; without it
+    nobody is blamed, and each request moves on to another backend and is answered."""
     plain = gw.fakes["plain"]
     plain.first_delay_s = 0.3  # the requests are in flight when the kill comes
     bodies = [SAFE | {"seed": i % 20} for i in range(60)]
@@ -218,9 +219,13 @@ async def test_a_backend_killed_under_load_is_one_death_and_blames_no_innocent(
     plain.engine_dead, plain.healthy, plain.death = True, False, death  # the kill
     answers = await asyncio.gather(*pending)
     on_plain = [r for r in answers if r.headers.get("x-specgate-backend", "plain") == "plain"]
-    assert len(on_plain) >= 50, [r.status_code for r in answers]
-    assert {r.status_code for r in on_plain} == {500}
-    assert {r.json()["error"]["code"] for r in on_plain} == {"backend_died"}
+    if death == "drop":  # blames nobody: every request failed over, none lost
+        assert [r.status_code for r in answers] == [200] * 60
+        assert on_plain == []
+    else:
+        assert len(on_plain) >= 50, [r.status_code for r in answers]
+        assert {r.status_code for r in on_plain} == {500}
+        assert {r.json()["error"]["code"] for r in on_plain} == {"backend_died"}
     routes = (await gw.client.get("/routes")).json()
     deaths = {b["name"]: b["deaths"] for b in routes["backends"]}
     assert deaths == {"plain": 1, "ngram": 0, "draft": 0, "eagle3": 0}, deaths
@@ -230,6 +235,29 @@ async def test_a_backend_killed_under_load_is_one_death_and_blames_no_innocent(
     for body in bodies[:20]:  # every one of them is served again, elsewhere
         again = await gw.client.post(CHAT, json=body)
         assert again.status_code == 200 and again.headers["x-specgate-backend"] != "plain"
+
+
+async def test_a_second_death_under_a_request_ends_it(gw: InProcess) -> None:
+    """A request moves on from a death that blames nobody once: if the backend it moved to
+    is killed under it too, it is answered 500 ``backend_died`` (a query of death that kills
+    a process without an engine error takes down at most two backends per client request)."""
+    for fake in gw.fakes.values():
+        fake.first_delay_s = 0.3
+    pending = [
+        asyncio.ensure_future(gw.client.post(CHAT, json=SAFE | {"seed": i})) for i in range(8)
+    ]
+    await asyncio.sleep(0.1)
+    plain = gw.fakes["plain"]
+    plain.engine_dead, plain.healthy, plain.death = True, False, "drop"  # moved on from here
+    await asyncio.sleep(0.15)  # every request in flight on the backend it moved to
+    for name, fake in gw.fakes.items():
+        if name != "plain":
+            fake.engine_dead, fake.healthy, fake.death = True, False, "drop"
+    answers = await asyncio.gather(*pending)
+    assert [r.status_code for r in answers] == [500] * 8
+    assert {r.json()["error"]["code"] for r in answers} == {"backend_died"}
+    routes = (await gw.client.get("/routes")).json()
+    assert routes["quarantine"]["quarantined"] == 0
 
 
 async def test_attempts_failing_together_share_one_probe_and_one_death() -> None:
