@@ -289,6 +289,12 @@ async def open_runtime(parts: Parts) -> AsyncIterator[Runtime]:
             shared_state(gateway, settings, deaths.table, affinity, tasks)
         )
         seen.metrics.registry.register(StateCollector(state))
+        catalog = BackendCatalog(
+            client,
+            ttl_s=settings.backend_catalog_ttl_s,
+            timeout_s=max(settings.health_timeout_s, 5.0),
+        )
+        stack.push_async_callback(catalog.aclose)
         stack.push_async_callback(tasks.aclose)  # first on teardown: no loop outlives its use
         probe_server = None
         if settings.health_port is not None:
@@ -307,11 +313,7 @@ async def open_runtime(parts: Parts) -> AsyncIterator[Runtime]:
             processes=parts.processes,
             gateway=gateway,
             client=client,
-            catalog=BackendCatalog(
-                client,
-                ttl_s=settings.backend_catalog_ttl_s,
-                timeout_s=max(settings.health_timeout_s, 5.0),
-            ),
+            catalog=catalog,
             affinity=affinity,
             deaths=deaths,
             forwarder=forwarder,

@@ -97,13 +97,18 @@ async def passthrough(
 
 async def listed(runtime: Runtime, path: str) -> PathTemplate | None:
     """The template ``path`` matches among the paths the available backends list (every
-    backend's when none is available), their catalog refreshed first."""
+    backend's when none is available), their catalog refreshed first (for a path none
+    lists, the re-reads in flight are waited for)."""
     gateway, catalog = runtime.gateway, runtime.catalog
     names = [n for n, s in gateway.registry.states.items() if s.available] or list(
         gateway.config.backends
     )
     await catalog.refresh(gateway.config.backends, names)
-    return match([t for n in names for t in catalog.paths(n)], path)
+    found = match([t for n in names for t in catalog.paths(n)], path)
+    if found is None:  # not listed: wait for the re-reads in flight, a backend may list it now
+        await catalog.refresh(gateway.config.backends, names, wait=True)
+        found = match([t for n in names for t in catalog.paths(n)], path)
+    return found
 
 
 async def _client_path(runtime: Runtime, method: str, path: str) -> PathTemplate:

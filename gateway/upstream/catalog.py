@@ -1,14 +1,18 @@
 """What each backend serves, read from the backend itself: its paths (``/openapi.json``) and
 its model cards (``/v1/models``), cached for ``ttl_s`` seconds.
 
-Read on demand (the first request that needs it after the cache expired waits for one
-round of ``GET``s, all backends at once, each bounded by ``timeout_s``); a backend that fails
-keeps its last good answer. Built in ``create_app``'s lifespan.
+Read on demand, one read per backend in flight however many requests ask, each bounded by
+``timeout_s``. Only a backend never read yet makes a request wait (for its first answer or
+failure); one with an answer keeps serving it while its re-read runs, so a hung backend
+delays no ``/v1/models`` and no relayed path (each request waited ``timeout_s`` behind the
+one before it when a lock held the reads). A backend that fails keeps its last good answer
+and is asked again ``retry_s`` later. Built in ``create_app``'s lifespan, which closes it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -26,28 +30,47 @@ logger = logging.getLogger(__name__)
 @dataclass(slots=True)
 class _Entry:
     expires: float = 0.0
+    answered: bool = False
     paths: list[PathTemplate] = field(default_factory=list)
     cards: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass(slots=True)
 class BackendCatalog:
-    """Backends' paths and model cards (see the module docstring)."""
+    """Backends' paths and model cards (see the module docstring). ``ttl_s``: seconds an
+    answer is kept; ``timeout_s``: bound on one read; ``retry_s``: seconds before a backend
+    that failed is read again."""
 
     client: httpx.AsyncClient
     ttl_s: float = 60.0
     timeout_s: float = 5.0
+    retry_s: float = 10.0
     clock: Callable[[], float] = time.monotonic
     _entries: dict[str, _Entry] = field(default_factory=dict)
-    _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    _reads: dict[str, asyncio.Task[None]] = field(default_factory=dict)
 
-    async def refresh(self, backends: Mapping[str, BackendConfig], names: Iterable[str]) -> None:
-        """Re-read the backends in ``names`` whose entry expired (concurrently)."""
-        async with self._lock:
-            now = self.clock()
-            stale = [n for n in names if self._entries.setdefault(n, _Entry()).expires <= now]
-            if stale:
-                await asyncio.gather(*(self._read(n, backends[n]) for n in stale))
+    async def refresh(
+        self, backends: Mapping[str, BackendConfig], names: Iterable[str], *, wait: bool = False
+    ) -> None:
+        """Start a read of each backend in ``names`` whose entry expired (none already in
+        flight); wait only for those never answered yet, or (``wait``) for every read in
+        flight among them (a path none of them listed: it may be new)."""
+        now, waits = self.clock(), []
+        for name in names:
+            entry = self._entries.setdefault(name, _Entry())
+            read = self._reads.get(name)
+            if read is None and entry.expires <= now:
+                read = asyncio.create_task(self._read(name, backends[name]))
+                self._reads[name] = read
+                read.add_done_callback(functools.partial(self._forget, name))
+            if read is not None and (wait or not entry.answered):
+                waits.append(asyncio.shield(read))  # a caller that leaves stops no read
+        if waits:
+            await asyncio.gather(*waits)
+
+    def _forget(self, name: str, read: asyncio.Task[None]) -> None:
+        if self._reads.get(name) is read:
+            del self._reads[name]
 
     async def _read(self, name: str, backend: BackendConfig) -> None:
         entry = self._entries[name]
@@ -59,11 +82,13 @@ class BackendCatalog:
             )
         except (httpx.HTTPError, ValueError) as exc:
             logger.info("catalog: %s unreadable (%s); keeping its last answer", name, exc)
+            entry.expires = self.clock() + min(self.retry_s, self.ttl_s)
             return
         entry.paths = openapi_templates(schema) or entry.paths
         data = models.get("data") if isinstance(models, dict) else None
         if isinstance(data, list):
             entry.cards = [card for card in data if isinstance(card, dict)]
+        entry.answered = True
         entry.expires = self.clock() + self.ttl_s
 
     async def _get(self, url: str, headers: dict[str, str]) -> Any:
@@ -78,6 +103,13 @@ class BackendCatalog:
     def cards(self, name: str) -> list[dict[str, Any]]:
         """The model cards backend ``name`` listed last."""
         return self._entries.get(name, _Entry()).cards
+
+    async def aclose(self) -> None:
+        """Cancel the reads in flight and wait for them (idempotent)."""
+        reads = list(self._reads.values())
+        for read in reads:
+            read.cancel()
+        await asyncio.gather(*reads, return_exceptions=True)
 
 
 def merge_cards(

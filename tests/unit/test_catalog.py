@@ -1,0 +1,130 @@
+"""The backend catalog (``/openapi.json`` and ``/v1/models`` per backend) with a backend that
+hangs: one read in flight per backend however many requests ask, no wait for a backend
+already answered, a failed backend asked again only after ``retry_s``."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+import pytest
+
+from contracts.config import BackendConfig
+from gateway.upstream.catalog import BackendCatalog
+
+BACKENDS = {
+    "plain": BackendConfig(url="http://plain:8001", model="m"),
+    "draft": BackendConfig(url="http://draft:8003", model="m"),
+}
+SCHEMA = {"paths": {"/v1/completions": {"post": {}}, "/tokenize": {"post": {}}}}
+MODELS = {"object": "list", "data": [{"id": "m", "object": "model", "max_model_len": 2048}]}
+
+
+class Backends:
+    """Answers every backend's catalog reads; ``draft`` hangs while ``hang`` is set, or
+    refuses the connection with ``refuse``; counts the reads per backend."""
+
+    def __init__(self) -> None:
+        self.hang = asyncio.Event()
+        self.released = asyncio.Event()
+        self.refuse = False
+        self.reads: dict[str, int] = {}
+
+    async def __call__(self, request: httpx.Request) -> httpx.Response:
+        host = request.url.host
+        self.reads[host] = self.reads.get(host, 0) + 1
+        if host == "draft" and self.refuse:
+            raise httpx.ConnectError("refused", request=request)
+        if host == "draft" and self.hang.is_set():
+            await self.released.wait()
+        body = SCHEMA if request.url.path == "/openapi.json" else MODELS
+        return httpx.Response(200, json=body)
+
+
+async def test_a_hung_backend_is_read_once_and_delays_nobody_once_answered() -> None:
+    backends, now = Backends(), [0.0]
+    async with httpx.AsyncClient(transport=httpx.MockTransport(backends)) as client:
+        catalog = BackendCatalog(client, ttl_s=60, retry_s=10, clock=lambda: now[0])
+        await catalog.refresh(BACKENDS, BACKENDS)
+        assert [t.template for t in catalog.paths("draft")] == ["/v1/completions", "/tokenize"]
+        assert catalog.cards("draft") == MODELS["data"]
+        assert backends.reads == {"plain": 2, "draft": 2}  # /openapi.json and /v1/models
+
+        now[0] = 61.0  # both expired; draft hangs now
+        backends.hang.set()
+        started = time.monotonic()
+        await asyncio.gather(*(catalog.refresh(BACKENDS, BACKENDS) for _ in range(6)))
+        assert time.monotonic() - started < 0.5  # the last answer served meanwhile
+        assert catalog.cards("draft") == MODELS["data"]
+        await asyncio.sleep(0.05)
+        assert backends.reads == {"plain": 4, "draft": 4}  # one re-read each, not six
+        backends.released.set()
+        await asyncio.sleep(0.05)
+        await catalog.aclose()
+
+
+async def test_concurrent_first_reads_share_one_read() -> None:
+    """Before a backend's first answer every caller waits, for the same read (a lock made
+    them wait one after another, a timeout each)."""
+    backends = Backends()
+    backends.hang.set()
+    async with httpx.AsyncClient(transport=httpx.MockTransport(backends)) as client:
+        catalog = BackendCatalog(client)
+        waiting = [asyncio.ensure_future(catalog.refresh(BACKENDS, ["draft"])) for _ in range(6)]
+        await asyncio.sleep(0.05)
+        assert not any(w.done() for w in waiting)
+        backends.released.set()
+        await asyncio.wait_for(asyncio.gather(*waiting), timeout=1.0)
+        assert backends.reads == {"draft": 2}
+        assert catalog.cards("draft") == MODELS["data"]
+
+
+async def test_a_failed_backend_keeps_its_answer_and_is_asked_again_after_retry_s() -> None:
+    backends, now = Backends(), [0.0]
+    async with httpx.AsyncClient(transport=httpx.MockTransport(backends)) as client:
+        catalog = BackendCatalog(client, ttl_s=60, retry_s=10, clock=lambda: now[0])
+        await catalog.refresh(BACKENDS, ["draft"])
+        backends.refuse, now[0] = True, 61.0
+        await catalog.refresh(BACKENDS, ["draft"])
+        await asyncio.sleep(0.01)
+        assert catalog.cards("draft") == MODELS["data"]  # kept
+        reads = backends.reads["draft"]
+        now[0] = 65.0
+        await catalog.refresh(BACKENDS, ["draft"])  # within retry_s: not asked
+        await asyncio.sleep(0.01)
+        assert backends.reads["draft"] == reads
+        now[0] = 72.0
+        await catalog.refresh(BACKENDS, ["draft"])
+        await asyncio.sleep(0.01)
+        assert backends.reads["draft"] > reads
+
+
+async def test_close_cancels_the_reads_in_flight() -> None:
+    backends = Backends()
+    backends.hang.set()
+    async with httpx.AsyncClient(transport=httpx.MockTransport(backends)) as client:
+        catalog = BackendCatalog(client)
+        waiting = asyncio.ensure_future(catalog.refresh(BACKENDS, ["draft"]))
+        await asyncio.sleep(0.05)
+        await catalog.aclose()
+        with pytest.raises(asyncio.CancelledError):  # the read it waited for is gone
+            await asyncio.wait_for(waiting, timeout=1.0)
+
+
+async def test_a_path_nobody_listed_waits_for_the_re_reads_in_flight() -> None:
+    """``wait``: for a path no backend listed, the caller waits for the re-read (the backend
+    may list it since it restarted), sharing it with every other caller."""
+    backends, now = Backends(), [0.0]
+    async with httpx.AsyncClient(transport=httpx.MockTransport(backends)) as client:
+        catalog = BackendCatalog(client, ttl_s=60, clock=lambda: now[0])
+        await catalog.refresh(BACKENDS, ["draft"])
+        now[0] = 61.0
+        backends.hang.set()
+        await catalog.refresh(BACKENDS, ["draft"])  # answered: no wait, the re-read starts
+        waiting = asyncio.ensure_future(catalog.refresh(BACKENDS, ["draft"], wait=True))
+        await asyncio.sleep(0.05)
+        assert not waiting.done()
+        backends.released.set()
+        await asyncio.wait_for(waiting, timeout=1.0)
+        assert backends.reads == {"draft": 4}
