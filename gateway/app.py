@@ -126,12 +126,14 @@ class SpecgateApp(FastAPI):
 
 
 def install_error_handlers(app: FastAPI) -> None:
-    """Answer every error in OpenAI's envelope: gateway errors, unknown routes and methods,
-    and (never expected) unhandled exceptions as a 500 without a traceback."""
+    """Answer every error in OpenAI's envelope (gateway errors on Anthropic's Messages paths
+    in Anthropic's: :meth:`GatewayError.body_for`): gateway errors, unknown routes and
+    methods, and (never expected) unhandled exceptions as a 500 without a traceback."""
 
     @app.exception_handler(GatewayError)
-    async def _gateway_error(_: Request, exc: GatewayError) -> JSONResponse:
-        return JSONResponse(exc.envelope(), status_code=exc.status, headers=exc.headers)
+    async def _gateway_error(request: Request, exc: GatewayError) -> JSONResponse:
+        body = exc.body_for(request.url.path)
+        return JSONResponse(body, status_code=exc.status, headers=exc.headers)
 
     @app.exception_handler(UpstreamFailure)
     async def _upstream_failure(request: Request, exc: UpstreamFailure) -> JSONResponse:

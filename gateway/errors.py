@@ -54,6 +54,20 @@ class GatewayError(Exception):
         """The JSON body: ``{"error": {"message", "type", "param", "code"}}``."""
         return error_envelope(self.message, self.type, self.param, self.code)
 
+    def body_for(self, path: str) -> dict[str, Any]:
+        """The JSON body for a client of ``path``: :meth:`envelope`, or on Anthropic's
+        Messages paths (:func:`anthropic_path`) Anthropic's ``{"type": "error", "error":
+        {"type", "message"}}``, as vLLM's Messages router words its errors
+        (``vllm/entrypoints/anthropic/api_router.py``, ``translate_error_response``)."""
+        if anthropic_path(path):
+            return {"type": "error", "error": {"type": self.type, "message": self.message}}
+        return self.envelope()
+
+
+def anthropic_path(path: str) -> bool:
+    """``/v1/messages`` and the paths under it (``/v1/messages/count_tokens``)."""
+    return path == "/v1/messages" or path.startswith("/v1/messages/")
+
 
 def error_envelope(
     message: str, type: str, param: str | None = None, code: str | None = None

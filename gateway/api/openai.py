@@ -161,7 +161,7 @@ class ProxyEndpoint:
         except (GatewayError, UpstreamFailure) as exc:
             error = exc if isinstance(exc, GatewayError) else from_upstream(exc)
             trace.finish(error.status, error.code)
-            await send_error(send, error)
+            await send_error(send, error, self.path)
         except ClientGone:
             trace.finish(499, "client_closed")
         except asyncio.CancelledError:  # the app is shutting down
@@ -172,7 +172,7 @@ class ProxyEndpoint:
             logger.exception("unhandled error")
             internal = GatewayError(500, "Internal gateway error.", code="internal_error")
             with contextlib.suppress(RuntimeError):  # the response had already started
-                await send_error(send, internal)
+                await send_error(send, internal, self.path)
 
     @staticmethod
     async def _serve(
@@ -203,9 +203,11 @@ async def send_routed(state: Runtime, request: RoutedRequest, send: Send) -> Non
         await send_answer(upstream, headers, send, stream=request.stream)
 
 
-async def send_error(send: Send, error: GatewayError) -> None:
-    """Answer ``error`` in OpenAI's envelope (JSON, its status and extra headers)."""
-    content = json.dumps(error.envelope()).encode()
+async def send_error(send: Send, error: GatewayError, path: str = "") -> None:
+    """Answer ``error`` to a client of ``path`` (JSON, its status and extra headers): in
+    OpenAI's envelope, on Anthropic's Messages paths in Anthropic's
+    (:meth:`~gateway.errors.GatewayError.body_for`)."""
+    content = json.dumps(error.body_for(path)).encode()
     headers = [
         (b"content-type", b"application/json"),
         (b"content-length", str(len(content)).encode()),
