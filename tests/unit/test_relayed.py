@@ -88,6 +88,15 @@ async def test_a_relayed_request_fails_over_before_the_first_byte(gw: InProcess)
     assert breaker.failures == 1  # the circuit breaker heard of it
 
 
+async def test_invocations_ignores_a_model_nobody_serves_as_vllm_does(gw: InProcess) -> None:
+    """vLLM's SageMaker route answered ``"model": "nope"`` 200; the batch path (which checks
+    the model) keeps the 404."""
+    resp = await gw.client.post("/invocations", json=CHAT | {"model": "nope"})
+    assert resp.status_code == 200 and resp.headers["x-specgate-backend"] == "plain"
+    resp = await gw.client.post("/v1/chat/completions/batch", json=BATCH | {"model": "nope"})
+    assert resp.status_code == 404 and resp.json()["error"]["code"] == "model_not_found"
+
+
 @pytest.mark.parametrize(
     ("path", "body"),
     [
