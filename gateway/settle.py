@@ -5,10 +5,11 @@ Two things the routed endpoints need that plain forwarding does not give:
 * **speculation refusals**: a speculative backend answers a request it cannot serve with a
   400 whose error says, in vLLM's words, that speculative decoding does not support it (a
   stream: 200, then an error event; :func:`~gateway.speculation.spec_params.refusal_message`:
-  answer text and client input quoted in a validation error never count). The gateway learns
-  the parameters named (:class:`~gateway.speculation.spec_params.SpecParams`), routes the
-  request again without that speculation method, and the client gets the plain backend's
-  answer as if nothing happened (the refused attempt is not traced or counted as served).
+  answer text and client input quoted in a validation error never count). The gateway
+  routes the request again without that speculation method, the client gets the plain
+  backend's answer as if nothing happened (the refused attempt is not traced or counted as
+  served), and, when that answer is a 200, learns the parameters named
+  (:class:`~gateway.speculation.spec_params.SpecParams`).
 * **Response affinity**: a ``POST /v1/responses`` answer's id is remembered with the backend
   that holds it (:class:`~gateway.upstream.affinity.ResponseAffinity`), and a request with a
   known ``previous_response_id`` is pinned there (:func:`pin`).
@@ -66,16 +67,19 @@ class Settle:
         hand, a retry's too, is closed (its backend lease ended) before the error goes on.
         """
         refused_methods: set[str] = set()
+        named: dict[str, tuple[str, ...]] = {}  # by refusing method: learnt once served
         current = upstream
         try:
             while True:
                 refusal, current = await self._refusal(current)
                 if refusal is None:
                     break
-                retried = await self._retry(current, refusal, refused_methods, open_on)
+                retried = await self._retry(current, refusal, refused_methods, named, open_on)
                 if retried is None:
                     break  # nothing else can serve it: the client gets the refusal
                 current = retried
+            if named:
+                self._learn(current, named)
             if self.affinity is not None and self.kind is ResponsesFields:
                 if current.status == 200:
                     current = await self._remember(current, self.affinity)
@@ -105,15 +109,44 @@ class Settle:
             trace.notify()  # the answer ended while muted: the observers hear of it now
         return None, upstream
 
+    def _learn(self, served: Upstream, named: dict[str, tuple[str, ...]]) -> None:
+        """Learn the refusals of this request once another backend served it: a refusal
+        the retry's backend repeats (a 400 every backend gives, as a grammar error quoting
+        the client's own text) says nothing about speculation."""
+        params, path = self.gateway.spec_params, self.kind.path
+        if served.status != 200:
+            logger.info(
+                "%s answered %s %d after a refusal: nothing learnt",
+                served.backend,
+                path,
+                served.status,
+            )
+            return
+        for method, names in named.items():
+            params.learn(method, path, names)
+            logger.info(
+                "%s speculation refuses %s on %s: learnt (%s served it)",
+                method,
+                list(names) or "unnamed parameters",
+                path,
+                served.backend,
+            )
+
     async def _retry(
-        self, upstream: Upstream, message: str, refused_methods: set[str], open_on: Opener
+        self,
+        upstream: Upstream,
+        message: str,
+        refused_methods: set[str],
+        named: dict[str, tuple[str, ...]],
+        open_on: Opener,
     ) -> Upstream | None:
         gateway, backends = self.gateway, self.gateway.config.backends
         method = backends[upstream.backend].spec.method or ""
-        learnt = gateway.spec_params.learn(method, self.kind.path, self.body, message)
+        learnt = named[method] = gateway.spec_params.named(self.body, message)
+        gateway.spec_params.refusals += 1
         refused_methods.add(method)
         logger.info(
-            "%s (%s) refused %s for speculative decoding; learnt %s; routing again",
+            "%s (%s) refused %s for speculative decoding (names %s); routing again",
             upstream.backend,
             method,
             self.kind.path,

@@ -7,9 +7,10 @@ error event). The set depends on the vLLM version and the speculation method, so
 knowledge with two sources:
 
 * :data:`KNOWN`: what the current vLLM refuses for every method (seeded from its source);
-* what the gateway learns at run time: a speculative backend's 400 that names speculative
-  decoding and some of the request's parameters teaches that those parameters are refused
-  by every backend with that speculation method (:meth:`SpecParams.learn`).
+* what the gateway learns at run time: a speculative backend's 400 that refuses in vLLM's
+  words (:func:`refusal_message`) and names some of the request's parameters teaches that
+  those parameters are refused by every backend with that speculation method, once another
+  backend served the request (:meth:`SpecParams.learn`).
 
 Routing passes over speculative backends for a request that sets a refused parameter
 (:func:`gateway.routing.policy`), so it lands on a plain backend and only falls back to
@@ -74,11 +75,24 @@ _REFUSAL = re.compile(
 _QUOTED = re.compile(r"(?<!\w)'(?:[^'\\]|\\.)*'" + r'|"(?:[^"\\]|\\.)*"')
 #: Sentences of a message (vLLM's refusals are one sentence each).
 _SENTENCE = re.compile(r"(?<=[.!?])\s+|\n+")
-#: Fields that carry a request's model, content or transport, never a sampling parameter
-#: a speculative method could refuse: an error message that names one says nothing about
-#: speculation (and every request sets them, so learning one would refuse them all).
+#: Fields that carry a request's model, content, transport or length, never a sampling
+#: parameter a speculative method could refuse: an error message that names one says
+#: nothing about speculation (and nearly every request sets them, so learning one would
+#: refuse them all).
 NEVER_REFUSED = frozenset(
-    {"model", "prompt", "messages", "input", "instructions", "system", "stream", "stream_options"}
+    {
+        "model",
+        "prompt",
+        "messages",
+        "input",
+        "instructions",
+        "system",
+        "stream",
+        "stream_options",
+        "max_tokens",
+        "max_completion_tokens",
+        "max_output_tokens",
+    }
 )
 
 
@@ -116,7 +130,7 @@ class SpecParams:
     ``learnt`` maps (method, endpoint) (method: ``ngram``, ``draft_model``, ``eagle3``...)
     to the parameters learnt from its backends' errors on that endpoint; ``passed_over``
     counts decisions per refused parameter found in a request, ``refusals`` the backend
-    errors learnt from (or retried on).
+    errors retried on (:meth:`learn` is told only when the retry was served).
     """
 
     def __init__(self) -> None:
@@ -142,16 +156,12 @@ class SpecParams:
                 out[method] = known + learnt
         return out
 
-    def learn(
-        self, method: str, endpoint: str, body: Mapping[str, Any], message: str
-    ) -> tuple[str, ...]:
-        """Learn from a backend error of ``method`` on ``body`` sent to ``endpoint``:
-        ``message`` is what :func:`refusal_message` kept of it; the parameters set in the
-        request whose names it contains (as words), except :data:`NEVER_REFUSED`. Returns
-        them (empty when the message names none, e.g. a version that words it differently).
-        """
-        self.refusals += 1
-        named = tuple(
+    def named(self, body: Mapping[str, Any], message: str) -> tuple[str, ...]:
+        """The parameters set in ``body`` whose names ``message`` (what
+        :func:`refusal_message` kept of a backend error) contains as words, except
+        :data:`NEVER_REFUSED` (empty when it names none, e.g. a version that words it
+        differently)."""
+        return tuple(
             name
             for name, value in body.items()
             if isinstance(name, str)
@@ -159,9 +169,15 @@ class SpecParams:
             and set_value(value)
             and re.search(rf"(?<![\w]){re.escape(name)}(?![\w])", message)
         )
-        if named:
-            self.learnt.setdefault((method, endpoint), set()).update(named)
-        return named
+
+    def learn(self, method: str, endpoint: str, names: Iterable[str]) -> None:
+        """Learn that backends of ``method`` refuse ``names`` on ``endpoint``: called once a
+        backend without that method served the request they refused (a request every
+        backend refuses, e.g. a grammar error repeating the client's text, teaches
+        nothing: :class:`gateway.settle.Settle`)."""
+        names = tuple(names)
+        if names:
+            self.learnt.setdefault((method, endpoint), set()).update(names)
 
     def snapshot(self) -> dict[str, Any]:
         """JSON for ``/routes``: ``{"known", "known_endpoints", "learnt": {"method endpoint":

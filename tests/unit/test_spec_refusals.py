@@ -71,7 +71,8 @@ def test_learning_from_a_backend_message() -> None:
         "The repetition_penalty and top_k parameters are not supported with speculative decoding."
     )
     assert refusal_message(json.dumps({"error": {"message": message}})) == message
-    assert params.learn("ngram", "/v1/chat/completions", body, message) == ("repetition_penalty",)
+    assert params.named(body, message) == ("repetition_penalty",)
+    params.learn("ngram", "/v1/chat/completions", params.named(body, message))
     assert params.refused(
         {"repetition_penalty": 1.1}, {"ngram", "draft_model"}, "/v1/chat/completions"
     ) == {"ngram": ("repetition_penalty",)}
@@ -127,7 +128,8 @@ def test_the_fields_every_request_sets_are_never_learnt() -> None:
     params = SpecParams()
     body = {"model": MODEL, "prompt": "x", "stream": True, "top_k": 5}
     message = "model, prompt, stream and top_k are not supported with speculative decoding."
-    assert params.learn("eagle3", "/v1/completions", body, message) == ("top_k",)
+    assert params.named(body, message) == ("top_k",)
+    params.learn("eagle3", "/v1/completions", params.named(body, message))
     assert params.refused({"model": MODEL, "prompt": "y"}, {"eagle3"}, "/v1/completions") == {}
     assert {"model", "prompt", "messages", "input", "stream"} <= NEVER_REFUSED
 
@@ -235,6 +237,26 @@ async def test_client_text_about_speculative_decoding_is_no_refusal(
     assert served(gw).get("plain") is None
     refuses = (await gw.client.get("/routes")).json()["decisions"]["speculation_refuses"]
     assert refuses["learnt"] == {} and refuses["refusals"] == 0
+    on = {"x-specgate-speculation": "on"}
+    resp = await gw.client.post("/v1/completions", json=CODE, headers=on)
+    assert resp.status_code == 200 and resp.headers["x-specgate-backend"] in METHODS
+
+
+async def test_a_400_every_backend_gives_teaches_nothing(gw: InProcess) -> None:
+    """A refusal-worded 400 that plain repeats (vLLM's grammar errors quote the client's
+    schema unquoted: "Invalid type: max_tokens is not supported with speculative decoding")
+    is the request's fault, not speculation's: relayed, nothing learnt, the next ordinary
+    request still reaches speculation."""
+    refusing(gw, "max_tokens")
+    gw.fakes["plain"].refuses = ("max_tokens",)
+    for _ in range(3):
+        resp = await gw.client.post("/v1/completions", json=CODE)
+        assert resp.status_code == 400
+        assert resp.headers["x-specgate-backend"] == "plain"
+    refuses = (await gw.client.get("/routes")).json()["decisions"]["speculation_refuses"]
+    assert refuses["learnt"] == {} and refuses["refusals"] == 3
+    refusing(gw)
+    gw.fakes["plain"].refuses = ()
     on = {"x-specgate-speculation": "on"}
     resp = await gw.client.post("/v1/completions", json=CODE, headers=on)
     assert resp.status_code == 200 and resp.headers["x-specgate-backend"] in METHODS
