@@ -2,7 +2,10 @@
 
 OpenAI (and vLLM's server) answer errors as
 ``{"error": {"message": str, "type": str, "param": str | None, "code": str | int | None}}``;
-every error the gateway produces uses that shape, so OpenAI SDKs raise their usual exceptions.
+every error the gateway produces uses that shape, so OpenAI SDKs raise their usual exceptions,
+except on Anthropic's Messages paths, where it answers in Anthropic's shape as vLLM's Messages
+router does (:meth:`GatewayError.body_for`; a Messages stream that fails part-way still ends
+with the OpenAI-shaped event :func:`stream_failure_event` renders).
 The upstream layer raises its own failures (:mod:`gateway.failures`):
 :func:`from_upstream` maps them here, :func:`stream_failure_event` renders a stream's.
 """
@@ -22,7 +25,8 @@ from gateway.failures import (
 
 
 class GatewayError(Exception):
-    """An error answered to the client with ``status`` and the OpenAI envelope.
+    """An error answered to the client with ``status`` and the OpenAI envelope (Anthropic's
+    on the Messages paths: :meth:`body_for`).
 
     ``code`` is a short machine-readable reason such as ``model_not_found``;
     ``headers`` are extra response headers (e.g. ``Retry-After``). The envelope's ``type``
@@ -133,25 +137,26 @@ def backend_died(died: BackendDied) -> GatewayError:
     :class:`~gateway.failures.BackendDied`). It is not sent to another backend: it may be
     what killed this one (a death that blames nobody moves a request that has no answer yet
     on once: :meth:`gateway.upstream.attempt.Attempt.contained`)."""
+    not_retried = "The request was not retried on another backend."
     if died.blame == "quarantined":
         after = (
-            f"The same request is now refused for {died.ttl_s:g} s (code request_quarantined) "
-            "so that it cannot take down another backend."
+            f"{not_retried} The same request is now refused for {died.ttl_s:g} s (code "
+            "request_quarantined) so that it cannot take down another backend."
         )
     elif died.blame == "suspect":
         after = (
-            f"{died.in_flight} requests were in flight there, so this one is only a suspect; "
-            "a request in flight at a second death is quarantined."
+            f"{not_retried} {died.in_flight} requests were in flight there, so this one is only "
+            "a suspect; a request in flight at a second death is quarantined."
         )
     else:
         after = (
             f"The backend went away with {died.in_flight} requests in flight and no engine error "
-            "(killed from outside), so no request is blamed."
+            "(killed from outside), so no request is blamed. The request was not sent on: its "
+            "answer had begun, or it had already moved on from a backend that died under it."
         )
     return GatewayError(
         500,
-        f"Backend '{died.backend}' died while serving this request ({died.signal}). "
-        f"The request was not retried on another backend. {after}",
+        f"Backend '{died.backend}' died while serving this request ({died.signal}). {after}",
         code="backend_died",
     )
 

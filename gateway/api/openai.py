@@ -140,7 +140,8 @@ class ProxyEndpoint:
     (413, 400), routing decision (503/429 when no backend can take it), forwarding with
     failover (:class:`~gateway.upstream.forward.Forwarder`), then the backend's status,
     headers and bytes relayed (a stream chunk by chunk). Errors before the response starts
-    are answered in OpenAI's envelope (an unexpected exception as a logged 500); a client
+    are answered in OpenAI's envelope, Anthropic's on ``/v1/messages`` (an unexpected
+    exception as a logged 500); a client
     that leaves cancels the upstream request. Reads the lifespan's objects from the app's
     :class:`~gateway.runtime.Runtime`.
     """

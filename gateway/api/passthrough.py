@@ -8,7 +8,7 @@ least loaded (a stored Response's paths go to the backend that created it, see
 :mod:`gateway.upstream.affinity`, else to each backend in turn). Operator paths answer 404
 here and are relayed only at ``/routes/backends/{backend}{path}``, behind the admin token
 (:data:`admin_router`). Unknown paths are 404, known paths with another method 405, in
-OpenAI's envelope.
+OpenAI's envelope (the gateway's own errors under ``/v1/messages/`` in Anthropic's).
 
 A relayed request is a request: the header limit (431), an admission slot (429) once its
 body is in, the quarantine (422) and, for bodies that generate (``/invocations`` wrapping a
@@ -147,7 +147,7 @@ class Relayed(Response):
     (when given), the forwarder opened on ``order`` (each backend in turn on a 404 for a
     ``stateful`` path), the answer sent, and the upstream request closed if the client
     leaves first. A :class:`~gateway.errors.GatewayError` before the answer starts is
-    answered in OpenAI's envelope by the app's handler."""
+    answered in OpenAI's envelope by the app's handler (Anthropic's under ``/v1/messages/``)."""
 
     def __init__(
         self, runtime: Runtime, request: Request, path: str, admission: Admission | None

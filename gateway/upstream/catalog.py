@@ -2,10 +2,11 @@
 its model cards (``/v1/models``), cached for ``ttl_s`` seconds.
 
 Read on demand, one read per backend in flight however many requests ask, each bounded by
-``timeout_s``. Only a backend never read yet makes a request wait (for its first answer or
-failure); one with an answer keeps serving it while its re-read runs, so a hung backend
-delays no ``/v1/models`` and no relayed path (each request waited ``timeout_s`` behind the
-one before it when a lock held the reads). A backend that fails keeps its last good answer
+``timeout_s``. Only a backend whose first read has not ended makes a request wait (for its
+first answer or failure, once); one with an answer, or whose first read failed, keeps what
+it has while its re-read runs, so a hung backend delays no ``/v1/models`` and no relayed
+path (each request waited ``timeout_s`` behind the one before it when a lock held the
+reads). A backend that fails keeps its last good answer
 and is asked again ``retry_s`` later. Built in ``create_app``'s lifespan, which closes it.
 """
 
@@ -30,7 +31,7 @@ logger = logging.getLogger(__name__)
 @dataclass(slots=True)
 class _Entry:
     expires: float = 0.0
-    answered: bool = False
+    tried: bool = False  # a read ended (answered or failed): callers no longer wait for one
     paths: list[PathTemplate] = field(default_factory=list)
     cards: list[dict[str, Any]] = field(default_factory=list)
 
@@ -53,9 +54,21 @@ class BackendCatalog:
         self, backends: Mapping[str, BackendConfig], names: Iterable[str], *, wait: bool = False
     ) -> None:
         """Start a read of each backend in ``names`` whose entry expired (none already in
-        flight); wait only for those never answered yet, or (``wait``) for every read in
-        flight among them (a path none of them listed: it may be new)."""
-        now, waits = self.clock(), []
+        flight); wait only for first reads (a backend never read yet), or (``wait``) for
+        every read in flight among them (a path none of them listed: it may be new)."""
+        waits = [
+            asyncio.shield(read)  # a caller that leaves stops no read
+            for entry, read in self._start(backends, names)
+            if wait or not entry.tried
+        ]
+        if waits:
+            await asyncio.gather(*waits)
+
+    def _start(
+        self, backends: Mapping[str, BackendConfig], names: Iterable[str]
+    ) -> list[tuple[_Entry, asyncio.Task[None]]]:
+        """The reads in flight for ``names``, one started for each expired entry."""
+        now, reads = self.clock(), []
         for name in names:
             entry = self._entries.setdefault(name, _Entry())
             read = self._reads.get(name)
@@ -63,10 +76,9 @@ class BackendCatalog:
                 read = asyncio.create_task(self._read(name, backends[name]))
                 self._reads[name] = read
                 read.add_done_callback(functools.partial(self._forget, name))
-            if read is not None and (wait or not entry.answered):
-                waits.append(asyncio.shield(read))  # a caller that leaves stops no read
-        if waits:
-            await asyncio.gather(*waits)
+            if read is not None:
+                reads.append((entry, read))
+        return reads
 
     def _forget(self, name: str, read: asyncio.Task[None]) -> None:
         if self._reads.get(name) is read:
@@ -81,14 +93,20 @@ class BackendCatalog:
                 self._get(backend.base_url + "/v1/models", headers),
             )
         except (httpx.HTTPError, ValueError) as exc:
-            logger.info("catalog: %s unreadable (%s); keeping its last answer", name, exc)
+            entry.tried = True
+            logger.info("catalog: %s unreadable (%r); keeping its last answer", name, exc)
+            entry.expires = self.clock() + min(self.retry_s, self.ttl_s)
+            return
+        except Exception:  # never expected: a read nobody awaits must not fail unseen
+            entry.tried = True
+            logger.exception("catalog: reading %s failed; keeping its last answer", name)
             entry.expires = self.clock() + min(self.retry_s, self.ttl_s)
             return
         entry.paths = openapi_templates(schema) or entry.paths
         data = models.get("data") if isinstance(models, dict) else None
         if isinstance(data, list):
             entry.cards = [card for card in data if isinstance(card, dict)]
-        entry.answered = True
+        entry.tried = True
         entry.expires = self.clock() + self.ttl_s
 
     async def _get(self, url: str, headers: dict[str, str]) -> Any:

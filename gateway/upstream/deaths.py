@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import logging
 import re
 import time
@@ -52,6 +53,30 @@ _ENGINE_DEAD = re.compile(
 )
 #: Bytes of an error body searched for those markers.
 ERROR_BODY_LIMIT = 64 * 1024
+
+
+def stream_error_message(tail: bytes) -> bytes | None:
+    """The message of the error event ending a stream (``tail``: its last chunks), as vLLM
+    ends one that fails part-way (``data: {"error": {"message": ...}}``; Anthropic's shape
+    too); None when the last data event is an ordinary one, so an answer whose own text
+    says "error" or "engine is dead" (with ``logprobs``, a token ``"error"``) is no death.
+    The data lines are vLLM's, one JSON object each; a line cut at the tail's start is
+    skipped."""
+    for line in reversed(tail.splitlines()):
+        if not line.startswith(b"data:"):
+            continue
+        payload = line[5:].strip()
+        if payload == b"[DONE]":
+            continue
+        try:
+            data = json.loads(payload)
+        except (ValueError, RecursionError):
+            continue
+        error = data.get("error") if isinstance(data, dict) else None
+        if not isinstance(error, dict):
+            return None
+        return str(error.get("message", "")).encode("utf-8", "replace")
+    return None
 
 
 def engine_dead_reason(body: bytes) -> str | None:

@@ -41,7 +41,7 @@ from gateway.upstream.client import (
     UpstreamTimeout,
     UpstreamUnreachable,
 )
-from gateway.upstream.deaths import DeathWatch
+from gateway.upstream.deaths import DeathWatch, stream_error_message
 from gateway.upstream.feedback import ResponseTap
 from gateway.upstream.state import BackendState
 
@@ -144,7 +144,8 @@ async def _relay(
             trace.on_chunk(rest)
             yield rest
         if trace.stream and b'"error"' in (tail := prev + last):
-            await attempt.died("the stream ended with an error event", tail)
+            if (message := stream_error_message(tail)) is not None:
+                await attempt.died("the stream ended with an error event", message)
     except UpstreamBroken as exc:  # reset, or a gap longer than its timeout
         logger.warning("backend %s failed mid-response: %s", trace.backend, exc)
         status, error = 502, "upstream_error"
@@ -229,7 +230,8 @@ class Forwarder:
         before answering, :class:`~gateway.failures.BackendTimedOut` when the chosen
         backend sent no headers within ``first_byte_timeout_s`` (not retried: the request may
         be running there), :class:`~gateway.failures.BackendDied` when the backend
-        died with this request in flight.
+        died with this request in flight and the death blames someone, or it is the second
+        death under the request this call (a first that blames nobody fails over).
         """
         last_why = "no candidate backend"
         tried = order if next_on else order[: self.max_attempts]

@@ -128,3 +128,23 @@ async def test_a_path_nobody_listed_waits_for_the_re_reads_in_flight() -> None:
         backends.released.set()
         await asyncio.wait_for(waiting, timeout=1.0)
         assert backends.reads == {"draft": 4}
+
+
+async def test_a_backend_whose_first_read_failed_delays_nobody_after() -> None:
+    """A backend refusing its first read has no answer, and later callers do not wait for
+    its retries (the real stack's SIGSTOPped draft server before its first answer: every
+    /v1/models waited 5 s at each retry)."""
+    backends, now = Backends(), [0.0]
+    backends.refuse = True
+    async with httpx.AsyncClient(transport=httpx.MockTransport(backends)) as client:
+        catalog = BackendCatalog(client, ttl_s=60, retry_s=10, clock=lambda: now[0])
+        await catalog.refresh(BACKENDS, BACKENDS)
+        assert catalog.cards("plain") == MODELS["data"] and catalog.cards("draft") == []
+        backends.refuse, now[0] = False, 11.0
+        backends.hang.set()  # draft's retry hangs: nobody waits for it
+        await asyncio.wait_for(catalog.refresh(BACKENDS, BACKENDS), timeout=0.5)
+        assert catalog.cards("draft") == []
+        backends.released.set()
+        await asyncio.sleep(0.05)
+        assert catalog.cards("draft") == MODELS["data"]
+        await catalog.aclose()

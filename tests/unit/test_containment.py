@@ -11,7 +11,7 @@ import pytest
 
 from gateway.app import create_app
 from gateway.settings import Settings
-from gateway.upstream.deaths import DeathWatch
+from gateway.upstream.deaths import DeathWatch, stream_error_message
 from gateway.upstream.quarantine import QuarantineTable
 from gateway.upstream.state import BackendRegistry
 from tests.fakes.fake_vllm import ENGINE_DEAD_BODY, FakeBehaviour, create_fake_vllm
@@ -256,8 +256,11 @@ async def test_a_second_death_under_a_request_ends_it(gw: InProcess) -> None:
     answers = await asyncio.gather(*pending)
     assert [r.status_code for r in answers] == [500] * 8
     assert {r.json()["error"]["code"] for r in answers} == {"backend_died"}
+    # each ended at the backend it had moved to, not at plain
+    assert not any("Backend 'plain' died" in r.json()["error"]["message"] for r in answers)
     routes = (await gw.client.get("/routes")).json()
     assert routes["quarantine"]["quarantined"] == 0
+    assert sum(b["deaths"] for b in routes["backends"]) >= 2
 
 
 async def test_attempts_failing_together_share_one_probe_and_one_death() -> None:
@@ -291,3 +294,39 @@ async def test_attempts_failing_together_share_one_probe_and_one_death() -> None
         assert again is not None and again.suspect and table.counts() == (0, 5)
         await watch.check("plain", "http://p", ids[2], "HTTP 500: Engine", confirmed=True)
         assert [e.strikes for e in table.entries()] == [1] * 5
+
+
+ANSWER_CHUNK = {  # an ordinary chunk whose own text and logprobs say "error" and a marker
+    "choices": [
+        {
+            "index": 0,
+            "text": " EngineDeadError",
+            "logprobs": {"tokens": ["error"], "top_logprobs": [{"error": -0.1}]},
+        }
+    ]
+}
+VLLM_FAILURE = {"error": {"message": ENGINE_DEAD_BODY["error"]["message"], "code": 500}}
+
+
+@pytest.mark.parametrize(
+    ("tail", "message"),
+    [
+        (f"data: {json.dumps(ANSWER_CHUNK)}\n\ndata: [DONE]\n\n".encode(), None),
+        (
+            f"data: {json.dumps(VLLM_FAILURE)}\n\ndata: [DONE]\n\n".encode(),
+            b"EngineCore encountered an issue. See stack trace (above) for the root cause.",
+        ),
+        (b'rror": {"message": "cut"}}\n\ndata: {"error": {"message": "whole"}}\n\n', b"whole"),
+        (
+            b'event: error\ndata: {"type": "error", "error": {"type": "x", "message": "m"}}\n\n',
+            b"m",
+        ),
+        (b'data: {"error": "a string, not vLLM\'s envelope"}\n\n', None),
+    ],
+)
+def test_only_an_error_event_ending_a_stream_is_read_for_a_death(
+    tail: bytes, message: bytes | None
+) -> None:
+    """An answer whose text (or, with ``logprobs``, a token) says "error" and an engine-dead
+    marker is no death: only the error envelope of vLLM's failure event is read."""
+    assert stream_error_message(tail) == message
