@@ -154,10 +154,14 @@ def backend_died(died: BackendDied) -> GatewayError:
             "(killed from outside), so no request is blamed. The request was not sent on: its "
             "answer had begun, or it had already moved on from a backend that died under it."
         )
+    # blamed on nobody, yet in flight at a second death (a stream's headers are out): the
+    # OpenAI SDKs' retries (2 on a 500) would send it to a third backend and a fourth
+    headers = {"x-should-retry": "false"} if died.blame == "none" else None
     return GatewayError(
         500,
         f"Backend '{died.backend}' died while serving this request ({died.signal}). {after}",
         code="backend_died",
+        headers=headers,
     )
 
 

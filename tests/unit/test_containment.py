@@ -256,6 +256,7 @@ async def test_a_second_death_under_a_request_ends_it(gw: InProcess) -> None:
     answers = await asyncio.gather(*pending)
     assert [r.status_code for r in answers] == [500] * 8
     assert {r.json()["error"]["code"] for r in answers} == {"backend_died"}
+    assert {r.headers.get("x-should-retry") for r in answers} == {"false"}  # no SDK retry
     # each ended at the backend it had moved to, not at plain
     assert not any("Backend 'plain' died" in r.json()["error"]["message"] for r in answers)
     routes = (await gw.client.get("/routes")).json()
