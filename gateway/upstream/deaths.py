@@ -55,13 +55,23 @@ _ENGINE_DEAD = re.compile(
 ERROR_BODY_LIMIT = 64 * 1024
 
 
+#: Error types of a client's fault (vLLM's exception names, OpenAI's and Anthropic's), for
+#: an error event without a numeric ``code``.
+CLIENT_ERROR_TYPES = frozenset(
+    {"badrequesterror", "notfounderror", "invalid_request_error", "not_found_error"}
+)
+
+
 def stream_error_message(tail: bytes) -> bytes | None:
-    """The message of the error event ending a stream (``tail``: its last chunks), as vLLM
-    ends one that fails part-way (``data: {"error": {"message": ...}}``; Anthropic's shape
-    too); None when the last data event is an ordinary one, so an answer whose own text
-    says "error" or "engine is dead" (with ``logprobs``, a token ``"error"``) is no death.
-    The data lines are vLLM's, one JSON object each; a line cut at the tail's start is
-    skipped."""
+    """The message of the server-side error event ending a stream (``tail``: its last
+    chunks), as vLLM ends one whose generation failed part-way (``data: {"error":
+    {"message": ..., "type": "InternalServerError", "code": 500}}``; Anthropic's shape too).
+    None when the last data event is an ordinary one, so an answer whose own text says
+    "error" or "engine is dead" (with ``logprobs``, a token ``"error"``) is no death, and
+    None for a client's error (``code`` below 500, or a client error type when there is no
+    code): vLLM streams a grammar error as ``BadRequestError`` 400 with the client's own
+    regex or schema in its message, which must not confirm a death by its words. The data
+    lines are vLLM's, one JSON object each; a line cut at the tail's start is skipped."""
     for line in reversed(tail.splitlines()):
         if not line.startswith(b"data:"):
             continue
@@ -74,6 +84,12 @@ def stream_error_message(tail: bytes) -> bytes | None:
             continue
         error = data.get("error") if isinstance(data, dict) else None
         if not isinstance(error, dict):
+            return None
+        code = error.get("code")
+        if isinstance(code, int) and not isinstance(code, bool):
+            if code < 500:
+                return None
+        elif str(error.get("type", "")).lower() in CLIENT_ERROR_TYPES:
             return None
         return str(error.get("message", "")).encode("utf-8", "replace")
     return None

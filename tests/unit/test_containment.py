@@ -307,6 +307,14 @@ ANSWER_CHUNK = {  # an ordinary chunk whose own text and logprobs say "error" an
     ]
 }
 VLLM_FAILURE = {"error": {"message": ENGINE_DEAD_BODY["error"]["message"], "code": 500}}
+GRAMMAR_ERROR = {
+    "error": {
+        "message": "Grammar error: unterminated group (EngineDeadError",
+        "type": "BadRequestError",
+        "param": None,
+        "code": 400,
+    }
+}
 
 
 @pytest.mark.parametrize(
@@ -323,6 +331,13 @@ VLLM_FAILURE = {"error": {"message": ENGINE_DEAD_BODY["error"]["message"], "code
             b"m",
         ),
         (b'data: {"error": "a string, not vLLM\'s envelope"}\n\n', None),
+        # vLLM streams a grammar error with the client's own regex in it: the client's fault
+        (f"data: {json.dumps(GRAMMAR_ERROR)}\n\ndata: [DONE]\n\n".encode(), None),
+        (
+            b'event: error\ndata: {"type": "error", "error": {"type": "BadRequestError", '
+            b'"message": "EngineDeadError"}}\n\n',
+            None,
+        ),
     ],
 )
 def test_only_an_error_event_ending_a_stream_is_read_for_a_death(
@@ -331,3 +346,19 @@ def test_only_an_error_event_ending_a_stream_is_read_for_a_death(
     """An answer whose text (or, with ``logprobs``, a token) says "error" and an engine-dead
     marker is no death: only the error envelope of vLLM's failure event is read."""
     assert stream_error_message(tail) == message
+
+
+async def test_a_clients_own_error_streamed_back_is_no_death(gw: InProcess) -> None:
+    """vLLM streams some client errors as a 200 and a 400 error event that repeats the
+    client's text (a grammar error quotes its regex): text such as "EngineDeadError" there
+    must not confirm a death (it marked plain down and quarantined the request)."""
+    gw.fakes["plain"].refuses = ("EngineDeadError",)  # its error event names the field
+    body = SAFE | {"stream": True, "EngineDeadError": 1}
+    for _ in range(2):
+        resp = await gw.client.post(CHAT, json=body)
+        assert resp.status_code == 200 and "EngineDeadError" in resp.text
+        assert resp.headers["x-specgate-backend"] == "plain"
+    routes = (await gw.client.get("/routes")).json()
+    assert {b["name"]: b["deaths"] for b in routes["backends"]}["plain"] == 0
+    assert routes["quarantine"]["quarantined"] == 0 and routes["quarantine"]["suspects"] == 0
+    assert next(b for b in routes["backends"] if b["name"] == "plain")["healthy"] is True
