@@ -19,7 +19,6 @@ speculation when nothing else is healthy. Pure code: no I/O, no clock.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections import Counter
@@ -27,6 +26,8 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
+
+from contracts.vllm_errors import error_object
 
 #: vLLM's ``_SAMPLING_EPS``: min_p at or under it is off.
 _EPS = 1e-5
@@ -96,25 +97,13 @@ NEVER_REFUSED = frozenset(
 
 def refusal_message(text: str) -> str | None:
     """The refusal in a speculative backend's error: ``text`` is a 400's body or a stream's
-    error event's data. Returns the sentences of the error envelope's message
-    (``{"error": {"message": ...}}``, or the older top-level ``{"message": ...}`` with
-    ``"object": "error"``) that name speculative decoding (:data:`_REFUSAL`), quoted input
-    taken out; None for anything else: no JSON object, no error envelope (a stream's
-    ordinary chunk whose text says "error"), or a message that names it only in quoted
-    client input (a validation error's ``input_value='...'``)."""
-    try:
-        data = json.loads(text)
-    except (ValueError, RecursionError):
-        return None
-    if not isinstance(data, dict):
-        return None
-    error = data.get("error")
-    if isinstance(error, dict):
-        message = error.get("message")
-    elif data.get("object") == "error":
-        message = data.get("message")
-    else:
-        return None
+    error event's data. Returns the sentences of the error object's message
+    (:func:`contracts.vllm_errors.error_object`) that name speculative decoding (:data:`_REFUSAL`),
+    quoted input taken out; None for anything else: no error object (a stream's ordinary
+    chunk whose text says "error"), or a message that names it only in quoted client input
+    (a validation error's ``input_value='...'``)."""
+    error = error_object(text)
+    message = error.get("message") if error is not None else None
     if not isinstance(message, str):
         return None
     sentences = _SENTENCE.split(_QUOTED.sub("''", message))

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 import logging
 import re
 import time
@@ -40,6 +39,7 @@ from typing import Any
 
 import httpx
 
+from contracts.vllm_errors import error_object
 from gateway.upstream.quarantine import QuarantineTable, fingerprint
 from gateway.upstream.state import BackendRegistry
 
@@ -71,19 +71,13 @@ def stream_error_message(tail: bytes) -> bytes | None:
     None for a client's error (``code`` below 500, or a client error type when there is no
     code): vLLM streams a grammar error as ``BadRequestError`` 400 with the client's own
     regex or schema in its message, which must not confirm a death by its words. The data
-    lines are vLLM's, one JSON object each; a line cut at the tail's start is skipped."""
+    lines are vLLM's, one JSON object each (:func:`contracts.vllm_errors.error_object`); a line cut
+    at the tail's start has no ``data:`` prefix and is skipped."""
     for line in reversed(tail.splitlines()):
-        if not line.startswith(b"data:"):
+        if not line.startswith(b"data:") or (payload := line[5:].strip()) == b"[DONE]":
             continue
-        payload = line[5:].strip()
-        if payload == b"[DONE]":
-            continue
-        try:
-            data = json.loads(payload)
-        except (ValueError, RecursionError):
-            continue
-        error = data.get("error") if isinstance(data, dict) else None
-        if not isinstance(error, dict):
+        error = error_object(payload)
+        if error is None:
             return None
         code = error.get("code")
         if isinstance(code, int) and not isinstance(code, bool):
