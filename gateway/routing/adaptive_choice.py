@@ -2,8 +2,15 @@
 
 For each candidate the learnt ln(tokens/s) statistics (:mod:`gateway.routing.adaptive`) give
 a normal posterior of its mean speed for this (task, bucket): the bucket's own
-observations plus at most ``prior_weight`` pseudo-observations of the task-level mean
-(hierarchical shrinkage, so a new bucket starts from what the task already knows). One value
+observations plus at most ``prior_weight`` pseudo-observations of a prior mean
+(hierarchical shrinkage, so a new bucket starts from what the task already knows). The prior
+is matched in load (:func:`_prior`): the same temperature and prompt bands one load band
+below and above, and only without those the task-level mean over every bucket. A task-level
+mean pools loads, and each backend is measured at the loads it was sent: on the GPU cost
+twin's eleventh run (docs/benchmarks.md section 7) plain's chat mean was 166 tokens/s (356
+requests, mostly at c=16-64) and EAGLE-3's 225 (35, at c=1-4), so at c=4, where the bucket
+measured plain at 205 and EAGLE-3 at 180, the two pseudo-observations of each turned the
+choice to EAGLE-3 and every wave of 4 ran there (0.76-0.96x plain but on code). One value
 is drawn per candidate and the largest draw wins (Thompson 1933; Russo et al., "A Tutorial
 on Thompson Sampling", 2018): a candidate is chosen with the probability that it is the
 fastest, so clear losers are rarely tried and close ones share traffic until the data
@@ -25,7 +32,15 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from gateway.routing.adaptive import ALL, BackendStats, Estimates, GroupStats
+from gateway.routing.adaptive import (
+    ALL,
+    BANDS,
+    BackendStats,
+    Estimates,
+    GroupStats,
+    base_bucket,
+    bucket_load,
+)
 
 #: Prior standard deviation of one request's ln(speed) (about +-28%), blended with the
 #: spread observed over the task's backends as 2 pseudo-observations.
@@ -41,7 +56,8 @@ class Estimate(NamedTuple):
     """What adaptive routing believes about one candidate for this request (a NamedTuple:
     immutable and cheap to build on the hot path).
 
-    ``source``: ``bucket`` (observed in this bucket), ``task`` (only at task level) or
+    ``source``: ``bucket`` (observed in this bucket), ``task`` (only in its prior: the
+    neighbouring load bands or the task level) or
     ``prior`` (never observed for the task); ``requests``: observations in the bucket ever;
     ``weight``: their decayed weight; ``speed_tps``: posterior mean speed (tokens/s,
     geometric); ``sd``: posterior sd of ln(speed); ``relative``: speed / the plain
@@ -126,6 +142,14 @@ class _Seen(NamedTuple):
     factor: float
 
 
+class _Prior(NamedTuple):
+    """A backend's prior for a bucket: ``mean`` ln(tokens/s) and the decayed ``weight`` behind
+    it (capped by ``prior_weight`` where it is used)."""
+
+    mean: float
+    weight: float
+
+
 class _Posterior(NamedTuple):
     source: str
     mean: float
@@ -140,6 +164,37 @@ def _seen(group: GroupStats | None, name: str, decay: float) -> _Seen | None:
     return _Seen(stats, group.factor(stats, decay))
 
 
+def _neighbours(estimates: Estimates, task: str, bucket: str) -> tuple[GroupStats, ...]:
+    """The groups of ``bucket``'s temperature and prompt bands one load band below and
+    above it (:data:`gateway.routing.adaptive.BANDS`), those that exist."""
+    base, band = base_bucket(bucket), bucket_load(bucket)
+    out = []
+    for near in (band // 2, band * 2):
+        if near < BANDS[0] or near > BANDS[-1]:
+            continue
+        group = estimates.get((task, base if near == 1 else f"{base}/c{near}"))
+        if group is not None:
+            out.append(group)
+    return tuple(out)
+
+
+def _prior(
+    name: str, near: tuple[GroupStats, ...], task: GroupStats | None, decay: float
+) -> _Prior | None:
+    """``name``'s prior: the weighted mean of what the neighbouring load bands (``near``)
+    measured of it, else its task-level mean (``task``), else None (never observed)."""
+    weight = total = 0.0
+    for group in near:
+        seen = _seen(group, name, decay)
+        if seen is not None:
+            w = seen.stats.weight * seen.factor
+            weight, total = weight + w, total + w * seen.stats.mean
+    if weight > 0:
+        return _Prior(total / weight, weight)
+    seen = _seen(task, name, decay)
+    return None if seen is None else _Prior(seen.stats.mean, seen.stats.weight * seen.factor)
+
+
 def _noise(group: GroupStats | None, decay: float) -> float:
     """Variance of one request's ln(speed), pooled over every backend of the task (the
     machine's load moves them all), with the prior as ``OBS_SD_WEIGHT`` observations."""
@@ -151,16 +206,16 @@ def _noise(group: GroupStats | None, decay: float) -> float:
 
 
 def _posterior(
-    bucket: _Seen | None, task: _Seen | None, prior_weight: float, optimistic: float, var: float
+    bucket: _Seen | None, task: _Prior | None, prior_weight: float, optimistic: float, var: float
 ) -> _Posterior:
-    """Normal posterior of the mean ln(speed) from bucket data and the task-level prior;
+    """Normal posterior of the mean ln(speed) from bucket data and the prior (:func:`_prior`);
     ``var``: the per-request variance."""
     if bucket is None and task is None:
         return _Posterior("prior", optimistic, math.sqrt(var / UNSEEN_WEIGHT), 0.0)
     w_b = bucket.stats.weight * bucket.factor if bucket is not None else 0.0
-    w_t = min(task.stats.weight * task.factor, prior_weight) if task is not None else 0.0
+    w_t = min(task.weight, prior_weight) if task is not None else 0.0
     m_b = bucket.stats.mean if bucket is not None else 0.0
-    m_t = task.stats.mean if task is not None else 0.0
+    m_t = task.mean if task is not None else 0.0
     n = w_b + w_t
     mean = (w_b * m_b + w_t * m_t) / n if n > 0 else (m_b if bucket is not None else m_t)
     sd = min(math.sqrt(var / max(n, 1e-9)), MAX_SD)
@@ -203,9 +258,16 @@ def choose(
 
     def beliefs() -> tuple[dict[str, _Posterior], dict[str, float]]:
         """Each name's posterior and its penalty as a shift of its mean ln(speed)."""
-        seen = {n: (_seen(groups[n], n, decay), _seen(prior, n, decay)) for n in names}
-        known = [(b or t) for b, t in seen.values()]
-        optimistic = max((k.stats.mean for k in known if k is not None), default=0.0)
+        near = {b: _neighbours(estimates, task, b) for b in set(buckets.values())}
+        seen = {
+            n: (_seen(groups[n], n, decay), _prior(n, near[buckets.get(n, first)], prior, decay))
+            for n in names
+        }
+        known = [
+            b.stats.mean if b is not None else t.mean if t is not None else None
+            for b, t in seen.values()
+        ]
+        optimistic = max((k for k in known if k is not None), default=0.0)
         var = _noise(prior, decay)
         post = {n: _posterior(b, t, prior_weight, optimistic, var) for n, (b, t) in seen.items()}
         shift = dict.fromkeys(names, 0.0)

@@ -176,6 +176,62 @@ def test_a_new_bucket_starts_from_the_task_estimate() -> None:
     assert by_name["ngram"].source == "prior"  # never seen: optimistic, wide
 
 
+def _twin_chat_state() -> Learner:
+    """The chat estimates of the GPU twin's eleventh run (docs/benchmarks.md section 7, its
+    ``/routes``, rounded): plain measured mostly at c=16-64 (slow there), EAGLE-3 at c=1-4;
+    at c=4 plain 205 tokens/s (2 requests) and EAGLE-3 180 (11), at c=2 plain 193 and
+    EAGLE-3 163. ``observe`` also feeds the task-level group, as the gateway does."""
+    learner = Learner(decay=1.0)
+    chat = "sampled/norep"
+    for backend, bucket, speed, n in [
+        ("plain", f"{chat}/c32", 150.0, 40),
+        ("plain", f"{chat}/c16", 185.0, 40),
+        ("eagle3", chat, 250.0, 12),
+        ("eagle3", f"{chat}/c2", 163.0, 7),
+        ("plain", f"{chat}/c2", 193.0, 1),
+        ("eagle3", f"{chat}/c4", 180.0, 11),
+        ("plain", f"{chat}/c4", 205.0, 2),
+    ]:
+        for _ in range(n):
+            learner.observe(Observation("chat", bucket, backend, speed, 64))
+    return learner
+
+
+def test_the_prior_of_a_load_band_is_its_neighbours_not_every_load() -> None:
+    """The task-level mean pools loads: plain's is dragged down by its c=16-64 requests,
+    EAGLE-3's up by its lone ones, and with those priors EAGLE-3 was best at c=4 although
+    that band measured plain faster. The neighbouring bands (c=2 here: c=8 has nothing)
+    are the prior, and plain is best."""
+    learner = _twin_chat_state()
+    task = learner.view()[("chat", ALL)].backends
+    assert math.exp(task["eagle3"].mean) > math.exp(task["plain"].mean) * 1.15
+    choice = choose(
+        "chat", "sampled/norep/c4", ["eagle3", "plain"], learner.view(), random.Random(0),
+        decay=1.0, baseline="plain", explore=0,
+    )  # fmt: skip
+    assert choice.best == choice.chosen == "plain"
+    by_name = {e.backend: e for e in choice.estimates}
+    # posterior means: the band's own mean shrunk towards c=2's, not towards every load's
+    assert 193 < by_name["plain"].speed_tps < 205
+    assert 163 < by_name["eagle3"].speed_tps < 180
+
+
+def test_without_neighbouring_bands_the_task_level_prior_stays() -> None:
+    """A band whose neighbours never saw a backend falls back to its task-level mean."""
+    learner = Learner(decay=1.0)
+    for _ in range(4):
+        learner.observe(Observation("chat", "sampled/norep", "plain", 200.0, 64))
+    learner.observe(Observation("chat", "sampled/norep/c8", "eagle3", 150.0, 64))
+    choice = choose(
+        "chat", "sampled/norep/c32", ["eagle3", "plain"], learner.view(), random.Random(0),
+        decay=1.0, baseline="plain", explore=0,
+    )  # fmt: skip
+    by_name = {e.backend: e for e in choice.estimates}
+    assert by_name["plain"].source == by_name["eagle3"].source == "task"
+    assert by_name["plain"].speed_tps == pytest.approx(200.0)
+    assert by_name["eagle3"].speed_tps == pytest.approx(150.0)
+
+
 Speeds = Callable[[int], dict[str, float]]
 
 
