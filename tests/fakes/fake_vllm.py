@@ -1,7 +1,8 @@
 """An in-process fake of vLLM's OpenAI server, for unit tests and fault injection only.
 
 It answers ``/health``, ``/metrics``, ``/v1/models``, ``/v1/completions`` and
-``/v1/chat/completions`` (JSON or SSE) with ``tokens`` words, and can be told to misbehave:
+``/v1/chat/completions`` (JSON or SSE; Anthropic's ``/v1/messages`` and the other endpoints:
+:mod:`tests.fakes.fake_vllm_extra`) with ``tokens`` words, and can be told to misbehave:
 ``status`` (answer that HTTP status), ``die_after`` (drop the connection after N stream
 chunks), ``delay_s`` (sleep between chunks), ``first_delay_s`` (wait before answering; a
 client that leaves meanwhile is counted in ``closed_early``, as vLLM aborts it), ``healthy``
@@ -30,7 +31,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 from starlette.routing import Route
 
 from bench.toy_lm import ToyLM
-from tests.fakes.fake_vllm_extra import BadBody, bad_body, extra_routes, refusal
+from tests.fakes.fake_vllm_extra import BadBody, UpstreamDied, bad_body, extra_routes, refusal
 from tests.fakes.fake_vllm_lm import lm_completion
 
 
@@ -76,10 +77,6 @@ ENGINE_DEAD_BODY = {
         "code": 500,
     }
 }
-
-
-class UpstreamDied(Exception):
-    """Raised inside the stream to make the server drop the connection mid-response."""
 
 
 def _chunk(kind: str, model: str, i: int, text: str) -> dict[str, Any]:

@@ -1,7 +1,8 @@
-"""The fake vLLM server's other endpoints: Responses (with a store), Anthropic Messages,
-tokenizer (``/tokenize`` answers token ids, one per whitespace-separated word, when the
-behaviour's ``tokenizer`` is set), version,
-an operator endpoint, ``/openapi.json``, and speculation refusals.
+"""The fake vLLM server's other endpoints: Responses (with a store), Anthropic Messages (JSON,
+or a stream of Anthropic's events, vLLM's ``serving.py`` order, that honours the behaviour's
+``delay_s``, ``die_after`` and ``closed_early`` as the OpenAI streams do), tokenizer
+(``/tokenize`` answers token ids, one per whitespace-separated word, when the behaviour's
+``tokenizer`` is set), version, an operator endpoint, ``/openapi.json``, and speculation refusals.
 
 A fake whose ``refuses`` names parameters answers a request setting one of them as a vLLM
 speculative server does: 400 with "... not yet supported with speculative decoding." (a
@@ -10,8 +11,10 @@ stream: 200, an error event, then ``[DONE]``).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import zlib
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
@@ -41,6 +44,10 @@ OPENAPI_PATHS = {
     "/reset_prefix_cache": ["post"],
     "/scale_elastic_ep": ["post"],
 }
+
+
+class UpstreamDied(Exception):
+    """Raised inside the stream to make the server drop the connection mid-response."""
 
 
 def refusal(b: FakeBehaviour, body: Any, stream: bool) -> Response | None:
@@ -83,6 +90,38 @@ def fake_words(body: dict[str, Any]) -> list[str]:
 def fake_token_id(word: str, offset: int = 0) -> int:
     """The fake tokenizer's id of ``word`` (``offset`` > 0: another model's tokenizer)."""
     return zlib.crc32(word.encode()) % 40000 + 100 + offset
+
+
+async def message_events(b: FakeBehaviour) -> AsyncIterator[bytes]:
+    """An Anthropic Messages stream of ``b.tokens`` text deltas, in the order vLLM's Messages
+    router sends its events; the connection drops before delta ``b.die_after``."""
+    usage = {"input_tokens": 3, "output_tokens": 0}
+    message = {"id": "msg", "type": "message", "role": "assistant", "content": [], "usage": usage}
+    message |= {"model": b.model, "stop_reason": None, "stop_sequence": None}
+    block = {"type": "text", "text": ""}
+    finished = False
+    try:
+        yield _event("message_start", {"message": message})
+        yield _event("content_block_start", {"index": 0, "content_block": block})
+        for i in range(b.tokens):
+            if b.die_after is not None and i >= b.die_after:
+                raise UpstreamDied(b.name)
+            if b.delay_s:
+                await asyncio.sleep(b.delay_s)
+            delta = {"type": "text_delta", "text": f" w{i}"}
+            yield _event("content_block_delta", {"index": 0, "delta": delta})
+        yield _event("content_block_stop", {"index": 0})
+        stop = {"stop_reason": "max_tokens", "stop_sequence": None}
+        yield _event("message_delta", {"delta": stop, "usage": {"output_tokens": b.tokens}})
+        yield _event("message_stop", {})
+        finished = True
+    finally:
+        if not finished:
+            b.closed_early += 1
+
+
+def _event(name: str, data: dict[str, Any]) -> bytes:
+    return f"event: {name}\ndata: {json.dumps({'type': name, **data})}\n\n".encode()
 
 
 def extra_routes(b: FakeBehaviour) -> list[Route]:
@@ -137,6 +176,8 @@ def extra_routes(b: FakeBehaviour) -> list[Route]:
         refused = refusal(b, body, bool(body.get("stream")))
         if refused is not None:
             return refused
+        if body.get("stream"):
+            return StreamingResponse(message_events(b), media_type="text/event-stream")
         content = [{"type": "text", "text": "hi"}]
         return JSONResponse(
             {"id": "msg", "type": "message", "role": "assistant", "content": content}
