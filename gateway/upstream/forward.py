@@ -124,6 +124,7 @@ async def _relay(
     trace: RequestTrace,
     tap: ResponseTap | None,
     render: StreamFailureRenderer,
+    path: str,
 ) -> AsyncGenerator[bytes, None]:
     response, chunks, head = settled.response, settled.chunks, settled.head
     status, error = response.status, None
@@ -157,7 +158,7 @@ async def _relay(
             raise (died or AnswerBroken(str(exc))) from None
         if tap is not None and (rest := tap.close()):
             yield rest  # lines held back for the usage chunk that never came
-        yield render(died)
+        yield render(died, path)  # in the shape of the API of ``path``
     except BaseException:  # the client went away (cancelled) or the app is shutting down
         # a terminal event in the last chunk it took: it had the whole answer and left
         # before the backend closed the stream (looked for here, not in every chunk)
@@ -188,8 +189,8 @@ class Forwarder:
     the wait for response headers and for the first body chunk, ``idle_timeout_s`` (seconds)
     each later gap between body chunks. Each backend's circuit breaker hears of every outcome.
     ``watch`` (None: no containment) registers attempts and judges backend deaths;
-    ``stream_failure`` renders the events that end a stream failing part-way
-    (:func:`gateway.errors.stream_failure_event`).
+    ``stream_failure`` renders the events that end a stream failing part-way, for the
+    request's path (:func:`gateway.errors.stream_failure_event`).
     """
 
     client: UpstreamClient
@@ -263,7 +264,7 @@ class Forwarder:
                 await response.aclose()
                 continue
             tapped = tap if response.status == 200 else None
-            relay = _relay(outcome, attempt, trace, tapped, self.stream_failure)
+            relay = _relay(outcome, attempt, trace, tapped, self.stream_failure, path)
             await anext(relay)  # the primer: the relay now owns the response and the lease
             return Upstream(
                 backend=name,
