@@ -236,7 +236,7 @@ class DeathWatch:
         self.deaths[backend] = self.deaths.get(backend, 0) + 1
         state = self.registry.states.get(backend)
         if state is not None:
-            state.healthy = False
+            state.mark(False)
             state.last_error = f"died: {signal}"
         self._blame(event)
         return event

@@ -64,6 +64,7 @@ class BackendState:
     liveness: a backend answering requests is alive, however slow its probe).
     ``fingerprint``: the ``system_fingerprint`` its answers carry, as JSON text (``b""``:
     none; None: not seen yet), learnt by :class:`~gateway.upstream.feedback.ResponseTap`.
+    ``down_listeners``: callbacks (no argument) run by :meth:`mark` when it goes down.
     """
 
     healthy: bool | None = None
@@ -90,6 +91,7 @@ class BackendState:
     peak_prev: int = 0
     peak_since: float = -2 * PEAK_WINDOW_S
     peak_window_s: float = PEAK_WINDOW_S
+    down_listeners: set[Callable[[], None]] = field(default_factory=set, repr=False)
 
     @property
     def health(self) -> Health:
@@ -101,6 +103,17 @@ class BackendState:
         """Health lets it take traffic: up, or not probed yet (only ``down`` keeps it out;
         the circuit breaker, demotion and the canary are separate verdicts)."""
         return self.healthy is not False
+
+    def mark(self, healthy: bool) -> None:
+        """Record a health verdict (the poller's, or a death's); going down (False after
+        True or None) runs every :attr:`down_listeners` callback (a callback removes itself
+        when its wait ends). A backend already down is left alone: a request sent there
+        since (an affinity pin) waits for its own answer, as before."""
+        went_down = not healthy and self.healthy is not False
+        self.healthy = healthy
+        if went_down and self.down_listeners:
+            for listener in tuple(self.down_listeners):
+                listener()
 
     def reserve(self, now: float) -> None:
         """A routing decision chose this backend (``now``: ``time.monotonic()``): it counts
