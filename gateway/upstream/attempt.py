@@ -1,15 +1,19 @@
-"""One try of one backend, as the forwarder sees it: the backend lease (its in-flight slot)
-and the registration with the :class:`~gateway.upstream.deaths.DeathWatch` (containment)."""
+"""One try of one backend, as the forwarder sees it: the backend lease (its in-flight slot),
+the registration with the :class:`~gateway.upstream.deaths.DeathWatch` (containment), and
+giving up the wait for an answer when the backend is marked down
+(:meth:`Attempt.given_up_when_down`)."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
+from types import TracebackType
 from typing import Any
 
 from gateway.failures import BackendDied
-from gateway.upstream.client import UpstreamBroken
+from gateway.upstream.client import UpstreamBroken, UpstreamDropped
 from gateway.upstream.deaths import ERROR_BODY_LIMIT, Death, DeathWatch, engine_dead_reason
 from gateway.upstream.state import BackendState
 
@@ -73,6 +77,32 @@ class Attempt:
             return None
         return self.died_failure(death)
 
+    def given_up_when_down(self) -> GiveUpWhenDown:
+        """A ``with`` block around a wait for this backend (its headers, an error answer's
+        head, a relayed body's next chunk) that the backend being marked down
+        (:meth:`BackendState.mark <gateway.upstream.state.BackendState.mark>`: by the health
+        poller, or a death) ends at once with :class:`MarkedDown`; see
+        :class:`GiveUpWhenDown`."""
+        return GiveUpWhenDown(self)
+
+    async def read_head(self, chunks: AsyncIterator[bytes]) -> tuple[list[bytes], str | None]:
+        """Read an error answer's first ``chunks``, up to about 64 KiB or its end; returns
+        them, and why the body broke off meanwhile (a reset, a timeout, the backend marked
+        down) or None. Raises nothing of the backend's."""
+        head: list[bytes] = []
+        size = 0
+        try:
+            with self.given_up_when_down():
+                while size < ERROR_BODY_LIMIT:
+                    chunk = await anext(chunks, None)
+                    if chunk is None:
+                        break
+                    head.append(chunk)
+                    size += len(chunk)
+        except (UpstreamBroken, MarkedDown) as exc:
+            return head, str(exc)
+        return head, None
+
     def died_failure(self, death: Death) -> BackendDied:
         """What a participant of ``death`` fails with (answered 500 ``backend_died``)."""
         ttl_s = self.watch.table.ttl_s if self.watch is not None else 0.0
@@ -85,18 +115,47 @@ class Attempt:
         )
 
 
-async def read_head(chunks: AsyncIterator[bytes]) -> tuple[list[bytes], bool]:
-    """Read an error answer's first chunks, up to about 64 KiB or its end; returns them and
-    whether the body broke off (reset, timeout) meanwhile."""
-    head: list[bytes] = []
-    size = 0
-    try:
-        while size < ERROR_BODY_LIMIT:
-            chunk = await anext(chunks, None)
-            if chunk is None:
-                break
-            head.append(chunk)
-            size += len(chunk)
-    except UpstreamBroken:
-        return head, True
-    return head, False
+class MarkedDown(UpstreamDropped):
+    """The backend was marked down while an attempt waited for it: given up, as a dropped
+    connection is (before the answer's headers the request moves on; a relayed answer
+    ends as one that broke off)."""
+
+
+class GiveUpWhenDown:
+    """Cancels the task in the block when the attempt's backend is marked down, and turns
+    that cancellation into :class:`MarkedDown` (as ``asyncio.timeout`` turns its own into
+    ``TimeoutError``): a waiter on the backend's
+    :attr:`~gateway.upstream.state.BackendState.down_listeners` while the block runs, no
+    polling. Any other cancellation (the client left, shutdown) goes on as it is. Must be
+    entered in the task that waits; not re-entrant, but may be entered again once left (a
+    relay enters one per chunk it waits for)."""
+
+    __slots__ = ("_attempt", "_listener", "_task", "_cancelling", "_fired")
+
+    def __init__(self, attempt: Attempt) -> None:
+        self._attempt = attempt
+        self._listener = self._give_up  # one bound method: added and discarded as itself
+        self._fired = False
+
+    def __enter__(self) -> None:
+        task = asyncio.current_task()
+        assert task is not None, "entered outside a task"
+        self._task, self._cancelling, self._fired = task, task.cancelling(), False
+        self._attempt.state.down_listeners.add(self._listener)
+
+    def _give_up(self) -> None:
+        if not self._fired:
+            self._fired = True
+            self._task.cancel()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._attempt.state.down_listeners.discard(self._listener)
+        if self._fired and self._task.uncancel() <= self._cancelling:
+            if exc_type is not None and issubclass(exc_type, asyncio.CancelledError):
+                why = self._attempt.state.last_error  # ours alone: the backend went down
+                raise MarkedDown(f"the backend was marked down ({why or 'unhealthy'})") from None

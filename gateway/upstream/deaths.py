@@ -16,7 +16,9 @@ failing together share one ``/health`` probe, and the event stays open while the
 not healthy again (and at least ``min_event_s``); a participant that fails after it closed
 still belongs to it. Every attempt in flight there when the event opens is a participant;
 the backend is marked unhealthy at once (the poller marks it healthy again once it answers
-``/health``). The participants are judged once per event by the
+``/health``), which also ends the attempts still waiting there for an answer (they are
+judged as participants: :meth:`~gateway.upstream.attempt.Attempt.given_up_when_down`).
+The participants are judged once per event by the
 :class:`~gateway.upstream.quarantine.QuarantineTable`'s rule (its module docstring), and
 again when another participant's answer confirms the event later. A participant of a death
 that blames someone (an engine error, or it was alone in flight) is never failed over (it
@@ -236,7 +238,7 @@ class DeathWatch:
         self.deaths[backend] = self.deaths.get(backend, 0) + 1
         state = self.registry.states.get(backend)
         if state is not None:
-            state.mark(False)
+            state.mark(False)  # attempts waiting there give up
             state.last_error = f"died: {signal}"
         self._blame(event)
         return event

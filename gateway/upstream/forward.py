@@ -7,10 +7,13 @@ decision, unless the backend died under the request and the death blames someone
 ``backend_died`` and not sent anywhere else, since it may be what killed the backend (a
 death that blames nobody, a process killed from outside under load, moves the request on
 once; a second death under it ends it the same way). A 5xx answer's first 64 KiB
-are read before deciding (an engine-dead message confirms a death). After that the answer
+are read before deciding (an engine-dead message confirms a death). A backend marked down
+(by the health poller, or a death) while a request waits for its headers is given up at
+once, as a dropped connection is, and the request moves on. After that the answer
 is relayed as raw bytes (SSE chunk by chunk for streams), never re-parsed, and the upstream
 response is closed in a ``finally`` inside the body iterator, so a client that goes away
-closes the upstream connection and vLLM aborts.
+closes the upstream connection and vLLM aborts. A stream whose client got any byte is never
+sent elsewhere: it ends with an error event (at once when its backend is marked down).
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from gateway.failures import (
 )
 from gateway.trace import RequestTrace
 from gateway.upstream.answer import Upstream
-from gateway.upstream.attempt import Attempt, read_head
+from gateway.upstream.attempt import Attempt, MarkedDown
 from gateway.upstream.client import (
     UpstreamBroken,
     UpstreamClient,
@@ -133,7 +136,13 @@ async def _relay(
     sent = b""  # the last chunk the client took (a terminal event there: it had it all)
     try:
         yield b""  # primed by Forwarder.open: from here aclose() always runs the finally
-        async for chunk in _chain(head, chunks) if head else chunks:
+        source = _chain(head, chunks) if head else chunks
+        given_up_when_down = attempt.given_up_when_down()
+        while True:
+            with given_up_when_down:  # only while waiting for a chunk, never across a yield
+                chunk = await anext(source, None)
+            if chunk is None:
+                break
             prev, last = last, chunk
             state.alive_at = time.monotonic()  # passive liveness (gateway.upstream.health)
             if tap is not None and not (chunk := tap.feed(chunk)):
@@ -147,7 +156,7 @@ async def _relay(
         if trace.stream and b'"error"' in (tail := prev + last):
             if (message := stream_error_message(tail)) is not None:
                 await attempt.died("the stream ended with an error event", message)
-    except UpstreamBroken as exc:  # reset, or a gap longer than its timeout
+    except (UpstreamBroken, MarkedDown) as exc:  # reset, a gap past its timeout, marked down
         logger.warning("backend %s failed mid-response: %s", trace.backend, exc)
         status, error = 502, "upstream_error"
         death = await attempt.died(f"the response broke off ({exc})")
@@ -232,7 +241,9 @@ class Forwarder:
         backend sent no headers within ``first_byte_timeout_s`` (not retried: the request may
         be running there), :class:`~gateway.failures.BackendDied` when the backend
         died with this request in flight and the death blames someone, or it is the second
-        death under the request this call (a first that blames nobody fails over).
+        death under the request this call (a first that blames nobody fails over). A
+        backend marked down while the request waits for its headers is given up at once
+        (:meth:`Attempt.given_up_when_down`): the request moves on.
         """
         last_why = "no candidate backend"
         tried = order if next_on else order[: self.max_attempts]
@@ -290,22 +301,27 @@ class Forwarder:
         then ended, the breaker told). Raises :class:`BackendTimedOut` on a first-byte
         timeout, :class:`BackendDied` when the backend died with this request in flight
         (unless the death blames nobody and ``may_survive``: :meth:`Attempt.contained`).
-        An answer not settled (an error, or cancelled) is closed."""
+        The wait for the headers is given up when the backend is marked down meanwhile
+        (:meth:`Attempt.given_up_when_down`), as a connection dropped is. An answer not
+        settled (an error, or cancelled) is closed."""
         try:
-            response = await self.client.post(
-                url,
-                body,
-                headers,
-                method=method,
-                first_byte_timeout_s=self.first_byte_timeout_s,
-                idle_timeout_s=self.idle_timeout_s,
-            )
+            with attempt.given_up_when_down():
+                response = await self.client.post(
+                    url,
+                    body,
+                    headers,
+                    method=method,
+                    first_byte_timeout_s=self.first_byte_timeout_s,
+                    idle_timeout_s=self.idle_timeout_s,
+                )
         except UpstreamTimeout:
             self._failed(attempt)
             raise BackendTimedOut() from None
         except UpstreamUnreachable as exc:
             death = None
-            if isinstance(exc, UpstreamDropped):  # the request may have killed it
+            if isinstance(exc, MarkedDown):  # it may have died under the request
+                death = await attempt.died(f"{exc} before the response")
+            elif isinstance(exc, UpstreamDropped):  # the request may have killed it
                 death = await attempt.died(f"connection dropped before the response ({exc})")
             self._failed(attempt)
             if (died := attempt.contained(death, may_survive=may_survive)) is not None:
@@ -324,9 +340,9 @@ class Forwarder:
         a retryable failure, closes it), a status outside 200-599 fails over."""
         chunks, head = response.chunks(), list[bytes]()
         if 500 <= response.status <= 599:  # a dying backend answers so: look closer
-            head, broken = await read_head(chunks)
+            head, broken = await attempt.read_head(chunks)
             death = await attempt.died(f"HTTP {response.status}", b"".join(head))
-            if death is not None or broken or response.status in RETRYABLE_STATUS:
+            if death is not None or broken is not None or response.status in RETRYABLE_STATUS:
                 self._failed(attempt)
                 await response.aclose()
                 if (died := attempt.contained(death, may_survive=may_survive)) is not None:

@@ -64,7 +64,9 @@ class BackendState:
     liveness: a backend answering requests is alive, however slow its probe).
     ``fingerprint``: the ``system_fingerprint`` its answers carry, as JSON text (``b""``:
     none; None: not seen yet), learnt by :class:`~gateway.upstream.feedback.ResponseTap`.
-    ``down_listeners``: callbacks (no argument) run by :meth:`mark` when it goes down.
+    ``down_listeners``: callbacks (no argument) run by :meth:`mark` when it goes down:
+    attempts waiting there for an answer give up
+    (:meth:`~gateway.upstream.attempt.Attempt.given_up_when_down`).
     """
 
     healthy: bool | None = None

@@ -4,9 +4,11 @@ It answers ``/health``, ``/metrics``, ``/v1/models``, ``/v1/completions`` and
 ``/v1/chat/completions`` (JSON or SSE; Anthropic's ``/v1/messages`` and the other endpoints:
 :mod:`tests.fakes.fake_vllm_extra`) with ``tokens`` words, and can be told to misbehave:
 ``status`` (answer that HTTP status), ``die_after`` (drop the connection after N stream
-chunks), ``delay_s`` (sleep between chunks), ``first_delay_s`` (wait before answering; a
+chunks), ``hang_after`` (send nothing more after N stream chunks, as a stopped process),
+``delay_s`` (sleep between chunks), ``first_delay_s`` (wait before answering; a
 client that leaves meanwhile is counted in ``closed_early``, as vLLM aborts it), ``healthy``
-(``/health`` answer),
+(``/health`` answer), ``health_delay_s`` (``/health`` answers only after this, or never
+when the prober leaves first: a stopped process),
 ``completion_override`` (a JSON body returned verbatim for non-streamed ``/v1/completions``).
 A ``/v1/completions`` with ``return_token_ids`` and a token-id prompt answers token ids too.
 With ``lm`` (a toy target model), non-streamed ``/v1/completions`` sample from it, with token
@@ -46,6 +48,8 @@ class FakeBehaviour:
     healthy: bool = True
     delay_s: float = 0.0
     die_after: int | None = None
+    hang_after: int | None = None  # stream chunks sent before it hangs (until the client leaves)
+    health_delay_s: float = 0.0
     metrics_text: str = ""
     first_delay_s: float = 0.0
     first_chunk_delay_s: float = 0.0  # after a stream's headers, before its first chunk
@@ -113,7 +117,9 @@ def create_fake_vllm(b: FakeBehaviour) -> Starlette:
 
     rng = random.Random(b.seed)
 
-    async def health(_: Request) -> Response:
+    async def health(request: Request) -> Response:
+        if b.health_delay_s and await _left_within(request, b.health_delay_s):
+            return Response(status_code=499)  # the prober gave up
         return Response(status_code=200 if b.healthy else 503)
 
     async def metrics(_: Request) -> Response:
@@ -214,6 +220,8 @@ def create_fake_vllm(b: FakeBehaviour) -> Starlette:
             for i, word in enumerate(words):
                 if b.die_after is not None and i >= b.die_after:
                     raise UpstreamDied(b.name)
+                if b.hang_after is not None and i >= b.hang_after:
+                    await asyncio.sleep(3600)  # cancelled when the client leaves
                 if b.delay_s:
                     await asyncio.sleep(b.delay_s)
                 yield f"data: {json.dumps(_chunk(kind, b.model, i, word))}\n\n".encode()

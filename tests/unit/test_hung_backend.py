@@ -1,0 +1,181 @@
+"""A backend that stops answering: a request with nothing of its answer yet moves on to
+the next backend once the backend is marked down, instead of waiting for the first-byte
+timeout; a stream already answering ends at once, and is never sent elsewhere.
+
+Real sockets, on each upstream engine (aiohttp, httpx): the hung backend is a fake vLLM
+server that accepts and then sends nothing, not even to ``/health`` (a SIGSTOPped process);
+the gateway's own health poller marks it down. In process: the guard's cancellation rules
+and containment's priority over the failover.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import httpx
+import pytest
+
+from contracts.config import parse_config
+from gateway.app import create_app
+from gateway.settings import Settings
+from gateway.upstream.attempt import Attempt, MarkedDown
+from gateway.upstream.state import BackendState
+from tests.fakes.fake_vllm import FakeBehaviour, create_fake_vllm
+from tests.fakes.servers import running_server
+from tests.unit.conftest import MODEL, InProcess
+
+BODY = {"model": MODEL, "prompt": "x", "max_tokens": 8}
+#: The first-byte and idle timeouts: what the old code waited for.
+PATIENCE_S = 10.0
+#: Well under PATIENCE_S: two slow health rounds (0.2 s interval + 0.2 s timeout each), the
+#: death probe (0.2 s), and a loaded machine's slack.
+PROMPT_S = 5.0
+
+
+@dataclass
+class Stack:
+    url: str
+    fakes: dict[str, FakeBehaviour]
+
+
+@pytest.fixture(params=["aiohttp", "httpx"])
+def stack(request: pytest.FixtureRequest) -> Iterator[Stack]:
+    """``a`` first (its pool), ``b`` its fallback, static order; a health poll every 0.2 s
+    that marks a backend sending nothing down after two slow probes."""
+    settings = Settings(
+        health_interval_s=0.2,
+        health_timeout_s=0.2,
+        health_failures=2,
+        death_probe_timeout_s=0.2,
+        first_byte_timeout_s=PATIENCE_S,
+        idle_timeout_s=PATIENCE_S,
+        upstream_transport=request.param,
+        state_persist=False,
+    )
+    fakes = {"a": FakeBehaviour(name="a"), "b": FakeBehaviour(name="b")}
+    with (
+        running_server(create_fake_vllm(fakes["a"]), timeout_graceful_shutdown=1) as a_url,
+        running_server(create_fake_vllm(fakes["b"])) as b_url,
+    ):
+        config = parse_config(
+            {
+                "defaults": {"pool": "first"},
+                "routing": {"policy": "static"},
+                "backends": {
+                    "a": {"url": a_url, "model": MODEL},
+                    "b": {"url": b_url, "model": MODEL},
+                },
+                "pools": {"first": ["a"], "second": ["b"]},
+                "rules": [{"name": "all", "match": {}, "pool": "first", "fallbacks": ["second"]}],
+            }
+        )
+        with running_server(create_app(settings, config=config)) as url:
+            yield Stack(url, fakes)
+
+
+def stop(fake: FakeBehaviour, *, after_chunks: int | None = None) -> None:
+    """The fake answers nothing from now on, ``/health`` included (``after_chunks``: a
+    stream's chunks it still sends first)."""
+    fake.health_delay_s = 3600.0
+    if after_chunks is None:
+        fake.first_delay_s = 3600.0
+    else:
+        fake.hang_after = after_chunks
+
+
+def test_a_request_waiting_on_a_backend_marked_down_moves_on(
+    stack: Stack, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="specgate.access")
+    stop(stack.fakes["a"])
+    started = time.monotonic()
+    resp = httpx.post(f"{stack.url}/v1/completions", json=BODY, timeout=3 * PATIENCE_S)
+    elapsed = time.monotonic() - started
+    assert resp.status_code == 200, resp.text
+    assert resp.headers["x-specgate-backend"] == "b" and resp.json()["served_by"] == "b"
+    assert elapsed < PROMPT_S, f"answered after {elapsed:.1f} s"
+    assert [len(f.received) for f in stack.fakes.values()] == [1, 1]
+    routes = httpx.get(f"{stack.url}/routes").json()
+    assert routes["decisions"]["failovers"] == 1
+    a = next(view for view in routes["backends"] if view["name"] == "a")
+    assert a["healthy"] is False and a["inflight"] == 0
+    assert routes["quarantine"]["deaths"] == 0  # slow, not dead: nobody blamed
+    [line] = [r.getMessage() for r in caplog.records if r.name == "specgate.access"]
+    assert "backend=b attempts=2 status=200" in line
+
+
+def test_a_stream_that_sent_chunks_is_ended_not_sent_again(stack: Stack) -> None:
+    stop(stack.fakes["a"], after_chunks=2)
+    started = time.monotonic()
+    with httpx.stream(
+        "POST",
+        f"{stack.url}/v1/completions",
+        json=BODY | {"stream": True},
+        timeout=3 * PATIENCE_S,
+    ) as resp:
+        events = [line for line in resp.iter_lines() if line]
+    elapsed = time.monotonic() - started
+    assert resp.status_code == 200 and resp.headers["x-specgate-backend"] == "a"
+    assert [e for e in events if '"text"' in e] == events[:2]  # each chunk once, a's only
+    assert len(events) == 4, events
+    assert '"code": "upstream_error"' in events[2] and events[3] == "data: [DONE]"
+    assert elapsed < PROMPT_S, f"ended after {elapsed:.1f} s"
+    assert len(stack.fakes["b"].received) == 0  # never sent to another backend
+
+
+async def test_the_guard_turns_only_its_own_cancellation_into_marked_down() -> None:
+    """Marked down inside the block: :class:`MarkedDown`; cancelled from outside (the client
+    left), even as the backend goes down too: ``CancelledError``; after the block: nothing."""
+    state = BackendState(healthy=True)
+    attempt = Attempt("a", "http://a", state, None)
+
+    async def wait() -> None:
+        with attempt.given_up_when_down():
+            await asyncio.sleep(3600)
+
+    waiting = asyncio.ensure_future(wait())
+    await asyncio.sleep(0)
+    state.mark(False)
+    with pytest.raises(MarkedDown, match="marked down"):
+        await waiting
+    assert not state.down_listeners
+
+    state.mark(True)
+    waiting = asyncio.ensure_future(wait())
+    await asyncio.sleep(0)
+    waiting.cancel()  # the client left ...
+    state.mark(False)  # ... as the backend went down
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+
+    state.mark(True)
+    with attempt.given_up_when_down():
+        await asyncio.sleep(0)
+    state.mark(False)  # the wait is over: nothing to cancel
+    await asyncio.sleep(0.01)
+    assert not state.down_listeners
+
+
+async def test_a_backend_found_dead_under_a_waiting_request_is_still_a_death(
+    gw: InProcess,
+) -> None:
+    """Containment first: a backend marked down because ``/health`` fails (the process or
+    its engine gone) ends the lone request waiting there as a death's suspect (500, not
+    retried), as the backend's own error answer would have, only at once."""
+    plain = gw.fakes["plain"]
+    plain.first_delay_s = 3600.0
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "Tell me a story."}]}
+    waiting = asyncio.ensure_future(gw.client.post("/v1/chat/completions", json=chat))
+    await asyncio.sleep(0.1)
+    assert len(plain.received) == 1  # waiting there
+    plain.healthy = False
+    await gw.poll()
+    resp = await asyncio.wait_for(waiting, timeout=PROMPT_S)
+    error = resp.json()["error"]
+    assert resp.status_code == 500 and error["code"] == "backend_died", resp.text
+    assert "only a suspect" in error["message"]
+    assert sum(len(f.received) for f in gw.fakes.values()) == 1
