@@ -43,6 +43,15 @@ class Upstream:
         await self.aclose()
 
 
+def is_event_stream_type(headers: list[tuple[bytes, bytes]]) -> bool:
+    """Whether ``headers`` (ASGI byte pairs, lower-case names) give the ``Content-Type``
+    ``text/event-stream`` (an answer relayed as it arrives, whatever the request asked)."""
+    for name, value in headers:
+        if name == b"content-type":
+            return value.split(b";")[0].strip().lower() == b"text/event-stream"
+    return False
+
+
 async def read_all(upstream: Upstream) -> bytes:
     """Read a non-streamed answer whole; raises :class:`~gateway.failures.AnswerBroken` (or
     :class:`~gateway.failures.BackendDied`) when the backend fails part-way."""

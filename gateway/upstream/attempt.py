@@ -24,7 +24,8 @@ class Attempt:
     :meth:`begin` to :meth:`end` (idempotent), which holds one of its in-flight slots and
     the ``watch``'s registration (None: no containment; the attempt is known as ``token``).
     ``held``: the lease is taken and not yet ended. ``survived``: the backend died under
-    the attempt, blaming nobody, and the request moves on (:meth:`contained`)."""
+    the attempt, blaming nobody, or its non-streamed answer broke off, and the request
+    moves on (:meth:`contained`; once per request)."""
 
     name: str
     base_url: str
@@ -78,22 +79,25 @@ class Attempt:
         return self.died_failure(death)
 
     def given_up_when_down(self) -> GiveUpWhenDown:
-        """A ``with`` block around a wait for this backend (its headers, an error answer's
-        head, a relayed body's next chunk) that the backend being marked down
+        """A ``with`` block around a wait for this backend (its headers, an answer's head or
+        whole body, a relayed body's next chunk) that the backend being marked down
         (:meth:`BackendState.mark <gateway.upstream.state.BackendState.mark>`: by the health
         poller, or a death) ends at once with :class:`MarkedDown`; see
         :class:`GiveUpWhenDown`."""
         return GiveUpWhenDown(self)
 
-    async def read_head(self, chunks: AsyncIterator[bytes]) -> tuple[list[bytes], str | None]:
-        """Read an error answer's first ``chunks``, up to about 64 KiB or its end; returns
-        them, and why the body broke off meanwhile (a reset, a timeout, the backend marked
-        down) or None. Raises nothing of the backend's."""
+    async def read_head(
+        self, chunks: AsyncIterator[bytes], limit: float = ERROR_BODY_LIMIT
+    ) -> tuple[list[bytes], str | None]:
+        """Read an answer's first ``chunks``, up to about ``limit`` bytes (default 64 KiB;
+        ``math.inf``: the whole body) or its end; returns them, and why the body broke off
+        meanwhile (a reset, a timeout, the backend marked down) or None. Raises nothing of
+        the backend's."""
         head: list[bytes] = []
         size = 0
         try:
             with self.given_up_when_down():
-                while size < ERROR_BODY_LIMIT:
+                while size < limit:
                     chunk = await anext(chunks, None)
                     if chunk is None:
                         break

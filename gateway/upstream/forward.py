@@ -9,7 +9,10 @@ death that blames nobody, a process killed from outside under load, moves the re
 once; a second death under it ends it the same way). A 5xx answer's first 64 KiB
 are read before deciding (an engine-dead message confirms a death). A backend marked down
 (by the health poller, or a death) while a request waits for its headers is given up at
-once, as a dropped connection is, and the request moves on. After that the answer
+once, as a dropped connection is, and the request moves on. A non-streamed answer is read
+whole before anything is relayed (the client would get nothing before its end anyway), so
+one that breaks off moves the request on too, once per request, as a death that blames
+nobody does. After that the answer
 is relayed as raw bytes (SSE chunk by chunk for streams), never re-parsed, and the upstream
 response is closed in a ``finally`` inside the body iterator, so a client that goes away
 closes the upstream connection and vLLM aborts. A stream whose client got any byte is never
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import re
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
@@ -34,7 +38,7 @@ from gateway.failures import (
     StreamFailureRenderer,
 )
 from gateway.trace import RequestTrace
-from gateway.upstream.answer import Upstream
+from gateway.upstream.answer import Upstream, is_event_stream_type
 from gateway.upstream.attempt import Attempt, MarkedDown
 from gateway.upstream.client import (
     UpstreamBroken,
@@ -241,9 +245,11 @@ class Forwarder:
         backend sent no headers within ``first_byte_timeout_s`` (not retried: the request may
         be running there), :class:`~gateway.failures.BackendDied` when the backend
         died with this request in flight and the death blames someone, or it is the second
-        death under the request this call (a first that blames nobody fails over). A
-        backend marked down while the request waits for its headers is given up at once
-        (:meth:`Attempt.given_up_when_down`): the request moves on.
+        death under the request this call (a first that blames nobody fails over),
+        :class:`~gateway.failures.AnswerBroken` when a non-streamed answer broke off after
+        the request had already moved on once (a first one fails over). A backend marked
+        down while the request waits for its headers, or for a non-streamed answer's end,
+        is given up at once (:meth:`Attempt.given_up_when_down`): the request moves on.
         """
         last_why = "no candidate backend"
         tried = order if next_on else order[: self.max_attempts]
@@ -257,7 +263,13 @@ class Forwarder:
                 state.circuit.on_attempt(self.clock())
                 sent = upstream_headers(headers, backend)
                 outcome = await self._try(
-                    attempt, method, backend.base_url + path, body, sent, may_survive=not survived
+                    attempt,
+                    method,
+                    backend.base_url + path,
+                    body,
+                    sent,
+                    may_survive=not survived,
+                    whole=not trace.stream,
                 )
             except BaseException:
                 if attempt.held:  # not settled as a failure: cancelled (the client left)
@@ -296,14 +308,16 @@ class Forwarder:
         headers: Mapping[str, str],
         *,
         may_survive: bool,
+        whole: bool,
     ) -> _Settled | str:
         """One attempt: its settled answer, or why it failed before answering (the lease
         then ended, the breaker told). Raises :class:`BackendTimedOut` on a first-byte
         timeout, :class:`BackendDied` when the backend died with this request in flight
         (unless the death blames nobody and ``may_survive``: :meth:`Attempt.contained`).
         The wait for the headers is given up when the backend is marked down meanwhile
-        (:meth:`Attempt.given_up_when_down`), as a connection dropped is. An answer not
-        settled (an error, or cancelled) is closed."""
+        (:meth:`Attempt.given_up_when_down`), as a connection dropped is. ``whole``: a
+        non-streamed request (see :meth:`_judge`). An answer not settled (an error, or
+        cancelled) is closed."""
         try:
             with attempt.given_up_when_down():
                 response = await self.client.post(
@@ -328,16 +342,19 @@ class Forwarder:
                 raise died from None
             return f"{attempt.name}: {exc}"
         try:
-            return await self._judge(attempt, response, may_survive=may_survive)
+            return await self._judge(attempt, response, may_survive=may_survive, whole=whole)
         except BaseException:
             await response.aclose()
             raise
 
     async def _judge(
-        self, attempt: Attempt, response: UpstreamResponse, *, may_survive: bool
+        self, attempt: Attempt, response: UpstreamResponse, *, may_survive: bool, whole: bool
     ) -> _Settled | str:
         """Settle an answer's status: a 5xx is looked at closer (its head read: a death, or
-        a retryable failure, closes it), a status outside 200-599 fails over."""
+        a retryable failure, closes it), a status outside 200-599 fails over. ``whole``
+        (a non-streamed request): an answer that is not an event stream is read whole
+        here, since the client gets nothing of it before its end anyway, so one that breaks
+        off fails over (:meth:`_broke_off`)."""
         chunks, head = response.chunks(), list[bytes]()
         if 500 <= response.status <= 599:  # a dying backend answers so: look closer
             head, broken = await attempt.read_head(chunks)
@@ -352,9 +369,31 @@ class Forwarder:
             self._failed(attempt)
             await response.aclose()
             return f"{attempt.name}: HTTP {response.status}"
+        if whole and not is_event_stream_type(response.raw_headers):
+            rest, broken = await attempt.read_head(chunks, math.inf)
+            if broken is not None:
+                await response.aclose()
+                return await self._broke_off(attempt, broken, may_survive=may_survive)
+            head += rest
         attempt.state.circuit.on_success()
         attempt.state.alive_at = self.clock()  # it answers: alive (gateway.upstream.health)
         return _Settled(response, chunks, head)
+
+    async def _broke_off(self, attempt: Attempt, why: str, *, may_survive: bool) -> str:
+        """A non-streamed answer that broke off before its end (``why``), the client got
+        nothing of it yet: why it failed, to fail over as a failure before the answer, once
+        per request (``may_survive``: not yet; the attempt is then marked ``survived``), as
+        a death that blames nobody does (:meth:`Attempt.contained`). Raises
+        :class:`BackendDied` for a participant of a death that blames someone, or a second
+        death; :class:`AnswerBroken` when the request already moved on once."""
+        death = await attempt.died(f"the response broke off ({why})")
+        self._failed(attempt)
+        if (died := attempt.contained(death, may_survive=may_survive)) is not None:
+            raise died
+        if not may_survive:
+            raise AnswerBroken(why)
+        attempt.survived = True
+        return f"{attempt.name}: the response broke off ({why})"
 
     def _failed(self, attempt: Attempt) -> None:
         """An attempt that failed before its answer was settled."""

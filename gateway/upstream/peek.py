@@ -19,15 +19,12 @@ from collections.abc import AsyncGenerator
 import httpx
 from httpx_sse import EventSource, ServerSentEvent, SSEError
 
-from gateway.upstream.answer import Upstream, read_all
+from gateway.upstream.answer import Upstream, is_event_stream_type, read_all
 
 
 def is_event_stream(upstream: Upstream) -> bool:
     """True when the answer's ``Content-Type`` is ``text/event-stream``."""
-    for name, value in upstream.headers:
-        if name == b"content-type":
-            return value.split(b";")[0].strip().lower() == b"text/event-stream"
-    return False
+    return is_event_stream_type(upstream.headers)
 
 
 async def peek_event(

@@ -1,6 +1,7 @@
 """A backend that stops answering: a request with nothing of its answer yet moves on to
 the next backend once the backend is marked down, instead of waiting for the first-byte
-timeout; a stream already answering ends at once, and is never sent elsewhere.
+timeout; a stream already answering ends at once, and is never sent elsewhere. A
+non-streamed answer that breaks off part-way moves on too, once: the client had nothing.
 
 Real sockets, on each upstream engine (aiohttp, httpx): the hung backend is a fake vLLM
 server that accepts and then sends nothing, not even to ``/health`` (a SIGSTOPped process);
@@ -125,6 +126,26 @@ def test_a_stream_that_sent_chunks_is_ended_not_sent_again(stack: Stack) -> None
     assert '"code": "upstream_error"' in events[2] and events[3] == "data: [DONE]"
     assert elapsed < PROMPT_S, f"ended after {elapsed:.1f} s"
     assert len(stack.fakes["b"].received) == 0  # never sent to another backend
+
+
+def test_a_non_streamed_answer_cut_after_its_headers_moves_on(stack: Stack) -> None:
+    stack.fakes["a"].die_after = 3  # headers and 3 chunks of the body, then the reset
+    resp = httpx.post(f"{stack.url}/v1/completions", json=BODY, timeout=3 * PATIENCE_S)
+    assert resp.status_code == 200, resp.text
+    assert resp.headers["x-specgate-backend"] == "b" and resp.json()["served_by"] == "b"
+    assert [len(f.received) for f in stack.fakes.values()] == [1, 1]
+    routes = httpx.get(f"{stack.url}/routes").json()
+    assert routes["decisions"]["failovers"] == 1
+    assert all(view["inflight"] == 0 for view in routes["backends"])
+
+
+def test_answers_cut_on_every_backend_move_on_once_then_502(stack: Stack) -> None:
+    """A request whose answers keep breaking is not sent round every backend: once."""
+    for fake in stack.fakes.values():
+        fake.die_after = 3
+    resp = httpx.post(f"{stack.url}/v1/completions", json=BODY, timeout=3 * PATIENCE_S)
+    assert resp.status_code == 502 and resp.json()["error"]["code"] == "upstream_error"
+    assert [len(f.received) for f in stack.fakes.values()] == [1, 1]
 
 
 async def test_the_guard_turns_only_its_own_cancellation_into_marked_down() -> None:

@@ -100,13 +100,16 @@ def test_stream_that_dies_midway_ends_with_error_then_done(stack: Stack) -> None
 
 
 def test_non_streamed_answer_cut_midway_is_502(stack: Stack, client: openai.OpenAI) -> None:
-    stack.fakes["plain"].die_after = 3
+    """Cut on every backend: the request moves on once (the client had nothing), then 502."""
+    for fake in stack.fakes.values():
+        fake.die_after = 3
     with pytest.raises(openai.APIStatusError) as info:
         client.completions.create(
             model=MODEL, prompt="x", max_tokens=4, extra_headers={"X-Task-Type": "chat"}
         )
     assert info.value.status_code == 502
     assert info.value.body["code"] == "upstream_error"  # type: ignore[index]
+    assert [len(f.received) for f in stack.fakes.values()] == [1, 1]
 
 
 def test_backend_gets_the_clients_bytes_and_headers_only(stack: Stack) -> None:
