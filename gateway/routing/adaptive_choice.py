@@ -5,7 +5,8 @@ a normal posterior of its mean speed for this (task, bucket): the bucket's own
 observations plus at most ``prior_weight`` pseudo-observations of a prior mean
 (hierarchical shrinkage, so a new bucket starts from what the task already knows). The prior
 is matched in load (:func:`_prior`): the same temperature and prompt bands one load band
-below and above, and only without those the task-level mean over every bucket. A task-level
+below and above, topped up with the task-level mean over every bucket where they measured
+less than ``prior_weight``. A task-level
 mean pools loads, and each backend is measured at the loads it was sent: on the GPU cost
 twin's eleventh run (docs/benchmarks.md section 7) plain's chat mean was 166 tokens/s (356
 requests, mostly at c=16-64) and EAGLE-3's 225 (35, at c=1-4), so at c=4, where the bucket
@@ -179,20 +180,37 @@ def _neighbours(estimates: Estimates, task: str, bucket: str) -> tuple[GroupStat
 
 
 def _prior(
-    name: str, near: tuple[GroupStats, ...], task: GroupStats | None, decay: float
+    name: str,
+    near: tuple[GroupStats, ...],
+    task: GroupStats | None,
+    decay: float,
+    prior_weight: float,
 ) -> _Prior | None:
-    """``name``'s prior: the weighted mean of what the neighbouring load bands (``near``)
-    measured of it, else its task-level mean (``task``), else None (never observed)."""
-    weight = total = 0.0
-    for group in near:
-        seen = _seen(group, name, decay)
-        if seen is not None:
-            w = seen.stats.weight * seen.factor
-            weight, total = weight + w, total + w * seen.stats.mean
-    if weight > 0:
-        return _Prior(total / weight, weight)
+    """``name``'s prior for a bucket: what the neighbouring load bands (``near``) measured
+    of it, topped up with its task-level mean (``task``) to ``prior_weight`` in all; None
+    when it was never observed for the task.
+
+    The neighbours' weight is capped by the backend's decayed task-level weight: the task
+    group ages with every request of the task, a quiet neighbour only with its own, so
+    without the cap a stale neighbour would keep a backend's prior sure forever and it would
+    never be tried again (as :mod:`gateway.routing.adaptive` promises a stale estimate is)."""
     seen = _seen(task, name, decay)
-    return None if seen is None else _Prior(seen.stats.mean, seen.stats.weight * seen.factor)
+    if seen is None:
+        return None
+    w_task, m_task = seen.stats.weight * seen.factor, seen.stats.mean
+    w_near = total = 0.0
+    for group in near:
+        here = _seen(group, name, decay)
+        if here is not None:
+            w = here.stats.weight * here.factor
+            w_near, total = w_near + w, total + w * here.stats.mean
+    m_near = total / w_near if w_near > 0 else 0.0
+    w_near = min(w_near, w_task, prior_weight)
+    w_top = min(w_task, prior_weight - w_near)
+    weight = w_near + w_top
+    if weight <= 0:
+        return _Prior(m_task, 0.0)
+    return _Prior((w_near * m_near + w_top * m_task) / weight, weight)
 
 
 def _noise(group: GroupStats | None, decay: float) -> float:
@@ -260,7 +278,10 @@ def choose(
         """Each name's posterior and its penalty as a shift of its mean ln(speed)."""
         near = {b: _neighbours(estimates, task, b) for b in set(buckets.values())}
         seen = {
-            n: (_seen(groups[n], n, decay), _prior(n, near[buckets.get(n, first)], prior, decay))
+            n: (
+                _seen(groups[n], n, decay),
+                _prior(n, near[buckets.get(n, first)], prior, decay, prior_weight),
+            )
             for n in names
         }
         known = [

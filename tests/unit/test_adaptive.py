@@ -211,9 +211,29 @@ def test_the_prior_of_a_load_band_is_its_neighbours_not_every_load() -> None:
     )  # fmt: skip
     assert choice.best == choice.chosen == "plain"
     by_name = {e.backend: e for e in choice.estimates}
-    # posterior means: the band's own mean shrunk towards c=2's, not towards every load's
-    assert 193 < by_name["plain"].speed_tps < 205
+    # posterior means: the band's own mean shrunk towards c=2's (plain's c=2 weight 1,
+    # topped up with 1 of its task-level mean), not towards every load's
+    assert 185 < by_name["plain"].speed_tps < 205
     assert 163 < by_name["eagle3"].speed_tps < 180
+
+
+def test_a_stale_neighbour_fades_and_the_backend_is_tried_again() -> None:
+    """A neighbouring band that has seen nothing since (c=8: EAGLE-3 slow long ago) does not
+    age, the task-level group does with every request of the task: the neighbour's weight is
+    capped by the task-level one, so EAGLE-3's prior at c=4 widens and it is tried again."""
+    learner = Learner(decay=0.95)
+    for _ in range(20):
+        learner.observe(Observation("chat", "sampled/norep/c8", "eagle3", 100.0, 64))
+    for _ in range(200):
+        learner.observe(Observation("chat", "sampled/norep/c4", "plain", 200.0, 64))
+    picks = [
+        choose(
+            "chat", "sampled/norep/c4", ["eagle3", "plain"], learner.view(), random.Random(s),
+            decay=0.95, baseline="plain",
+        ).chosen
+        for s in range(200)
+    ]  # fmt: skip
+    assert picks.count("eagle3") >= 20
 
 
 def test_without_neighbouring_bands_the_task_level_prior_stays() -> None:
