@@ -80,7 +80,7 @@ class Attempt:
 
     def given_up_when_down(self) -> GiveUpWhenDown:
         """A ``with`` block around a wait for this backend (its headers, an answer's head or
-        whole body, a relayed body's next chunk) that the backend being marked down
+        whole body) that the backend being found down
         (:meth:`BackendState.mark <gateway.upstream.state.BackendState.mark>`: by the health
         poller, or a death) ends at once with :class:`MarkedDown`; see
         :class:`GiveUpWhenDown`."""
@@ -132,7 +132,7 @@ class GiveUpWhenDown:
     :attr:`~gateway.upstream.state.BackendState.down_listeners` while the block runs, no
     polling. Any other cancellation (the client left, shutdown) goes on as it is. Must be
     entered in the task that waits; not re-entrant, but may be entered again once left (a
-    relay enters one per chunk it waits for)."""
+    read enters one per wait)."""
 
     __slots__ = ("_attempt", "_listener", "_task", "_cancelling", "_fired")
 

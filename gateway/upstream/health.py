@@ -81,7 +81,7 @@ class HealthPoller:
                 "healthy" if healthy else "unhealthy",
                 "probe passed" if verdict == "up" else _describe(health),
             )
-        state.mark(healthy)
+        state.mark(healthy, release=verdict == "down")  # not for slow probes alone
         state.last_error = None if verdict == "up" else _describe(health)
         if isinstance(metrics, httpx.Response) and metrics.status_code == 200:
             self._record(name, backend, state, metrics.text)

@@ -106,12 +106,16 @@ class BackendState:
         the circuit breaker, demotion and the canary are separate verdicts)."""
         return self.healthy is not False
 
-    def mark(self, healthy: bool) -> None:
+    def mark(self, healthy: bool, *, release: bool = True) -> None:
         """Record a health verdict (the poller's, or a death's); going down (False after
-        True or None) runs every :attr:`down_listeners` callback (a callback removes itself
-        when its wait ends). A backend already down is left alone: a request sent there
-        since (an affinity pin) waits for its own answer, as before."""
-        went_down = not healthy and self.healthy is not False
+        True or None) with ``release`` runs every :attr:`down_listeners` callback (each wait
+        removes its own when it ends), so the requests waiting there move on. ``release``
+        is False for a backend down only because its probes were slow: a busy server's
+        ``/health`` can be, while it still works on requests that send nothing until they
+        end (non-streamed ones, streams in prefill), and giving those up would throw their
+        work away and pile it onto the next backend. A backend already down is left alone:
+        a request sent there since (an affinity pin) waits for its own answer, as before."""
+        went_down = release and not healthy and self.healthy is not False
         self.healthy = healthy
         if went_down and self.down_listeners:
             for listener in tuple(self.down_listeners):
