@@ -244,9 +244,10 @@ class Forwarder:
         died with this request in flight and the death blames someone, or it is the second
         death under the request this call (a first that blames nobody fails over),
         :class:`~gateway.failures.AnswerBroken` when a non-streamed answer broke off after
-        the request had already moved on once (a first one fails over). A backend marked
-        down while the request waits for its headers, or for a non-streamed answer's end,
-        is given up at once (:meth:`Attempt.given_up_when_down`): the request moves on.
+        the request had already moved on once (a first one fails over). A backend found
+        down (not merely slow to probe) while the request waits for its headers, or for a
+        non-streamed answer's end, is given up at once
+        (:meth:`Attempt.given_up_when_down`): the request moves on.
         """
         last_why = "no candidate backend"
         tried = order if next_on else order[: self.max_attempts]
