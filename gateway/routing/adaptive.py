@@ -61,8 +61,14 @@ def bucket_of(
     """
     band = "greedy" if temperature <= GREEDY_MAX_T else "sampled"
     rep = "rep" if overlap is not None and overlap >= overlap_threshold else "norep"
-    load = load_band(concurrency)
-    return f"{band}/{rep}" if load == 1 else f"{band}/{rep}/c{load}"
+    return with_load(f"{band}/{rep}", load_band(concurrency))
+
+
+def with_load(base: str, band: int) -> str:
+    """The bucket of ``base`` (a bucket without its load band) at load ``band`` (a power of
+    two in :data:`BANDS`): ``base`` itself at 1, else ``"{base}/c{band}"``; the inverse of
+    :func:`base_bucket` and :func:`bucket_load`."""
+    return base if band == 1 else f"{base}/c{band}"
 
 
 def base_bucket(bucket: str) -> str:

@@ -41,6 +41,7 @@ from gateway.routing.adaptive import (
     GroupStats,
     base_bucket,
     bucket_load,
+    with_load,
 )
 
 #: Prior standard deviation of one request's ln(speed) (about +-28%), blended with the
@@ -173,7 +174,7 @@ def _neighbours(estimates: Estimates, task: str, bucket: str) -> tuple[GroupStat
     for near in (band // 2, band * 2):
         if near < BANDS[0] or near > BANDS[-1]:
             continue
-        group = estimates.get((task, base if near == 1 else f"{base}/c{near}"))
+        group = estimates.get((task, with_load(base, near)))
         if group is not None:
             out.append(group)
     return tuple(out)
