@@ -120,9 +120,9 @@ class Attempt:
 
 
 class MarkedDown(UpstreamDropped):
-    """The backend was marked down while an attempt waited for it: given up, as a dropped
-    connection is (before the answer's headers the request moves on; a relayed answer
-    ends as one that broke off)."""
+    """The backend was found down while an attempt waited for it: given up, as a dropped
+    connection is (before the answer's headers the request moves on; an answer being read
+    in the attempt, :meth:`Attempt.read_head`, ends as one that broke off)."""
 
 
 class GiveUpWhenDown:
@@ -131,8 +131,7 @@ class GiveUpWhenDown:
     ``TimeoutError``): a waiter on the backend's
     :attr:`~gateway.upstream.state.BackendState.down_listeners` while the block runs, no
     polling. Any other cancellation (the client left, shutdown) goes on as it is. Must be
-    entered in the task that waits; not re-entrant, but may be entered again once left (a
-    read enters one per wait)."""
+    entered in the task that waits, once: each wait takes its own."""
 
     __slots__ = ("_attempt", "_listener", "_task", "_cancelling", "_fired")
 
@@ -144,7 +143,7 @@ class GiveUpWhenDown:
     def __enter__(self) -> None:
         task = asyncio.current_task()
         assert task is not None, "entered outside a task"
-        self._task, self._cancelling, self._fired = task, task.cancelling(), False
+        self._task, self._cancelling = task, task.cancelling()
         self._attempt.state.down_listeners.add(self._listener)
 
     def _give_up(self) -> None:
