@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -13,7 +14,14 @@ from gateway.classify.features import RequestFeatures
 from gateway.routing.policy import BackendSnapshot, RoutingPolicy
 from gateway.settle import Settle
 from gateway.speculation.spec_params import NEVER_REFUSED, SpecParams, refusal_message
-from tests.unit.conftest import MODEL, InProcess, local_config
+from tests.unit.conftest import (
+    MODEL,
+    InProcess,
+    gateway_settings,
+    in_process,
+    local_config,
+    static_config,
+)
 
 CODE = {"model": MODEL, "prompt": "def add(a, b):", "temperature": 0, "max_tokens": 8}
 CHAT = {
@@ -31,6 +39,15 @@ VLLM_MESSAGE = (
 def refusing(gw: InProcess, *params: str) -> None:
     for name in METHODS:
         gw.fakes[name].refuses = params
+
+
+@pytest.fixture
+async def gw() -> AsyncIterator[InProcess]:
+    """The gateway under ``policy: static``: these tests need the rules' speculative choice
+    for a code prompt at temperature 0, which adaptive routing turns on measured speeds (a
+    loaded machine's timings once drew plain and failed a test that expects speculation)."""
+    async with in_process(gateway_settings(), static_config()) as gateway:
+        yield gateway
 
 
 def served(gw: InProcess) -> dict[str, int]:
