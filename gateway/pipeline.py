@@ -100,9 +100,13 @@ async def prepare_routed(runtime: Runtime, request: RoutedRequest) -> None:
         refuse_quarantined(runtime.deaths.table, request.path, body)
     headers = request.headers
     prepared = gateway.prepare(request.kind, body, headers, fields)
-    decision = gateway.decide(prepared.features, prepared.prompt)
-    first = decision.backend
-    _reserve(gateway, first)  # before any await: requests arriving together see each other
+    model, arrivals = prepared.features.model, gateway.arrivals
+    with arrivals.enter(model):  # a burst's first request is routed for the burst
+        await arrivals.settle(model, gateway.idle(model), gateway.policy.cohort_cap(model))
+        arriving = arrivals.arriving(model) - 1
+        decision = gateway.decide(prepared.features, prepared.prompt, arriving=arriving)
+        first = decision.backend
+        _reserve(gateway, first)  # before any await: requests arriving together see each other
     tokens = None
     if gateway.config.guards:  # most configs: no coroutine to await
         tokens = await prompt_tokens(gateway, runtime.client, decision, request.path, body)

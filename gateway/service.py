@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from contracts.config import GatewayConfig
+from gateway.arrivals import Arrivals
 from gateway.classify.classifier import classify_text
 from gateway.classify.embedding_stage import ClassifierStages
 from gateway.classify.features import RequestFeatures, header_task, read_temperature
@@ -158,6 +159,8 @@ class Gateway:
         self.feedback = FeedbackCollector(lambda: self.config.routing.adaptive)
         self.observers: list[Callable[[RequestTrace], None]] = [self.learn]
         self.spec_params = SpecParams()
+        #: Requests arriving together, routed as their burst (:mod:`gateway.arrivals`).
+        self.arrivals = Arrivals()
         #: Called after each successful :meth:`reload` (e.g. to save the learnt state).
         self.reload_hooks: list[Callable[[], None]] = []
 
@@ -223,6 +226,14 @@ class Gateway:
             }
             for name, backend in spec.items()
         }
+
+    def idle(self, model: str) -> bool:
+        """True when none of this gateway's requests of ``model`` is in flight or reserved on
+        a backend (a burst arriving now starts a cohort: :mod:`gateway.arrivals`)."""
+        states, now = self.registry.states, self.registry.clock()
+        return not any(
+            states[n].load(now) for n in self.policy.serving.get(model, ()) if n in states
+        )
 
     def admission(self, limit: int) -> Admission:
         """A request's :class:`Admission` among at most ``limit`` in flight."""
@@ -464,13 +475,20 @@ class Gateway:
         return Routed(replace(decision, speculation=text))
 
     def decide(
-        self, features: RequestFeatures, prompt: PromptStats | None = None, *, dry: bool = False
+        self,
+        features: RequestFeatures,
+        prompt: PromptStats | None = None,
+        *,
+        dry: bool = False,
+        arriving: int = 0,
     ) -> RouteDecision:
         """Route one request against the current backend state and what was learnt (for
         adaptive rules), and count the decision; ``dry`` (explain): ties broken by a fixed
-        seed, nothing counted."""
+        seed, nothing counted; ``arriving``: other requests of the model not routed yet
+        (:mod:`gateway.arrivals`, counted as load)."""
         estimates, rng = self.feedback.learner.view(), random.Random(0) if dry else self.rng
-        decision = self.policy.decide(features, self.registry.snapshot(), rng, estimates, prompt)
+        state = self.registry.snapshot()
+        decision = self.policy.decide(features, state, rng, estimates, prompt, arriving)
         if dry:
             return decision
         self.stats.by_rule[decision.rule] += 1

@@ -9,8 +9,9 @@ load: :func:`load_view` marks such candidates, and the policy discounts them by
 ``routing.shared_compute_penalty``.
 
 The concurrency a request runs at is the group's batch (running + waiting, or this gateway's
-in-flight count when higher, or the group's recent peak) plus the request; speed is
-learnt per band of it (see :func:`gateway.routing.adaptive.bucket_of`).
+in-flight count when higher, or the group's recent peak; the requests arriving with it
+added) plus the request; speed is learnt per band of it (see
+:func:`gateway.routing.adaptive.bucket_of`).
 :func:`measured_at_load` says when both a speculative backend and a plain one have been
 measured in a band, so their speeds decide instead of the configured
 ``max_batch_for_speculation``; :func:`break_even` reads, per speculative backend and task,
@@ -55,10 +56,13 @@ def load_view(
     batch: Mapping[str, float],
     recent: Mapping[str, float] | None = None,
     inflight: Mapping[str, float] | None = None,
+    arriving: Mapping[str, float] | None = None,
 ) -> LoadView:
     """The :class:`LoadView` for backends' ``compute_group`` names, current ``batch``
-    (requests running or waiting per backend), ``recent`` peak in-flight counts and this
-    gateway's own ``inflight`` requests (backends missing from any count 0).
+    (requests running or waiting per backend), ``recent`` peak in-flight counts, this
+    gateway's own ``inflight`` requests and the requests ``arriving`` on each backend's
+    compute with the one being routed, not routed yet (:mod:`gateway.arrivals`; added to
+    ``concurrency`` only: they are not on a server yet). Backends missing from any count 0.
 
     A group's load is the higher of its summed batch and its members' highest recent peak
     less one: a burst's first requests meet an idle server, and are routed (and learnt) at
@@ -74,6 +78,7 @@ def load_view(
     """
     recent = recent or {}
     inflight = inflight or {}
+    arriving = arriving or {}
     totals: dict[str, float] = {}
     peaks: dict[str, float] = {}
     leads: dict[str, tuple[float, float]] = {}
@@ -94,11 +99,11 @@ def load_view(
         if group is None:
             peak[name] = recent.get(name, 0.0)
             queued[name] = own
-            concurrency[name] = max(own, peak[name] - 1)
+            concurrency[name] = max(own + arriving.get(name, 0.0), peak[name] - 1)
             continue
         peak[name] = peaks[group]
         queued[name] = totals[group]
-        concurrency[name] = max(totals[group], peaks[group] - 1)
+        concurrency[name] = max(totals[group] + arriving.get(name, 0.0), peaks[group] - 1)
         mine = inflight.get(name, 0.0)
         if own <= 0 < totals[group]:
             spreads.add(name)

@@ -201,6 +201,29 @@ class RoutingPolicy:
             n: (b.served_model, b.spec.model_dump_json()) for n, b in config.backends.items()
         }
         self.replicated = len(set(self.kinds.values())) < len(self.kinds)
+        # per served model: its backends, and the compute units they run on (a compute group
+        # counts once, a backend without one is its own)
+        self.serving: dict[str, tuple[str, ...]] = {}
+        for n, b in config.backends.items():
+            self.serving[b.served_model] = (*self.serving.get(b.served_model, ()), n)
+        self.units = {
+            model: len({self.groups[n] or f"backend {n}" for n in names})
+            for model, names in self.serving.items()
+        }
+
+    def cohort_cap(self, model: str) -> int:
+        """Requests of ``model`` arriving together past which a larger burst routes alike:
+        each compute unit serving it past the highest ``max_batch_for_speculation`` x
+        :data:`LEADER_SLACK` of its speculative backends (every speculative backend passed
+        over), plus the first; 2 when none has a limit."""
+        limits = [
+            b.max_batch_for_speculation
+            for n in self.serving.get(model, ())
+            if (b := self.config.backends[n]).max_batch_for_speculation is not None
+        ]
+        if not limits:
+            return 2
+        return self.units.get(model, 1) * max(limits) * LEADER_SLACK + 1
 
     def decide(
         self,
@@ -209,10 +232,14 @@ class RoutingPolicy:
         rng: random.Random,
         estimates: Estimates | None = None,
         prompt: PromptStats | None = None,
+        arriving: int = 0,
     ) -> RouteDecision:
         """Route one request. Never raises for a valid config; an empty ``backends`` means
         no usable backend (the caller answers 503). ``estimates`` (read only) and
-        ``prompt`` feed the adaptive policy."""
+        ``prompt`` feed the adaptive policy. ``arriving``: other requests of the model that
+        arrived with this one and are not routed yet (:mod:`gateway.arrivals`); each compute
+        unit serving the model counts its share of them as load (rounded up), so a burst's
+        first request is routed for the burst."""
         rule = first_match(self.config.rules, features)
         if rule is None:
             rule_name, pools = DEFAULT_RULE, [self.config.defaults.pool]
@@ -225,11 +252,21 @@ class RoutingPolicy:
             ]
         policy = (rule.policy if rule is not None else None) or self.config.routing.policy
         learnt = estimates if policy == "adaptive" else None
+        extra: dict[str, float] = {}
+        if arriving > 0:
+            units = self.units.get(features.model, 1)
+            share = -(-arriving // units)
+            extra = dict.fromkeys(self.serving.get(features.model, ()), float(share))
+            reasons.append(
+                f"arriving together: {arriving} more request(s) of the model, "
+                f"{share} a compute unit counted as load"
+            )
         load = load_view(
             self.groups,
             {n: snap.batch for n, snap in state.items()},
             {n: snap.recent for n, snap in state.items()},
             {n: snap.inflight for n, snap in state.items()},
+            extra,
         )
         settings = self.config.routing.adaptive
         overlap = prompt.overlap if prompt is not None else None

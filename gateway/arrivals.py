@@ -1,0 +1,92 @@
+"""Requests that arrive together are routed as the burst they are.
+
+A wave of c requests sent at once reaches the gateway within milliseconds, but one event
+loop takes them in turn (0.4-1.0 ms each: docs/benchmarks.md section 7, "Seventh run"), so
+the first is routed before the others are read. Routed alone, it meets idle servers and
+goes where a lone request is fastest (EAGLE-3 for code); the rest follow it until its
+batch passes ``max_batch_for_speculation`` x ``LEADER_SLACK`` and then go to plain: the
+wave splits over two servers time-slicing one GPU, slower than either alone (the first
+c=16 wave of 6 of 20 gateway runs on the GPU twin, 0.89-0.93x plain against 0.95-1.01;
+the simulator's first c=32 wave, 0.68x; section 7, "Eleventh run").
+
+:class:`Arrivals` counts, per model, the requests that entered routing and are not routed
+yet. A request finding nothing of this gateway's in flight for its model (a quiet spell's
+end) forms a *cohort*: it lets the event loop turn until no new request of the model has
+entered for :data:`QUIET_TURNS` turns (what the kernel already holds is read; nothing is
+waited for on the clock), at most :data:`MAX_FORMING_S`, or until the policy's cap
+(:meth:`~gateway.routing.policy.RoutingPolicy.cohort_cap`) have entered. Requests entering
+meanwhile wait for it. Then it is routed first, seeing the others as load (``arriving``),
+and they follow, seeing it in flight. A lone request pays three loop turns (microseconds);
+requests arriving under load never wait.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+#: Event-loop turns without a new arrival that end a cohort's forming. Three: a request the
+#: kernel holds is read in one turn (uvicorn's ``data_received``), its handler runs to the
+#: routing step in the next, and the forming request's own turn comes first in each.
+QUIET_TURNS = 3
+#: The longest a cohort forms, seconds: a wave the loop takes in at ~1 ms a request is
+#: seen up to about ten (enough to pass a speculative backend's batch limit x 2 of the
+#: shipped configs) before its first request goes.
+MAX_FORMING_S = 0.010
+
+
+class Arrivals:
+    """Per served model: requests that entered routing and are not routed yet, and the
+    cohort forming (see the module docstring). Owned by the gateway (one event loop); no
+    locking."""
+
+    __slots__ = ("entered", "forming", "cohorts")
+
+    def __init__(self) -> None:
+        self.entered: Counter[str] = Counter()
+        self.forming: dict[str, asyncio.Event] = {}
+        #: Cohorts formed, and the requests they held, since start (for ``/routes``).
+        self.cohorts: Counter[str] = Counter()
+
+    @contextmanager
+    def enter(self, model: str) -> Iterator[None]:
+        """Count one request of ``model`` as arriving until it is routed (the block's end)."""
+        self.entered[model] += 1
+        try:
+            yield
+        finally:
+            self.entered[model] -= 1
+            if not self.entered[model]:
+                del self.entered[model]
+
+    def arriving(self, model: str) -> int:
+        """Requests of ``model`` entered and not routed yet, the caller's own included."""
+        return self.entered[model]
+
+    async def settle(self, model: str, idle: bool, cap: int) -> None:
+        """Wait, inside :meth:`enter`, until this request may be routed: at once when a cohort
+        of ``model`` is not forming and ``idle`` is False (this gateway has requests of the
+        model in flight); after the forming cohort's first request when one is; else form
+        one (module docstring) until ``cap`` requests have entered (the policy can tell no
+        more from a larger one). Cancellation ends a cohort's forming for the others."""
+        event = self.forming.get(model)
+        if event is not None:
+            await event.wait()
+            return
+        if not idle:
+            return
+        event = self.forming[model] = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        try:
+            deadline, seen, quiet = loop.time() + MAX_FORMING_S, self.entered[model], 0
+            while quiet < QUIET_TURNS and seen < cap and loop.time() < deadline:
+                await asyncio.sleep(0)
+                now = self.entered[model]
+                quiet, seen = (quiet + 1, seen) if now == seen else (0, now)
+            self.cohorts["formed"] += 1
+            self.cohorts["requests"] += seen
+        finally:
+            del self.forming[model]
+            event.set()  # the waiters run after this request's routing step (no await there)

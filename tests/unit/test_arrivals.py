@@ -1,0 +1,194 @@
+"""Requests arriving together are routed as their burst (gateway.arrivals): a wave's first
+request meets idle servers, yet is routed for the wave, so the wave stays on one server."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+
+from bench.sim.fleet import fleet_config
+from bench.sim.server import MODEL as SIM_MODEL
+from contracts.config import parse_config
+from gateway.arrivals import MAX_FORMING_S, QUIET_TURNS, Arrivals
+from gateway.classify.features import RequestFeatures
+from gateway.routing.policy import BackendSnapshot, RoutingPolicy
+from tests.unit.conftest import (
+    MODEL,
+    InProcess,
+    gateway_settings,
+    in_process,
+    local_config,
+    static_config,
+)
+
+CODE = RequestFeatures(MODEL, 0.0, True, "code", 1.0, "header")
+BODY = {"model": MODEL, "prompt": "def add(a, b):", "temperature": 0, "max_tokens": 8}
+SPECULATIVE = {"eagle3", "ngram", "draft"}
+
+
+def idle() -> dict[str, BackendSnapshot]:
+    return {n: BackendSnapshot(True) for n in ("plain", "ngram", "draft", "eagle3")}
+
+
+# -- the policy: arrivals are load ------------------------------------------------------------
+
+
+def test_a_burst_arriving_at_idle_servers_is_routed_for_its_size() -> None:
+    """Code at temperature 0 on an idle machine goes to a speculative backend alone and with
+    three others arriving (a batch of 4, at max_batch_for_speculation), to plain with eight."""
+    policy = RoutingPolicy(static_config())
+    alone = policy.decide(CODE, idle(), random.Random(0))
+    assert alone.backends[0] in SPECULATIVE and alone.concurrency == 1
+    four = policy.decide(CODE, idle(), random.Random(0), arriving=3)
+    assert four.backends[0] in SPECULATIVE and four.concurrency == 4
+    nine = policy.decide(CODE, idle(), random.Random(0), arriving=8)
+    assert nine.backends[0] == "plain" and nine.concurrency == 9
+    why = " / ".join(nine.reasons)
+    assert "arriving together: 8 more request(s) of the model, 8 a compute unit" in why
+    assert "batch 8 > max_batch_for_speculation 4: speculation loses" in why
+
+
+def test_arrivals_are_shared_over_the_compute_units_serving_the_model() -> None:
+    """Eight simulated GPUs (plain and EAGLE-3 on each): 40 requests arriving are 5 a GPU."""
+    names = {f"{k}-g{g}": k for g in range(8) for k in ("plain", "eagle3")}
+    urls = {n: f"http://127.0.0.1:{9000 + i}" for i, n in enumerate(names)}
+    config = parse_config(fleet_config(names, urls, groups=True))
+    policy = RoutingPolicy(config)
+    assert policy.units[SIM_MODEL] == 8
+    assert policy.cohort_cap(SIM_MODEL) == 8 * 4 * 2 + 1
+    features = RequestFeatures(SIM_MODEL, 0.0, True, "code", 1.0, "header")
+    state = {n: BackendSnapshot(True) for n in config.backends}
+    decision = policy.decide(features, state, random.Random(0), arriving=40)
+    assert decision.concurrency == 6  # 5 arriving + itself
+    assert "40 more request(s) of the model, 5 a compute unit" in " ".join(decision.reasons)
+
+
+def test_the_cap_of_a_cohort_is_where_every_speculative_backend_is_passed_over() -> None:
+    policy = RoutingPolicy(local_config())  # one compute group, limits of 4
+    assert policy.cohort_cap(MODEL) == 4 * 2 + 1
+    assert policy.cohort_cap("another-model") == 2
+
+
+# -- the cohort: who waits, and how long --------------------------------------------------------
+
+
+async def test_a_lone_request_waits_a_few_loop_turns_only() -> None:
+    arrivals = Arrivals()
+    loop = asyncio.get_running_loop()
+    with arrivals.enter(MODEL):
+        start = loop.time()
+        await arrivals.settle(MODEL, True, 9)
+        assert loop.time() - start < MAX_FORMING_S
+        assert arrivals.arriving(MODEL) == 1
+    assert arrivals.arriving(MODEL) == 0 and arrivals.entered == {}
+    assert arrivals.cohorts == {"formed": 1, "requests": 1}
+
+
+async def test_requests_arriving_while_a_cohort_forms_see_each_other() -> None:
+    """Twelve requests start one after the other in the same loop turn (as a wave the kernel
+    holds is read): the first forms the cohort, the rest wait for it, and each is routed
+    seeing those not routed yet, the first all twelve."""
+    arrivals, seen = Arrivals(), []
+
+    async def request(n: int) -> None:
+        with arrivals.enter(MODEL):
+            await arrivals.settle(MODEL, not seen and n == 0, cap=64)
+            seen.append((n, arrivals.arriving(MODEL)))
+
+    await asyncio.gather(*(request(n) for n in range(12)))
+    assert seen[0] == (0, 12)
+    assert [a for _, a in seen] == list(range(12, 0, -1))
+    assert arrivals.cohorts == {"formed": 1, "requests": 12}
+
+
+async def test_requests_under_load_never_wait() -> None:
+    arrivals = Arrivals()
+    with arrivals.enter(MODEL):
+        await arrivals.settle(MODEL, False, 9)  # returns at once: no turn of the loop
+    assert arrivals.cohorts == {}
+
+
+async def test_forming_ends_at_the_cap_and_the_others_go_on() -> None:
+    """With a cap of 3, a cohort stops forming once three entered; later arrivals (one a loop
+    turn here) are routed as they come, seeing the load then."""
+    arrivals, order = Arrivals(), []
+
+    async def request(n: int, delay_turns: int) -> None:
+        for _ in range(delay_turns):
+            await asyncio.sleep(0)
+        with arrivals.enter(MODEL):
+            await arrivals.settle(MODEL, n == 0, cap=3)
+            order.append(n)
+
+    await asyncio.gather(*(request(n, n) for n in range(6)))
+    assert order[0] == 0 and sorted(order) == list(range(6))
+    assert arrivals.cohorts["requests"] == 3
+
+
+async def test_a_cancelled_first_request_releases_the_cohort() -> None:
+    arrivals = Arrivals()
+
+    async def leader() -> None:
+        with arrivals.enter(MODEL):
+            await arrivals.settle(MODEL, True, 64)
+
+    async def follower() -> int:
+        with arrivals.enter(MODEL):
+            await arrivals.settle(MODEL, False, 64)
+            return arrivals.arriving(MODEL)
+
+    first = asyncio.ensure_future(leader())
+    await asyncio.sleep(0)  # it is forming
+    second = asyncio.ensure_future(follower())
+    await asyncio.sleep(0)
+    first.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    assert await asyncio.wait_for(second, 1) == 1
+    assert arrivals.forming == {} and arrivals.entered == {}
+
+
+def test_quiet_turns_are_few() -> None:
+    assert 2 <= QUIET_TURNS <= 5
+
+
+# -- the gateway: a wave after a quiet spell stays on one server -------------------------------
+
+
+@pytest.mark.parametrize("config", [static_config, local_config], ids=["static", "adaptive"])
+async def test_a_wave_after_a_quiet_spell_is_not_split(config) -> None:  # type: ignore[no-untyped-def]
+    """Twelve code requests at once, on an idle gateway (the shipped local config: four
+    servers on one compute group, speculative ones limited to a batch of 4): each lands on
+    plain. Routed one at a time, the first met idle servers and went to a speculative one,
+    and the next eight followed it (its limit x LEADER_SLACK): a wave split over two
+    servers sharing the same cores."""
+    async with in_process(gateway_settings(), config()) as gw:
+        for fake in gw.fakes.values():
+            fake.first_delay_s = 0.05  # the wave is in flight together
+        responses = await asyncio.gather(
+            *(gw.client.post("/v1/completions", json=BODY) for _ in range(12))
+        )
+        assert {r.status_code for r in responses} == {200}
+        assert {r.headers["x-specgate-backend"] for r in responses} == {"plain"}
+        cohorts = (await gw.client.get("/routes")).json()["decisions"]["cohorts"]
+        assert cohorts == {"formed": 1, "requests": 12}
+        # a lone request after the wave: a cohort of one (routed for the wave's recent peak)
+        await asyncio.sleep(0.06)
+        assert (await gw.client.post("/v1/completions", json=BODY)).status_code == 200
+        cohorts = (await gw.client.get("/routes")).json()["decisions"]["cohorts"]
+        assert cohorts == {"formed": 2, "requests": 13}
+
+
+async def test_a_small_wave_stays_on_speculation(gw: InProcess) -> None:
+    """Three code requests at once (a batch under max_batch_for_speculation): together on
+    one speculative backend, as a lone request would go."""
+    gw.app.state.runtime.gateway.reload(static_config())
+    for fake in gw.fakes.values():
+        fake.first_delay_s = 0.05
+    responses = await asyncio.gather(
+        *(gw.client.post("/v1/completions", json=BODY) for _ in range(3))
+    )
+    backends = {r.headers["x-specgate-backend"] for r in responses}
+    assert len(backends) == 1 and backends <= SPECULATIVE
