@@ -210,12 +210,16 @@ class RoutingPolicy:
             model: len({self.groups[n] or f"backend {n}" for n in names})
             for model, names in self.serving.items()
         }
+        self.caps = {model: self._cohort_cap(model) for model in self.serving}
 
     def cohort_cap(self, model: str) -> int:
         """Requests of ``model`` arriving together past which a larger burst routes alike:
         each compute unit serving it past the highest ``max_batch_for_speculation`` x
         :data:`LEADER_SLACK` of its speculative backends (every speculative backend passed
-        over), plus the first; 2 when none has a limit."""
+        over), plus the first; 2 when none has a limit (or the model is not served)."""
+        return self.caps.get(model, 2)
+
+    def _cohort_cap(self, model: str) -> int:
         limits = [
             b.max_batch_for_speculation
             for n in self.serving.get(model, ())
