@@ -16,8 +16,12 @@ entered for :data:`QUIET_TURNS` turns (what the kernel already holds is read; no
 waited for on the clock), at most :data:`MAX_FORMING_S`, or until the policy's cap
 (:meth:`~gateway.routing.policy.RoutingPolicy.cohort_cap`) have entered. Requests entering
 meanwhile wait for it. Then it is routed first, seeing the others as load (``arriving``),
-and they follow, seeing it in flight. A lone request pays three loop turns (microseconds);
-requests arriving under load never wait.
+and they follow, seeing it in flight. A lone request pays three loop turns (~12 us on an
+idle loop; more when the loop is busy with other models' requests); requests arriving under
+load never wait. The forming request checks the clock and the cap once a turn, so it can
+wait one turn longer than :data:`MAX_FORMING_S` (a turn that reads many requests at once)
+and see more than the cap. Cohorts are per gateway process: behind several workers or
+replicas each sees its own part of a wave.
 """
 
 from __future__ import annotations
@@ -47,7 +51,8 @@ class Arrivals:
     def __init__(self) -> None:
         self.entered: Counter[str] = Counter()
         self.forming: dict[str, asyncio.Event] = {}
-        #: Cohorts formed, and the requests they held, since start (for ``/routes``).
+        #: Cohorts of two or more requests formed since start, and the requests they held
+        #: (``/routes``).
         self.cohorts: Counter[str] = Counter()
 
     @contextmanager
@@ -65,17 +70,16 @@ class Arrivals:
         """Requests of ``model`` entered and not routed yet, the caller's own included."""
         return self.entered[model]
 
-    async def settle(self, model: str, idle: bool, cap: int) -> None:
-        """Wait, inside :meth:`enter`, until this request may be routed: at once when a cohort
-        of ``model`` is not forming and ``idle`` is False (this gateway has requests of the
-        model in flight); after the forming cohort's first request when one is; else form
-        one (module docstring) until ``cap`` requests have entered (the policy can tell no
-        more from a larger one). Cancellation ends a cohort's forming for the others."""
+    async def settle(self, model: str, cap: int) -> None:
+        """Wait, inside :meth:`enter`, until this request may be routed: after the forming
+        cohort's first request when one of ``model`` is forming, else form one (module
+        docstring) until ``cap`` requests have entered (the policy can tell no more from a
+        larger one). The caller enters only after a quiet spell (none of this gateway's
+        requests of the model in flight) or while a cohort forms. Cancellation ends a
+        cohort's forming for the others."""
         event = self.forming.get(model)
         if event is not None:
             await event.wait()
-            return
-        if not idle:
             return
         event = self.forming[model] = asyncio.Event()
         loop = asyncio.get_running_loop()
@@ -85,8 +89,9 @@ class Arrivals:
                 await asyncio.sleep(0)
                 now = self.entered[model]
                 quiet, seen = (quiet + 1, seen) if now == seen else (0, now)
-            self.cohorts["formed"] += 1
-            self.cohorts["requests"] += seen
+            if seen > 1:
+                self.cohorts["formed"] += 1
+                self.cohorts["requests"] += seen
         finally:
             del self.forming[model]
             event.set()  # the waiters run after this request's routing step (no await there)

@@ -28,6 +28,7 @@ from typing import Any
 
 import httpx
 
+from gateway.classify.features import SPECULATION_ON
 from gateway.classify.protocol import RoutedFields, read_fields
 from gateway.errors import bad_request, no_backend, quarantined, too_busy
 from gateway.routing.control import served
@@ -100,13 +101,25 @@ async def prepare_routed(runtime: Runtime, request: RoutedRequest) -> None:
         refuse_quarantined(runtime.deaths.table, request.path, body)
     headers = request.headers
     prepared = gateway.prepare(request.kind, body, headers, fields)
-    model, arrivals = prepared.features.model, gateway.arrivals
-    with arrivals.enter(model):  # a burst's first request is routed for the burst
-        await arrivals.settle(model, gateway.idle(model), gateway.policy.cohort_cap(model))
-        arriving = arrivals.arriving(model) - 1
-        decision = gateway.decide(prepared.features, prepared.prompt, arriving=arriving)
-        first = decision.backend
-        _reserve(gateway, first)  # before any await: requests arriving together see each other
+    features, arrivals = prepared.features, gateway.arrivals
+    model, cap = features.model, gateway.policy.cohort_cap(features.model)
+    # a burst's first request is routed for the burst (gateway.arrivals); one asking for
+    # speculation goes there whatever the load, so it neither waits nor counts. Each
+    # decision is reserved before any await: requests arriving together see each other.
+    if (
+        cap > 1
+        and features.speculation != SPECULATION_ON
+        and (model in arrivals.forming or gateway.idle(model))
+    ):
+        with arrivals.enter(model):
+            await arrivals.settle(model, cap)
+            arriving = arrivals.arriving(model) - 1
+            decision = gateway.decide(features, prepared.prompt, arriving=arriving)
+            _reserve(gateway, decision.backend)
+    else:
+        decision = gateway.decide(features, prepared.prompt, arriving=arrivals.arriving(model))
+        _reserve(gateway, decision.backend)
+    first = decision.backend
     tokens = None
     if gateway.config.guards:  # most configs: no coroutine to await
         tokens = await prompt_tokens(gateway, runtime.client, decision, request.path, body)

@@ -230,10 +230,12 @@ class Gateway:
     def idle(self, model: str) -> bool:
         """True when none of this gateway's requests of ``model`` is in flight or reserved on
         a backend (a burst arriving now starts a cohort: :mod:`gateway.arrivals`)."""
-        states, now = self.registry.states, self.registry.clock()
-        return not any(
-            states[n].load(now) for n in self.policy.serving.get(model, ()) if n in states
-        )
+        states = self.registry.states
+        serving = [states[n] for n in self.policy.serving.get(model, ()) if n in states]
+        if any(s.inflight for s in serving):  # the common case under load: no clock read
+            return False
+        now = self.registry.clock()
+        return not any(s.reserved and s.load(now) for s in serving)
 
     def admission(self, limit: int) -> Admission:
         """A request's :class:`Admission` among at most ``limit`` in flight."""

@@ -135,7 +135,7 @@ def _decisions_json(gateway: Gateway) -> dict[str, Any]:
         "guarded": dict(stats.guarded),
         "speculation_control": by_value(stats.speculation),
         "speculation_refuses": gateway.spec_params.snapshot(),
-        # bursts met after a quiet spell, routed as one (gateway.arrivals)
+        # bursts of 2+ requests met after a quiet spell, routed as one (gateway.arrivals)
         "cohorts": {k: gateway.arrivals.cohorts[k] for k in ("formed", "requests")},
     }
 

@@ -33,15 +33,16 @@ from gateway.routing.adaptive import ALL, Estimates, bucket_load
 @dataclass(frozen=True, slots=True)
 class LoadView:
     """``concurrency``: per backend, the requests on its compute before a new one joins (the
-    group's summed batch, or its own batch without a group; at least the recent peak less
-    one, see :func:`load_view`); ``spreads``: idle backends of a busy group (choosing one
-    makes two servers compete for the same compute); ``followers``: busy backends of a
-    group that has a leading one (choosing one keeps two servers competing); ``peaks``: per
-    backend, the recent peak of its group (its own without a group); ``bursts``: leading
-    backends holding this gateway's requests in flight, in groups of two or more (a burst
-    of ours runs there, and a request sent elsewhere in the group would split it);
-    ``queued``: per backend, the requests on its compute now (the group's summed batch, its
-    own without a group; no recent peak), what replicas of one kind are balanced on."""
+    group's summed batch, or its own batch without a group, plus its share of the requests
+    arriving with the new one; at least the recent peak less one, see :func:`load_view`);
+    ``spreads``: idle backends of a busy group (choosing one makes two servers compete for the
+    same compute); ``followers``: busy backends of a group that has a leading one (choosing one
+    keeps two servers competing); ``peaks``: per backend, the recent peak of its group (its own
+    without a group); ``bursts``: leading backends holding this gateway's requests in flight, in
+    groups of two or more (a burst of ours runs there, and a request sent elsewhere in the group
+    would split it); ``queued``: per backend, the requests on its compute now (the group's
+    summed batch, its own without a group; no recent peak), what replicas of one kind are
+    balanced on."""
 
     concurrency: Mapping[str, float]
     spreads: frozenset[str]

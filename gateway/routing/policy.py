@@ -95,7 +95,8 @@ class RouteDecision:
     (with an empty try list the caller answers 429 rather than 503); ``adaptive`` holds
     the estimates behind an adaptive choice (None under the static policy);
     ``concurrency``: requests on the chosen backend's compute when it was chosen, this one
-    included (its ``compute_group``'s batch + 1; what the learner files the answer under);
+    included (its ``compute_group``'s batch, or recent peak less one, plus its share of the
+    requests arriving with it, + 1; what the learner files the answer under);
     ``guarded``: (backend, guard) pairs the known-engine-bug guards took out of the try
     list (:func:`gateway.routing.guards.apply_guards`);
     ``outside``: the try list's backends from outside the rule's pools (step 7);
@@ -216,10 +217,13 @@ class RoutingPolicy:
         """Requests of ``model`` arriving together past which a larger burst routes alike:
         each compute unit serving it past the highest ``max_batch_for_speculation`` x
         :data:`LEADER_SLACK` of its speculative backends (every speculative backend passed
-        over), plus the first; 2 when none has a limit (or the model is not served)."""
-        return self.caps.get(model, 2)
+        over), plus the first; 2 when none has a limit (learnt speeds per load band decide);
+        1 (no cohort) when no speculative backend serves it, or it is not served."""
+        return self.caps.get(model, 1)
 
     def _cohort_cap(self, model: str) -> int:
+        if not any(n in self.speculative for n in self.serving.get(model, ())):
+            return 1  # nothing to decide between: no cohort
         limits = [
             b.max_batch_for_speculation
             for n in self.serving.get(model, ())
@@ -257,13 +261,16 @@ class RoutingPolicy:
         policy = (rule.policy if rule is not None else None) or self.config.routing.policy
         learnt = estimates if policy == "adaptive" else None
         extra: dict[str, float] = {}
-        if arriving > 0:
-            units = self.units.get(features.model, 1)
+        if arriving > 0:  # shared over the compute units that can take a request now
+            usable = [
+                n for n in self.serving.get(features.model, ()) if self._usable(n, features, state)
+            ]
+            units = len({self.groups[n] or f"backend {n}" for n in usable}) or 1
             share = -(-arriving // units)
-            extra = dict.fromkeys(self.serving.get(features.model, ()), float(share))
+            extra = dict.fromkeys(usable, float(share))
             reasons.append(
                 f"arriving together: {arriving} more request(s) of the model, "
-                f"{share} a compute unit counted as load"
+                f"{share} per compute unit counted as load"
             )
         load = load_view(
             self.groups,
@@ -315,7 +322,9 @@ class RoutingPolicy:
         eligible = self._eligible(pools[0], plan, order)
         order.extend(outside)
         if learnt is not None and eligible:
-            adaptive = self._adapt(features, buckets, load, learnt, rng, plan, order, eligible)
+            adaptive = self._adapt(
+                features, buckets, load, learnt, rng, plan, order, eligible, extra
+            )
         elif eligible:
             _keep_together(load, plan, order, eligible)
         if features.speculation == SPECULATION_ON:
@@ -355,8 +364,10 @@ class RoutingPolicy:
         plan: _Plan,
         order: list[str],
         eligible: list[str],
+        arriving: Mapping[str, float],
     ) -> AdaptiveChoice:
-        """Move the adaptive pick among ``eligible`` to the front of ``order`` (in place)."""
+        """Move the adaptive pick among ``eligible`` to the front of ``order`` (in place);
+        ``arriving``: per backend, its share of the requests arriving with this one."""
         settings = self.config.routing.adaptive
         penalty = self.config.routing.shared_compute_penalty
         if self.replicated:
@@ -372,7 +383,7 @@ class RoutingPolicy:
             prior_weight=settings.prior_weight,
             baseline=self.plain[0] if self.plain else None,
             penalties=penalties,
-            explore=_exploration(penalties, load, eligible),
+            explore=_exploration(penalties, load, eligible, arriving),
         )
         order.remove(choice.chosen)
         order.insert(0, choice.chosen)
@@ -608,14 +619,22 @@ class RoutingPolicy:
         return [name for *_, name in sorted(found)]
 
 
-def _exploration(penalties: Mapping[str, float], load: LoadView, eligible: list[str]) -> float:
+def _exploration(
+    penalties: Mapping[str, float],
+    load: LoadView,
+    eligible: list[str],
+    arriving: Mapping[str, float],
+) -> float:
     """How widely a choice explores (``explore`` of :func:`choose`): not at all while a
     candidate's compute group is busy (it joins the busiest); else the inverse square root
-    of the requests the choice commits (an idle group's recent peak: a wave follows its first
-    request, so exploring costs the whole wave), 1 for a lone request."""
+    of the requests the choice commits (an idle group's recent peak, or the requests
+    ``arriving`` with this one on a candidate's compute, plus this one: a wave follows its
+    first request, so exploring costs the whole wave), 1 for a lone request."""
     if penalties:
         return 0.0
-    burst = max((load.peaks.get(n, 0.0) for n in eligible), default=1.0)
+    burst = max(
+        (max(load.peaks.get(n, 0.0), arriving.get(n, 0.0) + 1) for n in eligible), default=1.0
+    )
     return float(max(burst, 1.0) ** -0.5)
 
 

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import random
+from typing import Any
 
 import pytest
 
 from bench.sim.fleet import fleet_config
 from bench.sim.server import MODEL as SIM_MODEL
 from contracts.config import parse_config
-from gateway.arrivals import MAX_FORMING_S, QUIET_TURNS, Arrivals
+from gateway.arrivals import QUIET_TURNS, Arrivals
 from gateway.classify.features import RequestFeatures
 from gateway.routing.policy import BackendSnapshot, RoutingPolicy
 from tests.unit.conftest import (
@@ -46,7 +47,7 @@ def test_a_burst_arriving_at_idle_servers_is_routed_for_its_size() -> None:
     nine = policy.decide(CODE, idle(), random.Random(0), arriving=8)
     assert nine.backends[0] == "plain" and nine.concurrency == 9
     why = " / ".join(nine.reasons)
-    assert "arriving together: 8 more request(s) of the model, 8 a compute unit" in why
+    assert "arriving together: 8 more request(s) of the model, 8 per compute unit" in why
     assert "batch 8 > max_batch_for_speculation 4: speculation loses" in why
 
 
@@ -62,28 +63,53 @@ def test_arrivals_are_shared_over_the_compute_units_serving_the_model() -> None:
     state = {n: BackendSnapshot(True) for n in config.backends}
     decision = policy.decide(features, state, random.Random(0), arriving=40)
     assert decision.concurrency == 6  # 5 arriving + itself
-    assert "40 more request(s) of the model, 5 a compute unit" in " ".join(decision.reasons)
+    assert "40 more request(s) of the model, 5 per compute unit" in " ".join(decision.reasons)
+    # seven GPUs down: the burst can only go to the last one, and is routed for all of it
+    down = state | {n: BackendSnapshot(False) for n in config.backends if not n.endswith("-g0")}
+    last = policy.decide(features, down, random.Random(0), arriving=23)
+    assert last.backends[0] == "plain-g0" and last.concurrency == 24
 
 
 def test_the_cap_of_a_cohort_is_where_every_speculative_backend_is_passed_over() -> None:
     policy = RoutingPolicy(local_config())  # one compute group, limits of 4
     assert policy.cohort_cap(MODEL) == 4 * 2 + 1
-    assert policy.cohort_cap("another-model") == 2
+    assert policy.cohort_cap("another-model") == 1  # not served: no cohort
+    plain_only = local_config().model_copy(
+        update={"backends": {"plain": local_config().backends["plain"]}}
+    )
+    assert RoutingPolicy(plain_only).cohort_cap(MODEL) == 1  # nothing to decide between
 
 
 # -- the cohort: who waits, and how long --------------------------------------------------------
 
 
+async def turns_during(coro: Any) -> int:
+    """The event-loop turns ``coro`` took (a ticker counts one a turn)."""
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0)
+            ticks += 1
+
+    tick = asyncio.ensure_future(ticker())
+    await asyncio.sleep(0)
+    ticks = 0
+    await coro
+    tick.cancel()
+    return ticks
+
+
 async def test_a_lone_request_waits_a_few_loop_turns_only() -> None:
+    """Nothing on the clock: QUIET_TURNS turns without an arrival, and it goes; a cohort of
+    one is not counted."""
     arrivals = Arrivals()
-    loop = asyncio.get_running_loop()
     with arrivals.enter(MODEL):
-        start = loop.time()
-        await arrivals.settle(MODEL, True, 9)
-        assert loop.time() - start < MAX_FORMING_S
+        assert await turns_during(arrivals.settle(MODEL, 9)) == QUIET_TURNS
         assert arrivals.arriving(MODEL) == 1
     assert arrivals.arriving(MODEL) == 0 and arrivals.entered == {}
-    assert arrivals.cohorts == {"formed": 1, "requests": 1}
+    assert arrivals.cohorts == {} and arrivals.forming == {}
 
 
 async def test_requests_arriving_while_a_cohort_forms_see_each_other() -> None:
@@ -94,7 +120,7 @@ async def test_requests_arriving_while_a_cohort_forms_see_each_other() -> None:
 
     async def request(n: int) -> None:
         with arrivals.enter(MODEL):
-            await arrivals.settle(MODEL, not seen and n == 0, cap=64)
+            await arrivals.settle(MODEL, cap=64)
             seen.append((n, arrivals.arriving(MODEL)))
 
     await asyncio.gather(*(request(n) for n in range(12)))
@@ -103,11 +129,17 @@ async def test_requests_arriving_while_a_cohort_forms_see_each_other() -> None:
     assert arrivals.cohorts == {"formed": 1, "requests": 12}
 
 
-async def test_requests_under_load_never_wait() -> None:
-    arrivals = Arrivals()
-    with arrivals.enter(MODEL):
-        await arrivals.settle(MODEL, False, 9)  # returns at once: no turn of the loop
-    assert arrivals.cohorts == {}
+async def test_two_models_form_their_own_cohorts() -> None:
+    arrivals, seen = Arrivals(), {}
+
+    async def request(model: str, n: int) -> None:
+        with arrivals.enter(model):
+            await arrivals.settle(model, cap=64)
+            seen.setdefault(model, []).append(arrivals.arriving(model))
+
+    await asyncio.gather(*(request(m, n) for n in range(3) for m in ("a", "b")))
+    assert seen == {"a": [3, 2, 1], "b": [3, 2, 1]}
+    assert arrivals.cohorts == {"formed": 2, "requests": 6}
 
 
 async def test_forming_ends_at_the_cap_and_the_others_go_on() -> None:
@@ -119,7 +151,8 @@ async def test_forming_ends_at_the_cap_and_the_others_go_on() -> None:
         for _ in range(delay_turns):
             await asyncio.sleep(0)
         with arrivals.enter(MODEL):
-            await arrivals.settle(MODEL, n == 0, cap=3)
+            if n == 0 or MODEL in arrivals.forming:  # as prepare_routed: idle, or forming
+                await arrivals.settle(MODEL, cap=3)
             order.append(n)
 
     await asyncio.gather(*(request(n, n) for n in range(6)))
@@ -130,28 +163,23 @@ async def test_forming_ends_at_the_cap_and_the_others_go_on() -> None:
 async def test_a_cancelled_first_request_releases_the_cohort() -> None:
     arrivals = Arrivals()
 
-    async def leader() -> None:
+    async def request() -> int:
         with arrivals.enter(MODEL):
-            await arrivals.settle(MODEL, True, 64)
-
-    async def follower() -> int:
-        with arrivals.enter(MODEL):
-            await arrivals.settle(MODEL, False, 64)
+            await arrivals.settle(MODEL, 64)
             return arrivals.arriving(MODEL)
 
-    first = asyncio.ensure_future(leader())
+    first = asyncio.ensure_future(request())
     await asyncio.sleep(0)  # it is forming
-    second = asyncio.ensure_future(follower())
+    second, third = asyncio.ensure_future(request()), asyncio.ensure_future(request())
     await asyncio.sleep(0)
+    assert arrivals.arriving(MODEL) == 3
     first.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await first
+    third.cancel()  # a follower's client gone too
+    for gone in (first, third):
+        with pytest.raises(asyncio.CancelledError):
+            await gone
     assert await asyncio.wait_for(second, 1) == 1
     assert arrivals.forming == {} and arrivals.entered == {}
-
-
-def test_quiet_turns_are_few() -> None:
-    assert 2 <= QUIET_TURNS <= 5
 
 
 # -- the gateway: a wave after a quiet spell stays on one server -------------------------------
@@ -178,7 +206,7 @@ async def test_a_wave_after_a_quiet_spell_is_not_split(config) -> None:  # type:
         await asyncio.sleep(0.06)
         assert (await gw.client.post("/v1/completions", json=BODY)).status_code == 200
         cohorts = (await gw.client.get("/routes")).json()["decisions"]["cohorts"]
-        assert cohorts == {"formed": 2, "requests": 13}
+        assert cohorts == {"formed": 1, "requests": 12}  # a cohort of one is not counted
 
 
 async def test_a_small_wave_stays_on_speculation(gw: InProcess) -> None:
@@ -192,3 +220,36 @@ async def test_a_small_wave_stays_on_speculation(gw: InProcess) -> None:
     )
     backends = {r.headers["x-specgate-backend"] for r in responses}
     assert len(backends) == 1 and backends <= SPECULATIVE
+
+
+async def test_requests_under_load_route_at_once(gw: InProcess) -> None:
+    """With one of this gateway's requests of the model in flight, a new one forms no cohort
+    (it is routed at once, seeing the load in flight)."""
+    gw.fakes["plain"].first_delay_s = 0.2
+    runtime = gw.app.state.runtime
+    busy = asyncio.ensure_future(
+        gw.client.post("/v1/completions", json=BODY | {"temperature": 0.9})  # chat-like: plain
+    )
+    await asyncio.sleep(0.05)
+    assert not runtime.gateway.idle(MODEL)
+    resp = await gw.client.post("/v1/completions", json=BODY)
+    assert resp.status_code == 200 and (await busy).status_code == 200
+    assert (await gw.client.get("/routes")).json()["decisions"]["cohorts"] == {
+        "formed": 0,
+        "requests": 0,
+    }
+
+
+async def test_requests_asking_for_speculation_do_not_push_a_burst_off_it(gw: InProcess) -> None:
+    """One ordinary code request and five with X-Specgate-Speculation: on, at once: those five
+    go to speculation whatever the load, so they are no load the first must avoid; all six
+    land on speculative backends (counting them sent the first to plain, beside them)."""
+    gw.app.state.runtime.gateway.reload(static_config())
+    for fake in gw.fakes.values():
+        fake.first_delay_s = 0.05
+    on = {"x-specgate-speculation": "on"}
+    responses = await asyncio.gather(
+        gw.client.post("/v1/completions", json=BODY),
+        *(gw.client.post("/v1/completions", json=BODY, headers=on) for _ in range(5)),
+    )
+    assert {r.headers["x-specgate-backend"] for r in responses} <= SPECULATIVE
