@@ -10,18 +10,24 @@ c=16 wave of 6 of 20 gateway runs on the GPU twin, 0.89-0.93x plain against 0.95
 the simulator's first c=32 wave, 0.68x; section 7, "Eleventh run").
 
 :class:`Arrivals` counts, per model, the requests that entered routing and are not routed
-yet. A request finding nothing of this gateway's in flight for its model (a quiet spell's
-end) forms a *cohort*: it lets the event loop turn until no new request of the model has
-entered for :data:`QUIET_TURNS` turns (what the kernel already holds is read; nothing is
-waited for on the clock), at most :data:`MAX_FORMING_S`, or until the policy's cap
-(:meth:`~gateway.routing.policy.RoutingPolicy.cohort_cap`) have entered. Requests entering
-meanwhile wait for it. Then it is routed first, seeing the others as load (``arriving``),
-and they follow, seeing it in flight. A lone request pays three loop turns (~12 us on an
-idle loop; more when the loop is busy with other models' requests); requests arriving under
-load never wait. The forming request checks the clock and the cap once a turn, so it can
-wait one turn longer than :data:`MAX_FORMING_S` (a turn that reads many requests at once)
-and see more than the cap. Cohorts are per gateway process: behind several workers or
-replicas each sees its own part of a wave.
+yet. A request arriving after a quiet spell (nothing of this gateway's in flight for its
+model, and no large burst there over the last 10-20 s: :meth:`Gateway.quiet
+<gateway.service.Gateway.quiet>`) forms a *cohort*: it lets the event loop turn until no new
+request of the model has entered for :data:`QUIET_TURNS` turns (what the kernel already holds
+is read; nothing is waited for on the clock), at most :data:`MAX_FORMING_S`, or until the
+policy's cap (:meth:`~gateway.routing.policy.RoutingPolicy.cohort_cap`) have entered.
+Requests entering meanwhile wait for it, up to the cap; past it the burst is known to be
+large and they are routed at once, seeing it as load. Then the first is routed, seeing the
+others as load (``arriving``), and they follow, seeing it in flight.
+
+Cost: a lone request pays three loop turns (~12 us on an idle loop; more when the loop is
+busy with other models' requests); requests arriving under load never wait. A task waiting
+on the loop runs only after the turn in progress, and one turn can read and prepare a whole
+wave (uvicorn reads every ready connection, then runs their handlers), so a cohort's requests
+can wait that long (the forming request checks the clock and the cap once a turn): on the
+simulated fleet at c=256 without the cap on joining and the recent-peak check, the first
+token came ~250 real ms later (docs/benchmarks.md section 7b, session 23). Cohorts are per
+gateway process: behind several workers or replicas each sees its own part of a wave.
 """
 
 from __future__ import annotations

@@ -103,13 +103,15 @@ async def prepare_routed(runtime: Runtime, request: RoutedRequest) -> None:
     prepared = gateway.prepare(request.kind, body, headers, fields)
     features, arrivals = prepared.features, gateway.arrivals
     model, cap = features.model, gateway.policy.cohort_cap(features.model)
-    # a burst's first request is routed for the burst (gateway.arrivals); one asking for
-    # speculation goes there whatever the load, so it neither waits nor counts. Each
-    # decision is reserved before any await: requests arriving together see each other.
+    # a burst's first request is routed for the burst (gateway.arrivals): after a quiet spell
+    # it forms a cohort, which the next ones join up to its cap (past it, the burst is known
+    # to be large: they go at once); one asking for speculation goes there whatever the
+    # load, so it neither waits nor counts. Each decision is reserved before any await:
+    # requests arriving together see each other.
     if (
         cap > 1
         and features.speculation != SPECULATION_ON
-        and (model in arrivals.forming or gateway.idle(model))
+        and (arrivals.arriving(model) < cap if model in arrivals.forming else gateway.quiet(model))
     ):
         with arrivals.enter(model):
             await arrivals.settle(model, cap)

@@ -227,15 +227,21 @@ class Gateway:
             for name, backend in spec.items()
         }
 
-    def idle(self, model: str) -> bool:
-        """True when none of this gateway's requests of ``model`` is in flight or reserved on
-        a backend (a burst arriving now starts a cohort: :mod:`gateway.arrivals`)."""
+    def quiet(self, model: str) -> bool:
+        """True after a quiet spell: none of this gateway's requests of ``model`` is in flight
+        or reserved on a backend, and no compute unit serving it held a burst over the last
+        10-20 s (:data:`~gateway.upstream.state.PEAK_WINDOW_S`) past what a cohort can tell
+        (its recent peak already routes the next burst as large). A burst arriving now forms
+        a cohort (:mod:`gateway.arrivals`)."""
         states = self.registry.states
         serving = [states[n] for n in self.policy.serving.get(model, ()) if n in states]
         if any(s.inflight for s in serving):  # the common case under load: no clock read
             return False
         now = self.registry.clock()
-        return not any(s.reserved and s.load(now) for s in serving)
+        if any(s.reserved and s.load(now) for s in serving):
+            return False
+        peak = max((s.recent_peak(now) for s in serving), default=0)
+        return peak - 1 < self.policy.unit_caps.get(model, 0.0)
 
     def admission(self, limit: int) -> Admission:
         """A request's :class:`Admission` among at most ``limit`` in flight."""

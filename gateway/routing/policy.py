@@ -212,6 +212,8 @@ class RoutingPolicy:
             for model, names in self.serving.items()
         }
         self.caps = {model: self._cohort_cap(model) for model in self.serving}
+        # per model: the recent peak a compute unit may show and a burst still form a cohort
+        self.unit_caps = {m: (c - 1) / self.units[m] for m, c in self.caps.items()}
 
     def cohort_cap(self, model: str) -> int:
         """Requests of ``model`` arriving together past which a larger burst routes alike:
