@@ -80,9 +80,9 @@ class Arrivals:
         """Wait, inside :meth:`enter`, until this request may be routed: after the forming
         cohort's first request when one of ``model`` is forming, else form one (module
         docstring) until ``cap`` requests have entered (the policy can tell no more from a
-        larger one). The caller enters only after a quiet spell (none of this gateway's
-        requests of the model in flight) or while a cohort forms. Cancellation ends a
-        cohort's forming for the others."""
+        larger one). The caller enters only after a quiet spell
+        (:meth:`~gateway.service.Gateway.quiet`) or while a cohort forms with fewer than
+        ``cap`` entered. Cancellation ends a cohort's forming for the others."""
         event = self.forming.get(model)
         if event is not None:
             await event.wait()

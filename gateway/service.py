@@ -229,9 +229,10 @@ class Gateway:
 
     def quiet(self, model: str) -> bool:
         """True after a quiet spell: none of this gateway's requests of ``model`` is in flight
-        or reserved on a backend, and no compute unit serving it held a burst over the last
-        10-20 s (:data:`~gateway.upstream.state.PEAK_WINDOW_S`) past what a cohort can tell
-        (its recent peak already routes the next burst as large). A burst arriving now forms
+        or reserved on a backend, and some compute unit serving it (up) held no burst over
+        the last 10-20 s (:data:`~gateway.upstream.state.PEAK_WINDOW_S`) past what a cohort
+        can tell (where every unit's recent peak does, it already routes the next burst as
+        large). A burst arriving now forms
         a cohort (:mod:`gateway.arrivals`)."""
         states = self.registry.states
         serving = [states[n] for n in self.policy.serving.get(model, ()) if n in states]
@@ -240,7 +241,15 @@ class Gateway:
         now = self.registry.clock()
         if any(s.reserved and s.load(now) for s in serving):
             return False
-        peak = max((s.recent_peak(now) for s in serving), default=0)
+        # the quietest compute unit that can take a request: a burst on one unit must not
+        # keep the others' next burst from forming (its first request would meet them idle)
+        groups, peaks = self.policy.groups, dict[str, int]()
+        for name in self.policy.serving.get(model, ()):
+            state = states.get(name)
+            if state is not None and state.available:
+                unit = groups.get(name) or f"backend {name}"
+                peaks[unit] = max(peaks.get(unit, 0), state.recent_peak(now))
+        peak = min(peaks.values(), default=0)
         return peak - 1 < self.policy.unit_caps.get(model, 0.0)
 
     def admission(self, limit: int) -> Admission:
