@@ -107,7 +107,8 @@ async def prepare_routed(runtime: Runtime, request: RoutedRequest) -> None:
     # it forms a cohort, which the next ones join up to its cap (past it, the burst is known
     # to be large: they go at once); one asking for speculation goes there whatever the
     # load, so it neither waits nor counts. Each decision is reserved before any await:
-    # requests arriving together see each other.
+    # requests arriving together see each other (a waiting cohort member resumes only
+    # after the request that set its event has reached the next await).
     if (
         cap > 1
         and features.speculation != SPECULATION_ON
@@ -117,11 +118,10 @@ async def prepare_routed(runtime: Runtime, request: RoutedRequest) -> None:
             await arrivals.settle(model, cap)
             arriving = arrivals.arriving(model) - 1
             decision = gateway.decide(features, prepared.prompt, arriving=arriving)
-            _reserve(gateway, decision.backend)
     else:
         decision = gateway.decide(features, prepared.prompt, arriving=arrivals.arriving(model))
-        _reserve(gateway, decision.backend)
     first = decision.backend
+    _reserve(gateway, first)  # no await since the decision: the cohort's next ones see it
     tokens = None
     if gateway.config.guards:  # most configs: no coroutine to await
         tokens = await prompt_tokens(gateway, runtime.client, decision, request.path, body)

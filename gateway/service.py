@@ -232,8 +232,7 @@ class Gateway:
         or reserved on a backend, and some compute unit serving it (up) held no burst over
         the last 10-20 s (:data:`~gateway.upstream.state.PEAK_WINDOW_S`) past what a cohort
         can tell (where every unit's recent peak does, it already routes the next burst as
-        large). A burst arriving now forms
-        a cohort (:mod:`gateway.arrivals`)."""
+        large). A burst arriving now forms a cohort (:mod:`gateway.arrivals`)."""
         states = self.registry.states
         serving = [states[n] for n in self.policy.serving.get(model, ()) if n in states]
         if any(s.inflight for s in serving):  # the common case under load: no clock read
@@ -243,11 +242,11 @@ class Gateway:
             return False
         # the quietest compute unit that can take a request: a burst on one unit must not
         # keep the others' next burst from forming (its first request would meet them idle)
-        groups, peaks = self.policy.groups, dict[str, int]()
+        unit_of, peaks = self.policy.unit_of, dict[str, int]()
         for name in self.policy.serving.get(model, ()):
             state = states.get(name)
             if state is not None and state.available:
-                unit = groups.get(name) or f"backend {name}"
+                unit = unit_of[name]
                 peaks[unit] = max(peaks.get(unit, 0), state.recent_peak(now))
         peak = min(peaks.values(), default=0)
         return peak - 1 < self.policy.unit_caps.get(model, 0.0)

@@ -202,14 +202,14 @@ class RoutingPolicy:
             n: (b.served_model, b.spec.model_dump_json()) for n, b in config.backends.items()
         }
         self.replicated = len(set(self.kinds.values())) < len(self.kinds)
-        # per served model: its backends, and the compute units they run on (a compute group
-        # counts once, a backend without one is its own)
+        # per served model: its backends, and the compute units they run on (``unit_of``: a
+        # compute group counts once, a backend without one is its own)
         self.serving: dict[str, tuple[str, ...]] = {}
         for n, b in config.backends.items():
             self.serving[b.served_model] = (*self.serving.get(b.served_model, ()), n)
+        self.unit_of = {n: g or f"backend {n}" for n, g in self.groups.items()}
         self.units = {
-            model: len({self.groups[n] or f"backend {n}" for n in names})
-            for model, names in self.serving.items()
+            model: len({self.unit_of[n] for n in names}) for model, names in self.serving.items()
         }
         self.caps = {model: self._cohort_cap(model) for model in self.serving}
         # per model: the recent peak a compute unit may show and a burst still form a cohort
@@ -267,7 +267,7 @@ class RoutingPolicy:
             usable = [
                 n for n in self.serving.get(features.model, ()) if self._usable(n, features, state)
             ]
-            units = len({self.groups[n] or f"backend {n}" for n in usable}) or 1
+            units = len({self.unit_of[n] for n in usable}) or 1
             share = -(-arriving // units)
             extra = dict.fromkeys(usable, float(share))
             reasons.append(
