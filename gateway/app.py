@@ -66,13 +66,13 @@ def create_app(
     app = SpecgateApp(title="specgate", version="0.1.0", lifespan=lifespan)
     client_key, admin_only = Depends(require_client_key(auth)), Depends(require_admin(auth))
     app.router.routes.extend(openai.proxy_routes(app.proxy_endpoints))  # auth checked inside
-    app.include_router(openai.router, dependencies=[client_key])
-    app.include_router(health.router)
-    app.include_router(metrics.router)
+    routers = [(openai.router, [client_key]), (health.router, []), (metrics.router, [])]
     if settings.admin_enabled:
-        app.include_router(admin.router, dependencies=[admin_only])
-        app.include_router(quarantine.router, dependencies=[admin_only])
-        app.include_router(status.router, dependencies=[admin_only])
+        routers += [(r, [admin_only]) for r in (admin.router, quarantine.router, status.router)]
+    for router, dependencies in routers:
+        app.include_router(router, dependencies=dependencies)
+    app.own_routes = [*app.router.routes, *(r for router, _ in routers for r in router.routes)]
+    if settings.admin_enabled:
         app.include_router(passthrough.admin_router, dependencies=[admin_only])
     # last: every other path a backend serves (after the gateway's own routes)
     app.include_router(passthrough.router, dependencies=[client_key])
@@ -109,6 +109,9 @@ class SpecgateApp(FastAPI):
         self.proxy_endpoints = openai.proxy_endpoints()
         #: The relay's catch-all route (``/{path:path}``, included last by ``create_app``).
         self.catch_all: BaseRoute | None = None
+        #: The routes the gateway answers itself (``create_app``): a path of theirs is never
+        #: relayed, another method on it is a 405 (:mod:`gateway.api.passthrough`).
+        self.own_routes: list[BaseRoute] = []
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         """ASGI entry point."""

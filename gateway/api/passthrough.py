@@ -29,13 +29,13 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from starlette.responses import Response
+from starlette.routing import Match
 
 from gateway.api.deps import GatewayDep, SettingsDep
 from gateway.api.openai import ClientGone, read_body_within
 from gateway.api.relay import Receive, Send, send_answer, until_disconnect
 from gateway.auth import header_text
 from gateway.classify.features import RequestFeatures
-from gateway.classify.protocol import ROUTED
 from gateway.errors import GatewayError, model_not_found, too_busy
 from gateway.pipeline import guard_decision, refuse_quarantined
 from gateway.routing.policy import RouteDecision
@@ -44,7 +44,6 @@ from gateway.service import Admission, Gateway
 from gateway.trace import RequestTrace
 from gateway.upstream.catalog import BackendCatalog
 from gateway.upstream.endpoints import (
-    OWN_PATHS,
     STATEFUL_TEMPLATES,
     PathTemplate,
     is_client_path,
@@ -78,8 +77,9 @@ async def passthrough(
 ) -> Response:
     """Relay a client path a backend serves (see the module docstring)."""
     path, method = "/" + path, request.method
-    if path in OWN_PATHS or path in ROUTED:
-        raise _not_allowed(method, path, "POST" if path in ROUTED else "GET")
+    own = _own_methods(request)
+    if own:
+        raise _not_allowed(method, path, ", ".join(sorted(own)))
     runtime = runtime_of(request.app)
     found = await _client_path(runtime, method, path)
     admission = gateway.admission(settings.max_inflight)
@@ -93,6 +93,17 @@ async def passthrough(
     relayed.order = await _guarded(runtime, path, relayed.parsed, order)
     relayed.stateful = found.template in STATEFUL_TEMPLATES
     return relayed
+
+
+def _own_methods(request: Request) -> set[str]:
+    """The methods of the gateway's own routes (``SpecgateApp.own_routes``) whose path is
+    ``request``'s but not its method (Starlette's partial match: the 405 Starlette answers
+    where no catch-all follows); empty when the path is not the gateway's own."""
+    methods: set[str] = set()
+    for route in getattr(request.app, "own_routes", ()):
+        if route.matches(request.scope)[0] is Match.PARTIAL:
+            methods |= getattr(route, "methods", None) or set()
+    return methods
 
 
 async def listed(runtime: Runtime, path: str) -> PathTemplate | None:

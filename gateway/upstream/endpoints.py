@@ -34,10 +34,6 @@ CLIENT_ROOT_PATHS = frozenset(
 )
 #: Client-looking paths that change a server (LoRA adapters): operators only.
 OPERATOR_V1_PATHS = frozenset({"/v1/load_lora_adapter", "/v1/unload_lora_adapter"})
-#: Paths the gateway answers itself (never relayed).
-OWN_PATHS = frozenset(
-    {"/health", "/metrics", "/v1/models", "/openapi.json", "/docs", "/redoc", "/status"}
-)
 #: Stored Responses: reach the backend that created them.
 STATEFUL_TEMPLATES = frozenset(
     {"/v1/responses/{response_id}", "/v1/responses/{response_id}/cancel"}

@@ -199,6 +199,28 @@ async def test_unknown_paths_and_methods(gw: InProcess) -> None:
     assert resp.status_code == 405 and resp.headers["allow"] == "POST"
 
 
+@pytest.mark.parametrize(
+    ("method", "path", "allow"),
+    [
+        ("GET", "/routes/explain", "POST"),  # an admin route answering POST only
+        ("PUT", "/routes/reload", "POST"),
+        ("POST", "/health", "GET"),
+        ("POST", "/ready", "GET"),
+        ("DELETE", "/v1/models", "GET"),
+        ("PATCH", "/routes/quarantine", "DELETE, GET"),
+    ],
+)
+async def test_the_gateways_own_paths_answer_405_for_other_methods(
+    gw: InProcess, method: str, path: str, allow: str
+) -> None:
+    """A path the gateway serves itself is neither relayed nor a 404 for another method:
+    405 with the methods it takes, in OpenAI's envelope."""
+    resp = await gw.client.request(method, path)
+    assert resp.status_code == 405 and resp.headers["allow"] == allow
+    assert resp.json()["error"]["code"] == "method_not_allowed"
+    assert not any(r["path"] == path for f in gw.fakes.values() for r in f.received)
+
+
 async def test_model_cards_are_the_backends(gw: InProcess) -> None:
     """The issue's example: clients size their context from max_model_len."""
     gw.fakes["ngram"].max_model_len = 4096
