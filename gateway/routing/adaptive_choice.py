@@ -58,9 +58,10 @@ class Estimate(NamedTuple):
     """What adaptive routing believes about one candidate for this request (a NamedTuple:
     immutable and cheap to build on the hot path).
 
-    ``source``: ``bucket`` (observed in this bucket), ``task`` (only in its prior: the
-    neighbouring load bands or the task level) or
-    ``prior`` (never observed for the task); ``requests``: observations in the bucket ever;
+    ``source``: ``bucket`` (observed in this bucket), ``replica`` (not observed in this
+    bucket, a replica of its kind was), ``task`` (only in its prior: the neighbouring load
+    bands or the task level, its own or a replica's) or ``prior`` (never observed for the
+    task, nor any replica); ``requests``: observations in the bucket ever;
     ``weight``: their decayed weight; ``speed_tps``: posterior mean speed (tokens/s,
     geometric); ``sd``: posterior sd of ln(speed); ``relative``: speed / the plain
     baseline's (None without one); ``acceptance_rate`` and ``mean_acceptance_length``: the
@@ -143,6 +144,11 @@ class _Seen(NamedTuple):
     stats: BackendStats
     factor: float
 
+    @property
+    def held(self) -> float:
+        """The decayed weight of the observations."""
+        return self.stats.weight * self.factor
+
 
 class _Prior(NamedTuple):
     """A backend's prior for a bucket: ``mean`` ln(tokens/s) and the decayed ``weight`` behind
@@ -150,6 +156,11 @@ class _Prior(NamedTuple):
 
     mean: float
     weight: float
+
+    @property
+    def held(self) -> float:
+        """The decayed weight behind the prior."""
+        return self.weight
 
 
 class _Posterior(NamedTuple):
@@ -214,6 +225,11 @@ def _prior(
     return _Prior((w_near * m_near + w_top * m_task) / weight, weight)
 
 
+def _most(found: Sequence[_Seen | _Prior | None]) -> _Seen | _Prior | None:
+    """The one of ``found`` with the most decayed weight behind it (None when all are)."""
+    return max((f for f in found if f is not None), key=lambda f: f.held, default=None)
+
+
 def _noise(group: GroupStats | None, decay: float) -> float:
     """Variance of one request's ln(speed), pooled over every backend of the task (the
     machine's load moves them all), with the prior as ``OBS_SD_WEIGHT`` observations."""
@@ -253,6 +269,7 @@ def choose(
     baseline: str | None = None,
     penalties: Mapping[str, float] | None = None,
     explore: float = 1.0,
+    replicas: Mapping[str, Sequence[str]] | None = None,
 ) -> AdaptiveChoice:
     """Pick one of ``candidates`` (non-empty, in try-list order: the rules' order) by
     Thompson sampling.
@@ -267,6 +284,13 @@ def choose(
     draw's spread: 0 takes the best posterior mean (no draw), as for a request joining a busy
     shared compute (one request sent elsewhere slows the whole batch and measures nothing
     its load band can use); below 1 where a choice commits a whole burst to one backend.
+    ``replicas``: per candidate, the other backends of its kind (one served model, the same
+    speculation settings); a candidate never observed in its bucket (or for the task) takes
+    the statistics there of the replica observed most (source ``replica``), so a fleet learns
+    a kind's speed once instead of once per server: without it each of 8 replicas of a kind
+    started from the optimistic prior of a never-observed backend and was tried for each
+    task and load band (simulator, 8 GPUs x plain and EAGLE-3 at c=16: 9 of 19 creative
+    requests on EAGLE-3 were sent there by such a prior; docs/benchmarks.md section 7b).
     """
     buckets = {n: bucket if isinstance(bucket, str) else bucket[n] for n in candidates}
     first = buckets[candidates[0]]
@@ -278,13 +302,21 @@ def choose(
     def beliefs() -> tuple[dict[str, _Posterior], dict[str, float]]:
         """Each name's posterior and its penalty as a shift of its mean ln(speed)."""
         near = {b: _neighbours(estimates, task, b) for b in set(buckets.values())}
-        seen = {
-            n: (
-                _seen(groups[n], n, decay),
-                _prior(n, near[buckets.get(n, first)], prior, decay, prior_weight),
-            )
-            for n in names
-        }
+        seen: dict[str, tuple[_Seen | None, _Prior | None]] = {}
+        borrowed: set[str] = set()
+        for n in names:
+            group, around = groups[n], near[buckets.get(n, first)]
+            here, before = _seen(group, n, decay), _prior(n, around, prior, decay, prior_weight)
+            others = replicas.get(n, ()) if replicas is not None else ()
+            if here is None and others:
+                found = _most([_seen(group, r, decay) for r in others])
+                here = found if isinstance(found, _Seen) else None
+                if here is not None:
+                    borrowed.add(n)
+            if before is None and others:
+                found = _most([_prior(r, around, prior, decay, prior_weight) for r in others])
+                before = found if isinstance(found, _Prior) else None
+            seen[n] = (here, before)
         known = [
             b.stats.mean if b is not None else t.mean if t is not None else None
             for b, t in seen.values()
@@ -292,6 +324,8 @@ def choose(
         optimistic = max((k for k in known if k is not None), default=0.0)
         var = _noise(prior, decay)
         post = {n: _posterior(b, t, prior_weight, optimistic, var) for n, (b, t) in seen.items()}
+        for n in borrowed:
+            post[n] = post[n]._replace(source="replica")
         shift = dict.fromkeys(names, 0.0)
         for n, factor in (penalties or {}).items():
             if n in shift:

@@ -134,11 +134,14 @@ def measured_at_load(
     *,
     min_weight: float,
     decay: float,
+    alike: Iterable[str] = (),
 ) -> bool:
-    """True when ``backend`` and at least one of ``plains`` each have ``min_weight`` decayed
-    observations for ``task`` in their own bucket (``buckets``: per backend, load band
-    included), so their learnt speeds can decide at this load."""
-    if _weight(estimates, (task, buckets[backend]), backend, decay) < min_weight:
+    """True when ``backend`` (or one of its replicas ``alike``, in ``backend``'s bucket) and
+    at least one of ``plains`` each have ``min_weight`` decayed observations for ``task`` in
+    their own bucket (``buckets``: per backend, load band included), so their learnt speeds
+    can decide at this load."""
+    key = (task, buckets[backend])
+    if max(_weight(estimates, key, n, decay) for n in (backend, *alike)) < min_weight:
         return False
     return any(
         _weight(estimates, (task, buckets[p]), p, decay) >= min_weight

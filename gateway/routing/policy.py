@@ -202,6 +202,11 @@ class RoutingPolicy:
             n: (b.served_model, b.spec.model_dump_json()) for n, b in config.backends.items()
         }
         self.replicated = len(set(self.kinds.values())) < len(self.kinds)
+        # per backend, the other replicas of its kind: what one learnt stands for the others
+        self.alike = {
+            n: tuple(m for m, k in self.kinds.items() if k == kind and m != n)
+            for n, kind in self.kinds.items()
+        }
         # per served model: its backends, and the compute units they run on (``unit_of``: a
         # compute group counts once, a backend without one is its own)
         self.serving: dict[str, tuple[str, ...]] = {}
@@ -303,6 +308,7 @@ class RoutingPolicy:
                     self.plain,
                     min_weight=settings.min_load_weight,
                     decay=settings.decay,
+                    alike=self.alike[name],
                 )
 
             plan.measured = measured
@@ -386,6 +392,7 @@ class RoutingPolicy:
             baseline=self.plain[0] if self.plain else None,
             penalties=penalties,
             explore=_exploration(penalties, load, eligible, arriving),
+            replicas=self.alike if self.replicated else None,
         )
         order.remove(choice.chosen)
         order.insert(0, choice.chosen)

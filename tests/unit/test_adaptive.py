@@ -176,6 +176,53 @@ def test_a_new_bucket_starts_from_the_task_estimate() -> None:
     assert by_name["ngram"].source == "prior"  # never seen: optimistic, wide
 
 
+def test_a_replica_never_observed_takes_what_its_kind_learnt() -> None:
+    """Fleet replicas (the simulator's 8 GPUs x plain and EAGLE-3): EAGLE-3 measured slow for
+    creative on one GPU is slow on another it never ran creative on; without ``replicas``
+    that one starts from the optimistic prior of a never-observed backend and is tried."""
+    learner = Learner()
+    for _ in range(10):
+        learner.observe(Observation("creative", "sampled/norep", "eagle3-g0", 18.0, 64))
+        learner.observe(Observation("creative", "sampled/norep", "plain-g1", 24.0, 64))
+    state, pair = learner.view(), ["eagle3-g4", "plain-g1"]
+    alike = {"eagle3-g4": ["eagle3-g0", "eagle3-g7"], "plain-g1": ["plain-g0"]}
+    alone = [
+        choose("creative", "sampled/norep", pair, state, random.Random(s), decay=0.98)
+        for s in range(40)
+    ]
+    assert {e.backend: e.source for e in alone[0].estimates}["eagle3-g4"] == "prior"
+    assert sum(c.chosen == "eagle3-g4" for c in alone) >= 10  # tried as if it might be fast
+    shared = [
+        choose(
+            "creative", "sampled/norep", pair, state, random.Random(s), decay=0.98,
+            replicas=alike,
+        )  # fmt: skip
+        for s in range(40)
+    ]
+    by_name = {e.backend: e for e in shared[0].estimates}
+    assert by_name["eagle3-g4"].source == "replica"
+    assert by_name["eagle3-g4"].speed_tps == pytest.approx(18.0)
+    assert by_name["plain-g1"].source == "bucket"  # its own observations come first
+    assert all(c.best == "plain-g1" for c in shared)
+    assert sum(c.chosen == "eagle3-g4" for c in shared) <= 2
+
+
+def test_a_replica_with_its_own_observations_keeps_them() -> None:
+    learner = Learner()
+    for _ in range(5):
+        learner.observe(Observation("code", "greedy/norep", "eagle3-g0", 40.0, 64))
+        learner.observe(Observation("code", "greedy/norep", "eagle3-g4", 20.0, 64))
+        learner.observe(Observation("code", "greedy/norep", "plain-g0", 30.0, 64))
+    choice = choose(
+        "code", "greedy/norep", ["eagle3-g4", "plain-g0"], learner.view(), random.Random(0),
+        decay=0.98, replicas={"eagle3-g4": ["eagle3-g0"]},
+    )  # fmt: skip
+    by_name = {e.backend: e for e in choice.estimates}
+    assert by_name["eagle3-g4"].source == "bucket"
+    assert by_name["eagle3-g4"].speed_tps == pytest.approx(20.0)
+    assert choice.best == "plain-g0"
+
+
 def _twin_chat_state() -> Learner:
     """The chat estimates of the GPU twin's eleventh run (docs/benchmarks.md section 7, its
     ``/routes``, rounded): plain measured mostly at c=16-64 (slow there), EAGLE-3 at c=1-4;
