@@ -71,7 +71,10 @@ def create_app(
         routers += [(r, [admin_only]) for r in (admin.router, quarantine.router, status.router)]
     for router, dependencies in routers:
         app.include_router(router, dependencies=dependencies)
-    app.own_routes = [*app.router.routes, *(r for router, _ in routers for r in router.routes)]
+    # FastAPI wraps an included router (0.165) or copies its routes (older): read them from
+    # the routers themselves (no prefix here), with the app's own (docs, the routed POSTs)
+    included = (r for router, _ in routers for r in router.routes)
+    app.own_routes = [r for r in (*app.router.routes, *included) if getattr(r, "methods", None)]
     if settings.admin_enabled:
         app.include_router(passthrough.admin_router, dependencies=[admin_only])
     # last: every other path a backend serves (after the gateway's own routes)

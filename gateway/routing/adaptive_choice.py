@@ -18,8 +18,8 @@ fastest, so clear losers are rarely tried and close ones share traffic until the
 separates them. As a loser's evidence decays its posterior widens and it is tried again,
 which is how a backend that got better is noticed. Until some candidate has been observed for
 the task, the rules' first candidate is chosen (a fresh gateway routes as the static policy
-does); after that a backend never observed for the task gets an optimistic prior (the best
-candidate's mean, wide), so each is tried early.
+does); after that a backend never observed for the task (nor any replica of its kind) gets
+an optimistic prior (the best candidate's mean, wide), so each is tried early.
 
 Pure: the estimates and the ``random.Random`` come from the caller; for a given state and
 seed the choice is deterministic.
@@ -58,10 +58,11 @@ class Estimate(NamedTuple):
     """What adaptive routing believes about one candidate for this request (a NamedTuple:
     immutable and cheap to build on the hot path).
 
-    ``source``: ``bucket`` (observed in this bucket), ``replica`` (not observed in this
-    bucket, a replica of its kind was), ``task`` (only in its prior: the neighbouring load
-    bands or the task level, its own or a replica's) or ``prior`` (never observed for the
-    task, nor any replica); ``requests``: observations in the bucket ever;
+    ``source``: ``bucket`` (observed in this bucket), ``task`` (only in its prior: the
+    neighbouring load bands or the task level), ``replica`` (never observed for the task: a
+    replica of its kind was, and its statistics stand in, :func:`stand_in`) or ``prior``
+    (neither it nor a replica observed for the task); ``requests``: its own observations in
+    the bucket ever;
     ``weight``: their decayed weight; ``speed_tps``: posterior mean speed (tokens/s,
     geometric); ``sd``: posterior sd of ln(speed); ``relative``: speed / the plain
     baseline's (None without one); ``acceptance_rate`` and ``mean_acceptance_length``: the
@@ -144,11 +145,6 @@ class _Seen(NamedTuple):
     stats: BackendStats
     factor: float
 
-    @property
-    def held(self) -> float:
-        """The decayed weight of the observations."""
-        return self.stats.weight * self.factor
-
 
 class _Prior(NamedTuple):
     """A backend's prior for a bucket: ``mean`` ln(tokens/s) and the decayed ``weight`` behind
@@ -156,11 +152,6 @@ class _Prior(NamedTuple):
 
     mean: float
     weight: float
-
-    @property
-    def held(self) -> float:
-        """The decayed weight behind the prior."""
-        return self.weight
 
 
 class _Posterior(NamedTuple):
@@ -175,6 +166,25 @@ def _seen(group: GroupStats | None, name: str, decay: float) -> _Seen | None:
     if group is None or stats is None or not stats.requests:
         return None
     return _Seen(stats, group.factor(stats, decay))
+
+
+def stand_in(
+    estimates: Estimates, task: str, backend: str, alike: Sequence[str], decay: float
+) -> str:
+    """Whose statistics speak for ``backend`` for ``task``: its own once it was observed for
+    the task; before that, those of the one of ``alike`` (its replicas: one served model,
+    the same speculation settings) observed most for it (decayed weight at the task level);
+    ``backend`` itself when none was. A replica's own record, even a short one, is never
+    replaced by another's: a slow GPU shows as soon as it answered once."""
+    group = estimates.get((task, ALL))
+    if not alike or group is None or _seen(group, backend, decay) is not None:
+        return backend
+    best, most = backend, 0.0
+    for name in alike:
+        found = _seen(group, name, decay)
+        if found is not None and found.stats.weight * found.factor > most:
+            best, most = name, found.stats.weight * found.factor
+    return best
 
 
 def _neighbours(estimates: Estimates, task: str, bucket: str) -> tuple[GroupStats, ...]:
@@ -223,11 +233,6 @@ def _prior(
     if weight <= 0:
         return _Prior(m_task, 0.0)
     return _Prior((w_near * m_near + w_top * m_task) / weight, weight)
-
-
-def _most(found: Sequence[_Seen | _Prior | None]) -> _Seen | _Prior | None:
-    """The one of ``found`` with the most decayed weight behind it (None when all are)."""
-    return max((f for f in found if f is not None), key=lambda f: f.held, default=None)
 
 
 def _noise(group: GroupStats | None, decay: float) -> float:
@@ -285,11 +290,11 @@ def choose(
     shared compute (one request sent elsewhere slows the whole batch and measures nothing
     its load band can use); below 1 where a choice commits a whole burst to one backend.
     ``replicas``: per candidate, the other backends of its kind (one served model, the same
-    speculation settings); a candidate never observed in its bucket (or for the task) takes
-    the statistics there of the replica observed most (source ``replica``), so a fleet learns
-    a kind's speed once instead of once per server: without it each of 8 replicas of a kind
-    started from the optimistic prior of a never-observed backend and was tried for each
-    task and load band (simulator, 8 GPUs x plain and EAGLE-3 at c=16: 9 of 19 creative
+    speculation settings); a candidate never observed for the task is judged on the
+    statistics of the replica observed most for it (:func:`stand_in`; source ``replica``),
+    so a fleet learns a kind's speed once instead of once per server: without it each of 8
+    replicas of a kind started from the optimistic prior of a never-observed backend and was
+    tried for each task (simulator, 8 GPUs x plain and EAGLE-3 at c=16: 9 of 19 creative
     requests on EAGLE-3 were sent there by such a prior; docs/benchmarks.md section 7b).
     """
     buckets = {n: bucket if isinstance(bucket, str) else bucket[n] for n in candidates}
@@ -305,18 +310,12 @@ def choose(
         seen: dict[str, tuple[_Seen | None, _Prior | None]] = {}
         borrowed: set[str] = set()
         for n in names:
-            group, around = groups[n], near[buckets.get(n, first)]
-            here, before = _seen(group, n, decay), _prior(n, around, prior, decay, prior_weight)
-            others = replicas.get(n, ()) if replicas is not None else ()
-            if here is None and others:
-                found = _most([_seen(group, r, decay) for r in others])
-                here = found if isinstance(found, _Seen) else None
-                if here is not None:
-                    borrowed.add(n)
-            if before is None and others:
-                found = _most([_prior(r, around, prior, decay, prior_weight) for r in others])
-                before = found if isinstance(found, _Prior) else None
-            seen[n] = (here, before)
+            src = stand_in(estimates, task, n, replicas.get(n, ()), decay) if replicas else n
+            if src != n:
+                borrowed.add(n)
+            around = near[buckets.get(n, first)]
+            before = _prior(src, around, prior, decay, prior_weight)
+            seen[n] = (_seen(groups[n], src, decay), before)
         known = [
             b.stats.mean if b is not None else t.mean if t is not None else None
             for b, t in seen.values()
@@ -364,7 +363,8 @@ def choose(
 
     if len(candidates) == 1:  # nothing to choose from (most requests under load): no posterior
         only = candidates[0]
-        untried = (_seen(groups[only], only, decay) or _seen(prior, only, decay)) is None
+        src = stand_in(estimates, task, only, replicas.get(only, ()), decay) if replicas else only
+        untried = (_seen(groups[only], src, decay) or _seen(prior, src, decay)) is None
         return AdaptiveChoice(task, first, only, only, False, untried, lambda: rows(*beliefs(), {}))
     post, shift = beliefs()
     draws: dict[str, float] = {}

@@ -23,11 +23,12 @@ Pure code: no I/O, no clock.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.routing.adaptive import ALL, Estimates, bucket_load
+from gateway.routing.adaptive_choice import stand_in
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,14 +135,15 @@ def measured_at_load(
     *,
     min_weight: float,
     decay: float,
-    alike: Iterable[str] = (),
+    alike: Sequence[str] = (),
 ) -> bool:
-    """True when ``backend`` (or one of its replicas ``alike``, in ``backend``'s bucket) and
-    at least one of ``plains`` each have ``min_weight`` decayed observations for ``task`` in
-    their own bucket (``buckets``: per backend, load band included), so their learnt speeds
-    can decide at this load."""
-    key = (task, buckets[backend])
-    if max(_weight(estimates, key, n, decay) for n in (backend, *alike)) < min_weight:
+    """True when ``backend`` (or, never observed for ``task``, the replica among ``alike``
+    that stands in for it: :func:`~gateway.routing.adaptive_choice.stand_in`, as the choice
+    reads it) and at least one of ``plains`` each have ``min_weight`` decayed observations
+    for ``task`` in ``backend``'s / their own bucket (``buckets``: per backend, load band
+    included), so their learnt speeds can decide at this load."""
+    source = stand_in(estimates, task, backend, alike, decay)
+    if _weight(estimates, (task, buckets[backend]), source, decay) < min_weight:
         return False
     return any(
         _weight(estimates, (task, buckets[p]), p, decay) >= min_weight

@@ -223,6 +223,35 @@ def test_a_replica_with_its_own_observations_keeps_them() -> None:
     assert choice.best == "plain-g0"
 
 
+def test_the_replica_observed_most_stands_in_and_an_own_record_is_kept() -> None:
+    """The stand-in is the replica with the most weight for the task (not the first listed);
+    a replica with any record of its own for the task keeps it, even where a replica
+    measured its bucket faster (a slow GPU shows once it answered)."""
+    learner, chat = Learner(decay=1.0), "sampled/norep"
+    for backend, bucket, speed, n in [
+        ("e-g0", f"{chat}/c4", 10.0, 3),
+        ("e-g1", f"{chat}/c4", 50.0, 200),
+        ("e-g3", f"{chat}/c2", 12.0, 30),
+        ("e-g3", f"{chat}/c8", 12.0, 30),
+        ("plain", f"{chat}/c4", 30.0, 30),
+    ]:
+        for _ in range(n):
+            learner.observe(Observation("chat", bucket, backend, speed, 64))
+    alike = {"e-g2": ["e-g0", "e-g1", "e-g3"], "e-g3": ["e-g0", "e-g1", "e-g2"]}
+    for name, source, speed in [("e-g2", "replica", 50.0), ("e-g3", "task", 12.0)]:
+        picks = [
+            choose(
+                "chat", f"{chat}/c4", [name, "plain"], learner.view(), random.Random(s),
+                decay=1.0, replicas=alike,
+            )  # fmt: skip
+            for s in range(30)
+        ]
+        row = picks[0].estimates[0]
+        assert (row.source, row.requests) == (source, 0)
+        assert row.speed_tps == pytest.approx(speed)
+        assert {c.best for c in picks} == ({name} if speed > 30 else {"plain"})
+
+
 def _twin_chat_state() -> Learner:
     """The chat estimates of the GPU twin's eleventh run (docs/benchmarks.md section 7, its
     ``/routes``, rounded): plain measured mostly at c=16-64 (slow there), EAGLE-3 at c=1-4;

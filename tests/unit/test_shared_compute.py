@@ -100,6 +100,21 @@ def test_measured_speeds_at_load_replace_the_configured_batch_limit() -> None:
     assert report["ngram"]["rag"]["stops_paying_at"] == 8
 
 
+def test_a_replica_is_measured_at_load_when_its_kind_is() -> None:
+    learner = learnt("greedy/norep/c4", {"plain-g0": 10.0, "ngram-g0": 14.0})
+    buckets = dict.fromkeys(("plain-g0", "ngram-g0", "ngram-g1"), "greedy/norep/c4")
+    view, kw = learner.view(), {"min_weight": 3, "decay": 0.98}
+    assert not measured_at_load(view, "rag", buckets, "ngram-g1", ["plain-g0"], **kw)
+    assert measured_at_load(
+        view, "rag", buckets, "ngram-g1", ["plain-g0"], alike=["ngram-g0"], **kw
+    )
+    # once it answered the task itself its own record counts, as in the choice
+    learnt("greedy/norep/c4", {"ngram-g1": 45.0}, n=1, learner=learner)
+    assert not measured_at_load(
+        learner.view(), "rag", buckets, "ngram-g1", ["plain-g0"], alike=["ngram-g0"], **kw
+    )
+
+
 def test_a_scrape_older_than_the_last_answer_does_not_count_as_load() -> None:
     """One request at a time: the scrape taken while the last one ran is stale once it
     ended, so the next request is not filed (or penalised) as concurrent."""
