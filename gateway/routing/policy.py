@@ -165,7 +165,9 @@ class RoutingPolicy:
        Once a speculative backend and a plain one were both measured at this request's load
        band, their learnt speeds replace ``max_batch_for_speculation`` in step 3.
        Replicas (one served model, the same speculation settings) enter the choice as
-       one: the least loaded of them (:meth:`_least_loaded_replicas`).
+       one: the least loaded of them (:meth:`_least_loaded_replicas`), judged, until it was
+       observed for the task, on the replica observed most for it
+       (:func:`~gateway.routing.adaptive_choice.stand_in`).
     6. Shared compute (:mod:`gateway.routing.load`): a candidate whose ``compute_group`` is
        busy, other than its leading backend (most of this gateway's requests in flight, then
        the largest batch), would spread load over competing servers; its
