@@ -34,13 +34,6 @@ OFF_WHY = "speculation off (requested)"
 #: ``/metrics`` counts of other clients' finished requests pushed such bursts over the limit
 #: halfway (simulator, session 13).
 LEADER_SLACK = 2
-#: Requests on a replica's compute above the shortest queue of its kind that still count as
-#: the shortest (:meth:`RoutingPolicy._least_loaded_replicas`): at c=16-32 on the simulated
-#: fleet (8 GPUs x plain and EAGLE-3, 2-4 requests a GPU) a code request's EAGLE-3 replica
-#: was the one beside a plain burst whenever that GPU's queue was one shorter, and the
-#: shared-compute discount then sent it to plain (docs/benchmarks.md section 7b, session
-#: 24). One bounds how far a GPU's queue can pass the others' for it.
-REPLICA_SLACK = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -431,37 +424,25 @@ class RoutingPolicy:
         The queue decides before sharing: a replica beside a busy server of another kind
         (discounted by ``shared_compute_penalty`` in the choice that follows) is still
         better than one whose own GPU holds many times more (preferring unshared replicas
-        first put 194 of 256 requests on the one GPU no EAGLE-3 burst had started on). Up to
-        :data:`REPLICA_SLACK` requests above the kind's shortest queue count as the
-        shortest, so a replica leading its GPU (or alone there) goes before one beside a
-        busy server of another kind when their queues differ by that little.
+        first put 194 of 256 requests on the one GPU no EAGLE-3 burst had started on).
         """
         shared = load.spreads | load.followers
-        floor: dict[tuple[str, str], float] = {}
-        for name in eligible:
-            kind, queued = self.kinds[name], load.queued.get(name, 0.0)
-            floor[kind] = min(floor.get(kind, queued), queued)
-
-        def key(name: str) -> tuple[float, bool, float]:
-            queued = load.queued.get(name, 0.0)
-            over = max(queued - floor[self.kinds[name]] - REPLICA_SLACK, 0.0)
-            return (over, name in shared, queued)
-
         best: dict[tuple[str, str], str] = {}
         alike: dict[tuple[str, str], int] = {}
         for name in eligible:
             kind = self.kinds[name]
             alike[kind] = alike.get(kind, 0) + 1
             held = best.get(kind)
-            if held is None or key(name) < key(held):
+            key = (load.queued.get(name, 0.0), name in shared)
+            if held is None or key < (load.queued.get(held, 0.0), held in shared):
                 best[kind] = name
         if len(best) == len(eligible):
             return eligible
         for kind, name in best.items():
             if alike[kind] > 1:
                 plan.reasons.append(
-                    f"replicas: {name} of {alike[kind]} alike ({load.queued.get(name, 0.0):g} "
-                    f"on its compute, the shortest queue {floor[kind]:g})"
+                    f"replicas: {name} the least loaded of {alike[kind]} alike "
+                    f"({load.queued.get(name, 0.0):g} on its compute)"
                 )
         chosen = set(best.values())
         return [name for name in eligible if name in chosen]

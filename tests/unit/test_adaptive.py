@@ -194,12 +194,7 @@ def test_a_replica_never_observed_takes_what_its_kind_learnt() -> None:
     assert sum(c.chosen == "eagle3-g4" for c in alone) >= 10  # tried as if it might be fast
     shared = [
         choose(
-            "creative",
-            "sampled/norep",
-            pair,
-            state,
-            random.Random(s),
-            decay=0.98,
+            "creative", "sampled/norep", pair, state, random.Random(s), decay=0.98,
             replicas=alike,
         )  # fmt: skip
         for s in range(40)
@@ -246,13 +241,8 @@ def test_the_replica_observed_most_stands_in_and_an_own_record_is_kept() -> None
     for name, source, speed in [("e-g2", "replica", 50.0), ("e-g3", "task", 12.0)]:
         picks = [
             choose(
-                "chat",
-                f"{chat}/c4",
-                [name, "plain"],
-                learner.view(),
-                random.Random(s),
-                decay=1.0,
-                replicas=alike,
+                "chat", f"{chat}/c4", [name, "plain"], learner.view(), random.Random(s),
+                decay=1.0, replicas=alike,
             )  # fmt: skip
             for s in range(30)
         ]
