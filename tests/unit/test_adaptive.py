@@ -194,7 +194,12 @@ def test_a_replica_never_observed_takes_what_its_kind_learnt() -> None:
     assert sum(c.chosen == "eagle3-g4" for c in alone) >= 10  # tried as if it might be fast
     shared = [
         choose(
-            "creative", "sampled/norep", pair, state, random.Random(s), decay=0.98,
+            "creative",
+            "sampled/norep",
+            pair,
+            state,
+            random.Random(s),
+            decay=0.98,
             replicas=alike,
         )  # fmt: skip
         for s in range(40)
@@ -227,22 +232,27 @@ def test_the_replica_observed_most_stands_in_and_an_own_record_is_kept() -> None
     """The stand-in is the replica with the most weight for the task (not the first listed);
     a replica with any record of its own for the task keeps it, even where a replica
     measured its bucket faster (a slow GPU shows once it answered)."""
-    learner, chat = Learner(decay=1.0), "sampled/norep"
-    for backend, bucket, speed, n in [
-        ("e-g0", f"{chat}/c4", 10.0, 3),
-        ("e-g1", f"{chat}/c4", 50.0, 200),
-        ("e-g3", f"{chat}/c2", 12.0, 30),
-        ("e-g3", f"{chat}/c8", 12.0, 30),
-        ("plain", f"{chat}/c4", 30.0, 30),
-    ]:
-        for _ in range(n):
-            learner.observe(Observation("chat", bucket, backend, speed, 64))
+    chat = "sampled/norep"
+    learner = _observed(
+        [
+            ("e-g0", f"{chat}/c4", 10.0, 3),
+            ("e-g1", f"{chat}/c4", 50.0, 200),
+            ("e-g3", f"{chat}/c2", 12.0, 30),
+            ("e-g3", f"{chat}/c8", 12.0, 30),
+            ("plain", f"{chat}/c4", 30.0, 30),
+        ]
+    )
     alike = {"e-g2": ["e-g0", "e-g1", "e-g3"], "e-g3": ["e-g0", "e-g1", "e-g2"]}
     for name, source, speed in [("e-g2", "replica", 50.0), ("e-g3", "task", 12.0)]:
         picks = [
             choose(
-                "chat", f"{chat}/c4", [name, "plain"], learner.view(), random.Random(s),
-                decay=1.0, replicas=alike,
+                "chat",
+                f"{chat}/c4",
+                [name, "plain"],
+                learner.view(),
+                random.Random(s),
+                decay=1.0,
+                replicas=alike,
             )  # fmt: skip
             for s in range(30)
         ]
@@ -257,17 +267,25 @@ def _twin_chat_state() -> Learner:
     ``/routes``, rounded): plain measured mostly at c=16-64 (slow there), EAGLE-3 at c=1-4;
     at c=4 plain 205 tokens/s (2 requests) and EAGLE-3 180 (11), at c=2 plain 193 and
     EAGLE-3 163. ``observe`` also feeds the task-level group, as the gateway does."""
-    learner = Learner(decay=1.0)
     chat = "sampled/norep"
-    for backend, bucket, speed, n in [
-        ("plain", f"{chat}/c32", 150.0, 40),
-        ("plain", f"{chat}/c16", 185.0, 40),
-        ("eagle3", chat, 250.0, 12),
-        ("eagle3", f"{chat}/c2", 163.0, 7),
-        ("plain", f"{chat}/c2", 193.0, 1),
-        ("eagle3", f"{chat}/c4", 180.0, 11),
-        ("plain", f"{chat}/c4", 205.0, 2),
-    ]:
+    return _observed(
+        [
+            ("plain", f"{chat}/c32", 150.0, 40),
+            ("plain", f"{chat}/c16", 185.0, 40),
+            ("eagle3", chat, 250.0, 12),
+            ("eagle3", f"{chat}/c2", 163.0, 7),
+            ("plain", f"{chat}/c2", 193.0, 1),
+            ("eagle3", f"{chat}/c4", 180.0, 11),
+            ("plain", f"{chat}/c4", 205.0, 2),
+        ]
+    )
+
+
+def _observed(rows: list[tuple[str, str, float, int]]) -> Learner:
+    """A learner (no decay) that saw chat answers: per row (backend, bucket, tokens/s,
+    count)."""
+    learner = Learner(decay=1.0)
+    for backend, bucket, speed, n in rows:
         for _ in range(n):
             learner.observe(Observation("chat", bucket, backend, speed, 64))
     return learner
