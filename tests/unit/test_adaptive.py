@@ -201,7 +201,7 @@ def test_a_replica_never_observed_takes_what_its_kind_learnt() -> None:
             random.Random(s),
             decay=0.98,
             replicas=alike,
-        )  # fmt: skip
+        )
         for s in range(40)
     ]
     by_name = {e.backend: e for e in shared[0].estimates}
@@ -253,7 +253,7 @@ def test_the_replica_observed_most_stands_in_and_an_own_record_is_kept() -> None
                 random.Random(s),
                 decay=1.0,
                 replicas=alike,
-            )  # fmt: skip
+            )
             for s in range(30)
         ]
         row = picks[0].estimates[0]
