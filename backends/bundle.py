@@ -33,6 +33,7 @@ from typing import Any
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
+from packaging.version import InvalidVersion, Version
 
 from backends.vllm_env import sha256_file
 
@@ -76,6 +77,20 @@ class Target:
         tags = [f"manylinux_2_{n}_{self.arch}" for n in range(minor, 16, -1)]
         return [*tags, f"manylinux2014_{self.arch}", f"manylinux1_{self.arch}"]
 
+    def markers(self) -> dict[str, str]:
+        """The PEP 508 marker environment of the host (CPython on Linux), for evaluating a
+        package's ``Requires-Dist`` lines without running there."""
+        return {
+            "python_version": self.python_version,
+            "python_full_version": f"{self.python_version}.0",
+            "implementation_name": "cpython",
+            "platform_python_implementation": "CPython",
+            "os_name": "posix",
+            "sys_platform": "linux",
+            "platform_system": "Linux",
+            "platform_machine": self.arch,
+        }
+
     def pip_options(self) -> list[str]:
         """The options that make pip resolve and download for this target, binaries only."""
         opts = ["--only-binary=:all:", "--python-version", self.python_version]
@@ -87,12 +102,16 @@ class Target:
 
 @dataclass(frozen=True)
 class Resolved:
-    """One package of pip's resolution: canonical name, version, wheel URL and sha256."""
+    """One package of pip's resolution: canonical name, version, wheel URL and sha256;
+    ``requires`` its ``Requires-Dist`` lines and ``extras`` the extras pip installs it with
+    (both from pip's report, for :func:`host_conflicts`)."""
 
     name: str
     version: str
     url: str
     sha256: str | None
+    requires: tuple[str, ...] = ()
+    extras: tuple[str, ...] = ()
 
 
 #: Hard requirements of vLLM 0.26 (CUDA) that a server of a dense model (Llama, Qwen) on a
@@ -130,6 +149,7 @@ class BundlePlan:
     bundled: list[Resolved] = field(default_factory=list)
     from_host: dict[str, str] = field(default_factory=dict)  # name -> host version
     excluded: dict[str, str] = field(default_factory=dict)
+    conflicts: list[str] = field(default_factory=list)  # host_conflicts(), as sentences
 
 
 def read_have(lines: Iterable[str]) -> dict[str, str | None]:
@@ -172,6 +192,8 @@ def parse_report(report: dict[str, Any]) -> list[Resolved]:
                 version=meta["version"],
                 url=info.get("url", ""),
                 sha256=hashes.get("sha256"),
+                requires=tuple(meta.get("requires_dist") or ()),
+                extras=tuple(item.get("requested_extras") or ()),
             )
         )
     return out
@@ -196,6 +218,49 @@ def split_resolution(
                 continue
         bundled.append(pkg)
     return bundled, from_host
+
+
+def host_conflicts(
+    bundled: Iterable[Resolved],
+    from_host: dict[str, str],
+    have: dict[str, str | None],
+    target: Target,
+) -> list[str]:
+    """Bundled packages whose own requirement the version left to the host does not meet.
+
+    The bundle is installed in front of the host's packages, so such a package meets the
+    host's version at import time, where it may refuse it: vLLM 0.26 pins numba 0.65.0, which
+    raises ImportError under the host's numpy 2.5 (``--prefer-host numpy``; the twelfth GPU
+    run, docs/benchmarks.md section 7). One sentence per conflict, naming the bundled package,
+    its requirement and the host's version, and ``--prefer-host NAME`` where the host has a
+    version of the bundled package itself. Requirements whose markers do not hold on
+    ``target`` (other Pythons, platforms, extras not installed) and hosts' versions that are
+    unknown (a bare name in ``--have``) or not PEP 440 are skipped.
+    """
+    env = target.markers()
+    found = []
+    for pkg in bundled:
+        for line in pkg.requires:
+            try:
+                req = Requirement(line)
+                host = from_host.get(canonicalize_name(req.name))
+                if host is None or req.specifier.contains(Version(host), prereleases=True):
+                    continue
+            except (InvalidRequirement, InvalidVersion):
+                continue
+            extras = ("", *pkg.extras)
+            if req.marker and not any(req.marker.evaluate({**env, "extra": e}) for e in extras):
+                continue
+            hint = (
+                f"; the host has {pkg.name} {have[pkg.name]}: --prefer-host {pkg.name} keeps it"
+                if have.get(pkg.name)
+                else ""
+            )
+            found.append(
+                f"bundled {pkg.name} {pkg.version} requires {req.name}{req.specifier}, and the "
+                f"host keeps {req.name} {host}: it may fail to import there{hint}"
+            )
+    return found
 
 
 #: pip 23.2 (a fresh venv's on Python 3.11) refuses a cross-platform ``--dry-run`` ("requires
@@ -329,6 +394,7 @@ def write_bundle_files(
         "bundled": {p.name: p.version for p in plan.bundled},
         "from_host": plan.from_host,
         "excluded": plan.excluded,
+        "host_conflicts": plan.conflicts,
         "models": [p.name for p in model_files],
         "files": files,
         "bytes": sum(f["bytes"] for f in files),
@@ -349,6 +415,13 @@ def install_text(target: Target, plan: BundlePlan, model_files: Sequence[Path]) 
         if plan.excluded
         else ""
     )
+    conflicts = "".join(f"- {line}\n" for line in plan.conflicts)
+    if conflicts:
+        conflicts = (
+            "\nBundled packages that meet a host version their requirements exclude (check them"
+            f" first):\n{conflicts}"
+        )
+    notes = excluded + conflicts
     models = (
         "\n# the local models' sources: prepare builds the model folders from them offline\n"
         'mkdir -p "$SPECGATE_CACHE_DIR/downloads"\n'
@@ -360,7 +433,7 @@ def install_text(target: Target, plan: BundlePlan, model_files: Sequence[Path]) 
     return f"""# Installing this bundle offline
 
 Made for CPython {target.python_version} on {target.platforms()[0]} (or newer glibc), beside
-{len(plan.from_host)} packages the host already has (`manifest.json`: `from_host`).{excluded}
+{len(plan.from_host)} packages the host already has (`manifest.json`: `from_host`).{notes}
 In this folder:
 
 ```bash
@@ -413,7 +486,10 @@ def make_bundle(
     drop = {canonicalize_name(n) for n in exclude}
     excluded = {p.name: p.version for p in bundled if p.name in drop}
     bundled = [p for p in bundled if p.name not in drop]
-    plan = BundlePlan(list(requirements), bundled, from_host, excluded)
+    conflicts = host_conflicts(bundled, from_host, have, target)
+    for line in conflicts:
+        log(f"warning: {line}")
+    plan = BundlePlan(list(requirements), bundled, from_host, excluded, conflicts)
     wheels, downloads = out / "wheels", out / "downloads"
     download(bundled, target, wheels, python=python, log=log)
     wanted = {(p.name, p.version) for p in bundled}

@@ -14,6 +14,7 @@ from backends.bundle import (
     Resolved,
     Target,
     constraints,
+    host_conflicts,
     parse_report,
     read_have,
     split_resolution,
@@ -92,6 +93,59 @@ def test_parse_report_reads_names_versions_hashes() -> None:
     ]
 
 
+def test_parse_report_keeps_requirements_and_extras() -> None:
+    item = {
+        "metadata": {
+            "name": "numba",
+            "version": "0.65.0",
+            "requires_dist": ["llvmlite<0.48,>=0.47.0dev0", "numpy<2.5,>=1.22"],
+        },
+        "requested_extras": ["cuda"],
+        "download_info": {"url": "u"},
+    }
+    (numba,) = parse_report({"version": "1", "install": [item]})
+    assert numba.requires == ("llvmlite<0.48,>=0.47.0dev0", "numpy<2.5,>=1.22")
+    assert numba.extras == ("cuda",)
+
+
+# What the twelfth GPU run met (docs/benchmarks.md section 7): vLLM 0.26's numba 0.65.0 in
+# front of the host's numpy 2.5.2, and numba's llvmlite beside the host's own.
+NUMBA = Resolved(
+    "numba",
+    "0.65.0",
+    "u",
+    None,
+    requires=(
+        "llvmlite<0.48,>=0.47.0dev0",
+        "numpy<2.5,>=1.22",
+        'colorama; sys_platform == "win32"',  # not on the host: skipped
+        "scipy>=1.0; extra == 'scipy'",  # an extra not installed: skipped
+    ),
+)
+
+
+def test_host_conflicts_name_a_bundled_package_that_refuses_the_hosts_version() -> None:
+    have = read_have(["numpy==2.5.2", "numba==0.68.0", "llvmlite==0.50.0", "scipy==1.0"])
+    from_host = {"numpy": "2.5.2", "scipy": "0.9"}
+    (line,) = host_conflicts([NUMBA], from_host, have, Target())
+    assert line == (
+        "bundled numba 0.65.0 requires numpy<2.5,>=1.22, and the host keeps numpy 2.5.2: it "
+        "may fail to import there; the host has numba 0.68.0: --prefer-host numba keeps it"
+    )
+    # an extra pip installs it with counts; a version the requirement allows does not
+    with_extra = Resolved("numba", "0.65.0", "u", None, NUMBA.requires, extras=("scipy",))
+    assert len(host_conflicts([with_extra], from_host, have, Target())) == 2
+    assert host_conflicts([NUMBA], {"numpy": "2.4.1"}, have, Target()) == []
+    # unknown ("present") and local versions: skipped, and 2.11.0+cu130 meets ==2.11.0
+    vllm = Resolved("vllm", "0.26.0", "u", None, requires=("torch==2.11.0", "uvloop>=0.21"))
+    kept = {"torch": "2.11.0+cu130", "uvloop": "present"}
+    assert host_conflicts([vllm], kept, {}, Target()) == []
+    assert host_conflicts([vllm], {"torch": "2.10.0"}, {}, Target()) == [
+        "bundled vllm 0.26.0 requires torch==2.11.0, and the host keeps torch 2.10.0: it may "
+        "fail to import there"
+    ]
+
+
 def test_target_platform_tags() -> None:
     tags = Target(python_version="3.12", glibc="2.28").platforms()
     assert tags[0] == "manylinux_2_28_x86_64" and "manylinux_2_17_x86_64" in tags
@@ -126,6 +180,13 @@ def test_manifest_and_install_text(tmp_path: Path) -> None:
     assert (tmp_path / "requirements.txt").read_text() == "vllm==0.26.0\n"
     install = (tmp_path / "INSTALL.md").read_text()
     assert "--no-deps" in install and "tilelang" in install and "SPECGATE_VLLM_PYTHON" in install
+    assert manifest["host_conflicts"] == [] and "host version" not in install
+    plan.conflicts.append("bundled numba 0.65.0 requires numpy<2.5,>=1.22, and the host ...")
+    write_bundle_files(tmp_path, plan, Target(), None, [model])
+    assert json.loads((tmp_path / "manifest.json").read_text())["host_conflicts"] == [
+        "bundled numba 0.65.0 requires numpy<2.5,>=1.22, and the host ..."
+    ]
+    assert "- bundled numba 0.65.0 requires" in (tmp_path / "INSTALL.md").read_text()
 
 
 def test_unused_list_never_names_what_a_server_imports() -> None:
@@ -151,12 +212,13 @@ def test_make_bundle_excludes_reuses_and_describes(
     import backends.bundle as bundle
 
     seen: dict[str, object] = {}
+    logged: list[str] = []
 
     def fake_resolve(reqs, target, pins, **_: object) -> list[Resolved]:  # type: ignore[no-untyped-def]
         seen["pins"] = list(pins)
         return [
-            Resolved("vllm", "0.26.0", "u", "aa"),
-            Resolved("tilelang", "0.1.9", "u", "bb"),
+            Resolved("vllm", "0.26.0", "u", "aa", requires=("torch==2.11.0",)),
+            Resolved("tilelang", "0.1.9", "u", "bb", requires=("torch<2.10",)),  # excluded
             Resolved("torch", "2.11.0", "u", "cc"),
         ]
 
@@ -181,12 +243,14 @@ def test_make_bundle_excludes_reuses_and_describes(
         have={"torch": "2.11.0"},
         exclude=["TileLang"],
         model_files=[model],
-        log=lambda _line: None,
+        log=logged.append,
     )
     assert seen == {"pins": ["torch==2.11.0"], "downloaded": ["vllm"]}
     assert sorted(p.name for p in (out / "wheels").iterdir()) == ["vllm-0.26.0-py3-none-any.whl"]
     assert manifest["excluded"] == {"tilelang": "0.1.9"}
     assert manifest["from_host"] == {"torch": "2.11.0"}
+    # vLLM's pin is what the host has; an excluded package's requirement is never checked
+    assert manifest["host_conflicts"] == [] and not any("warning" in x for x in logged)
     assert (out / "downloads" / model.name).read_bytes() == b"gguf"
     with pytest.raises(BundleError, match="--prefer-host numpy: not in --have"):
         bundle.make_bundle(
