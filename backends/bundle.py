@@ -26,11 +26,12 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from packaging.markers import UndefinedComparison, UndefinedEnvironmentName
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
@@ -79,16 +80,24 @@ class Target:
 
     def markers(self) -> dict[str, str]:
         """The PEP 508 marker environment of the host (CPython on Linux), for evaluating a
-        package's ``Requires-Dist`` lines without running there."""
+        package's ``Requires-Dist`` lines without running there. ``python_version`` may be
+        ``X.Y`` or ``X.Y.Z``; with ``X.Y`` the full version is taken as ``X.Y.0``. The keys a
+        wheel's metadata practically never tests (``platform_release``, ``platform_version``)
+        are empty, not this machine's."""
+        parts = self.python_version.split(".")
+        full = ".".join([*parts, "0"][:3]) if len(parts) < 3 else self.python_version
         return {
-            "python_version": self.python_version,
-            "python_full_version": f"{self.python_version}.0",
+            "python_version": ".".join(parts[:2]),
+            "python_full_version": full,
             "implementation_name": "cpython",
+            "implementation_version": full,
             "platform_python_implementation": "CPython",
             "os_name": "posix",
             "sys_platform": "linux",
             "platform_system": "Linux",
             "platform_machine": self.arch,
+            "platform_release": "",
+            "platform_version": "",
         }
 
     def pip_options(self) -> list[str]:
@@ -103,8 +112,9 @@ class Target:
 @dataclass(frozen=True)
 class Resolved:
     """One package of pip's resolution: canonical name, version, wheel URL and sha256;
-    ``requires`` its ``Requires-Dist`` lines and ``extras`` the extras pip installs it with
-    (both from pip's report, for :func:`host_conflicts`)."""
+    ``requires`` its ``Requires-Dist`` lines and ``extras`` the extras the requirements named
+    for it directly (pip's ``requested_extras``: set only for the packages asked for; those
+    reached through another package's ``name[extra]`` are found by :func:`host_conflicts`)."""
 
     name: str
     version: str
@@ -181,7 +191,8 @@ def constraints(have: dict[str, str | None], prefer_host: Iterable[str] = ()) ->
 
 
 def parse_report(report: dict[str, Any]) -> list[Resolved]:
-    """The packages of a ``pip install --dry-run --report`` document (report version 1)."""
+    """The packages of a ``pip install --dry-run --report`` document (report version 1), each
+    with its ``Requires-Dist`` lines and requested extras (:class:`Resolved`)."""
     out = []
     for item in report.get("install", []):
         meta, info = item["metadata"], item.get("download_info", {})
@@ -220,45 +231,85 @@ def split_resolution(
     return bundled, from_host
 
 
+def _applies(req: Requirement, env: dict[str, str], extras: Iterable[str]) -> bool:
+    """Whether ``req``'s marker holds on the host for a package installed with ``extras``;
+    a marker that cannot be evaluated (a version compared with a non-version) does not."""
+    if req.marker is None:
+        return True
+    try:
+        return any(req.marker.evaluate({**env, "extra": e}) for e in ("", *extras))
+    except (UndefinedComparison, UndefinedEnvironmentName):
+        return False
+
+
+def _requirements(pkg: Resolved) -> Iterator[Requirement]:
+    for line in pkg.requires:
+        try:
+            yield Requirement(line)
+        except InvalidRequirement:
+            continue
+
+
+def installed_extras(resolved: Iterable[Resolved], target: Target) -> dict[str, set[str]]:
+    """Per package, every extra it is installed with: the ones asked for (pip's
+    ``requested_extras``) and the ones another installed package's requirement names
+    (``uvicorn[standard]`` from ``fastapi[standard]``), followed until nothing is added."""
+    env = target.markers()
+    by_name = {p.name: p for p in resolved}
+    extras = {p.name: {str(canonicalize_name(e)) for e in p.extras} for p in by_name.values()}
+    changed = True
+    while changed:
+        changed = False
+        for pkg in by_name.values():
+            for req in _requirements(pkg):
+                name = canonicalize_name(req.name)
+                if name not in extras or not req.extras or not _applies(req, env, extras[pkg.name]):
+                    continue
+                wanted = {str(canonicalize_name(e)) for e in req.extras} - extras[name]
+                if wanted:
+                    extras[name] |= wanted
+                    changed = True
+    return extras
+
+
 def host_conflicts(
+    resolved: Iterable[Resolved],
     bundled: Iterable[Resolved],
     from_host: dict[str, str],
-    have: dict[str, str | None],
     target: Target,
 ) -> list[str]:
-    """Bundled packages whose own requirement the version left to the host does not meet.
+    """Bundled packages whose own requirement excludes the version left to the host.
 
     The bundle is installed in front of the host's packages, so such a package meets the
     host's version at import time, where it may refuse it: vLLM 0.26 pins numba 0.65.0, which
     raises ImportError under the host's numpy 2.5 (``--prefer-host numpy``; the twelfth GPU
-    run, docs/benchmarks.md section 7). One sentence per conflict, naming the bundled package,
-    its requirement and the host's version, and ``--prefer-host NAME`` where the host has a
-    version of the bundled package itself. Requirements whose markers do not hold on
-    ``target`` (other Pythons, platforms, extras not installed) and hosts' versions that are
-    unknown (a bare name in ``--have``) or not PEP 440 are skipped.
+    run, docs/benchmarks.md section 7). ``resolved``: the whole resolution (for the extras
+    each package is installed with, :func:`installed_extras`); ``bundled``: what the bundle
+    installs; ``from_host``: name -> the host's version (:func:`split_resolution`).
+
+    Returns one sentence per conflict, naming the bundled package, its requirement and the
+    host's version. Skipped: requirements whose markers do not hold on ``target`` (other
+    Pythons, platforms, extras not installed), hosts' versions that are unknown (a bare name
+    in ``--have``, "present") or not PEP 440. Only this direction is checked: what the host's
+    own packages require of a bundled one is not in a freeze list. Raises nothing.
     """
     env = target.markers()
+    extras = installed_extras(resolved, target)
     found = []
     for pkg in bundled:
-        for line in pkg.requires:
+        for req in _requirements(pkg):
+            name = canonicalize_name(req.name)
+            host = from_host.get(name)
             try:
-                req = Requirement(line)
-                host = from_host.get(canonicalize_name(req.name))
                 if host is None or req.specifier.contains(Version(host), prereleases=True):
                     continue
-            except (InvalidRequirement, InvalidVersion):
+            except InvalidVersion:
                 continue
-            extras = ("", *pkg.extras)
-            if req.marker and not any(req.marker.evaluate({**env, "extra": e}) for e in extras):
+            if not _applies(req, env, extras.get(pkg.name, ())):
                 continue
-            hint = (
-                f"; the host has {pkg.name} {have[pkg.name]}: --prefer-host {pkg.name} keeps it"
-                if have.get(pkg.name)
-                else ""
-            )
             found.append(
-                f"bundled {pkg.name} {pkg.version} requires {req.name}{req.specifier}, and the "
-                f"host keeps {req.name} {host}: it may fail to import there{hint}"
+                f"bundled {pkg.name} {pkg.version} requires {name}{req.specifier}, and the host "
+                f"keeps {name} {host}: it may fail to import there"
             )
     return found
 
@@ -486,7 +537,7 @@ def make_bundle(
     drop = {canonicalize_name(n) for n in exclude}
     excluded = {p.name: p.version for p in bundled if p.name in drop}
     bundled = [p for p in bundled if p.name not in drop]
-    conflicts = host_conflicts(bundled, from_host, have, target)
+    conflicts = host_conflicts(resolved, bundled, from_host, target)
     for line in conflicts:
         log(f"warning: {line}")
     plan = BundlePlan(list(requirements), bundled, from_host, excluded, conflicts)

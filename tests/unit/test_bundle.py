@@ -15,6 +15,7 @@ from backends.bundle import (
     Target,
     constraints,
     host_conflicts,
+    installed_extras,
     parse_report,
     read_have,
     split_resolution,
@@ -96,20 +97,20 @@ def test_parse_report_reads_names_versions_hashes() -> None:
 def test_parse_report_keeps_requirements_and_extras() -> None:
     item = {
         "metadata": {
-            "name": "numba",
-            "version": "0.65.0",
-            "requires_dist": ["llvmlite<0.48,>=0.47.0dev0", "numpy<2.5,>=1.22"],
+            "name": "fastapi",
+            "version": "0.136.3",
+            "requires_dist": ["starlette>=0.40", "uvicorn[standard]>=0.12; extra == 'standard'"],
         },
-        "requested_extras": ["cuda"],
+        "requested_extras": ["standard"],  # pip sets it only on what was asked for
         "download_info": {"url": "u"},
     }
-    (numba,) = parse_report({"version": "1", "install": [item]})
-    assert numba.requires == ("llvmlite<0.48,>=0.47.0dev0", "numpy<2.5,>=1.22")
-    assert numba.extras == ("cuda",)
+    (fastapi,) = parse_report({"version": "1", "install": [item]})
+    assert fastapi.requires == ("starlette>=0.40", "uvicorn[standard]>=0.12; extra == 'standard'")
+    assert fastapi.extras == ("standard",)
 
 
 # What the twelfth GPU run met (docs/benchmarks.md section 7): vLLM 0.26's numba 0.65.0 in
-# front of the host's numpy 2.5.2, and numba's llvmlite beside the host's own.
+# front of the host's numpy 2.5.2.
 NUMBA = Resolved(
     "numba",
     "0.65.0",
@@ -119,31 +120,53 @@ NUMBA = Resolved(
         "llvmlite<0.48,>=0.47.0dev0",
         "numpy<2.5,>=1.22",
         'colorama; sys_platform == "win32"',  # not on the host: skipped
-        "scipy>=1.0; extra == 'scipy'",  # an extra not installed: skipped
+        "scipy>=1.0; extra == 'scipy'",  # an extra nobody installs: skipped
+        'typing_extensions>=4.13; python_version < "3.12"',  # another Python: skipped
+        'numpy<2.5; python_version ~= "abc"',  # cannot be evaluated: skipped, no crash
     ),
 )
 
 
 def test_host_conflicts_name_a_bundled_package_that_refuses_the_hosts_version() -> None:
-    have = read_have(["numpy==2.5.2", "numba==0.68.0", "llvmlite==0.50.0", "scipy==1.0"])
-    from_host = {"numpy": "2.5.2", "scipy": "0.9"}
-    (line,) = host_conflicts([NUMBA], from_host, have, Target())
-    assert line == (
+    from_host = {"numpy": "2.5.2", "scipy": "0.9", "typing-extensions": "4.10.0"}
+    assert host_conflicts([NUMBA], [NUMBA], from_host, Target()) == [
         "bundled numba 0.65.0 requires numpy<2.5,>=1.22, and the host keeps numpy 2.5.2: it "
-        "may fail to import there; the host has numba 0.68.0: --prefer-host numba keeps it"
-    )
-    # an extra pip installs it with counts; a version the requirement allows does not
-    with_extra = Resolved("numba", "0.65.0", "u", None, NUMBA.requires, extras=("scipy",))
-    assert len(host_conflicts([with_extra], from_host, have, Target())) == 2
-    assert host_conflicts([NUMBA], {"numpy": "2.4.1"}, have, Target()) == []
-    # unknown ("present") and local versions: skipped, and 2.11.0+cu130 meets ==2.11.0
-    vllm = Resolved("vllm", "0.26.0", "u", None, requires=("torch==2.11.0", "uvloop>=0.21"))
-    kept = {"torch": "2.11.0+cu130", "uvloop": "present"}
-    assert host_conflicts([vllm], kept, {}, Target()) == []
-    assert host_conflicts([vllm], {"torch": "2.10.0"}, {}, Target()) == [
-        "bundled vllm 0.26.0 requires torch==2.11.0, and the host keeps torch 2.10.0: it may "
-        "fail to import there"
+        "may fail to import there"
     ]
+    assert host_conflicts([NUMBA], [NUMBA], {"numpy": "2.4.1"}, Target()) == []
+    # a version the host does not state ("present": a bare name in --have) is never judged
+    assert host_conflicts([NUMBA], [NUMBA], {"numpy": "present"}, Target()) == []
+    # on Python 3.11 the typing_extensions line applies, named as the manifest names it
+    (_, older) = host_conflicts([NUMBA], [NUMBA], from_host, Target(python_version="3.11"))
+    assert older.startswith("bundled numba 0.65.0 requires typing-extensions>=4.13, and the ")
+    # local and pre-release versions: 2.11.0+cu130 meets ==2.11.0, 2.5.0rc1 is above <2.5
+    vllm = Resolved("vllm", "0.26.0", "u", None, requires=("torch==2.11.0", "numpy<2.5"))
+    kept = {"torch": "2.11.0+cu130", "numpy": "2.4.0"}
+    assert host_conflicts([vllm], [vllm], kept, Target()) == []
+    assert len(host_conflicts([vllm], [vllm], {"numpy": "2.5.0rc1"}, Target())) == 1
+
+
+def test_host_conflicts_follow_extras_named_by_another_package() -> None:
+    """pip's report gives ``requested_extras`` only to what was asked for (``fastapi[standard]``);
+    uvicorn's ``standard`` extra comes from fastapi's own requirement, and its httptools line
+    must be checked too, also when fastapi is left to the host."""
+    fastapi = Resolved(
+        "fastapi",
+        "0.136.3",
+        "u",
+        None,
+        requires=("uvicorn[standard]>=0.12; extra == 'standard'",),
+        extras=("standard",),
+    )
+    uvicorn = Resolved(
+        "uvicorn", "0.55.0", "u", None, requires=("httptools>=0.8.0; extra == 'standard'",)
+    )
+    assert installed_extras([fastapi, uvicorn], Target())["uvicorn"] == {"standard"}
+    (line,) = host_conflicts([fastapi, uvicorn], [uvicorn], {"httptools": "0.1.0"}, Target())
+    assert line.startswith("bundled uvicorn 0.55.0 requires httptools>=0.8.0, and the host keeps")
+    # without fastapi's extra nothing asks for uvicorn's
+    bare = Resolved("fastapi", "0.136.3", "u", None, requires=fastapi.requires)
+    assert host_conflicts([bare, uvicorn], [uvicorn], {"httptools": "0.1.0"}, Target()) == []
 
 
 def test_target_platform_tags() -> None:
@@ -220,6 +243,8 @@ def test_make_bundle_excludes_reuses_and_describes(
             Resolved("vllm", "0.26.0", "u", "aa", requires=("torch==2.11.0",)),
             Resolved("tilelang", "0.1.9", "u", "bb", requires=("torch<2.10",)),  # excluded
             Resolved("torch", "2.11.0", "u", "cc"),
+            Resolved("numpy", "2.3.5", "u", "dd"),  # the host's 2.5.2 is kept (prefer_host)
+            Resolved("numba", "0.65.0", "u", "ee", requires=("numpy<2.5,>=1.22",)),
         ]
 
     def fake_download(packages, target, wheels: Path, **_: object) -> None:  # type: ignore[no-untyped-def]
@@ -240,17 +265,28 @@ def test_make_bundle_excludes_reuses_and_describes(
         out,
         requirements=["vllm==0.26.0"],
         target=Target(),
-        have={"torch": "2.11.0"},
+        have={"torch": "2.11.0", "numpy": "2.5.2"},
+        prefer_host=["numpy"],
         exclude=["TileLang"],
         model_files=[model],
         log=logged.append,
     )
-    assert seen == {"pins": ["torch==2.11.0"], "downloaded": ["vllm"]}
-    assert sorted(p.name for p in (out / "wheels").iterdir()) == ["vllm-0.26.0-py3-none-any.whl"]
+    assert seen == {"pins": ["torch==2.11.0"], "downloaded": ["vllm", "numba"]}
+    assert sorted(p.name for p in (out / "wheels").iterdir()) == [
+        "numba-0.65.0-py3-none-any.whl",
+        "vllm-0.26.0-py3-none-any.whl",
+    ]
     assert manifest["excluded"] == {"tilelang": "0.1.9"}
-    assert manifest["from_host"] == {"torch": "2.11.0"}
-    # vLLM's pin is what the host has; an excluded package's requirement is never checked
-    assert manifest["host_conflicts"] == [] and not any("warning" in x for x in logged)
+    assert manifest["from_host"] == {"torch": "2.11.0", "numpy": "2.5.2"}
+    # numba's cap on numpy is reported; vLLM's pin is what the host has, and an excluded
+    # package's requirement is never checked
+    conflict = (
+        "bundled numba 0.65.0 requires numpy<2.5,>=1.22, and the host keeps numpy 2.5.2: it "
+        "may fail to import there"
+    )
+    assert manifest["host_conflicts"] == [conflict]
+    assert f"warning: {conflict}" in logged
+    assert f"- {conflict}" in (out / "INSTALL.md").read_text()
     assert (out / "downloads" / model.name).read_bytes() == b"gguf"
     with pytest.raises(BundleError, match="--prefer-host numpy: not in --have"):
         bundle.make_bundle(
