@@ -381,10 +381,14 @@ def resolve(
             run_pip(python, args, "resolution", log=log)
         except BundleError as exc:
             if pins and "ResolutionImpossible" in str(exc):
+                words = {canonicalize_name(w) for w in re.findall(r"[A-Za-z0-9._-]+", str(exc))}
+                named = [p for p in pins if canonicalize_name(p.split("==")[0]) in words]
+                which = f" ({', '.join(named)} among them)" if named else ""
                 raise BundleError(
-                    f"{exc}\n  (--have pins {len(pins)} host versions: where vLLM does not accept "
-                    "the host's version of a package named above, --prefer-host NAME keeps the "
-                    "host's anyway, or leaving it out of --have lets the bundle carry another)"
+                    f"{exc}\n  --have pins {len(pins)} host versions{which}: where vLLM does not "
+                    "accept the host's version of a package named above, --prefer-host NAME "
+                    "keeps the host's anyway, or leaving it out of --have lets the bundle carry "
+                    "another"
                 ) from None
             raise
         return parse_report(json.loads(report.read_text(encoding="utf-8")))

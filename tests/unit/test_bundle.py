@@ -192,11 +192,16 @@ def test_a_resolution_the_host_pins_make_impossible_names_prefer_host(
     import backends.bundle as bundle
 
     def impossible(python: str, args: object, what: str, **_: object) -> None:
-        raise BundleError(f"{what} failed (exit 1): pip ...\n  ERROR: ResolutionImpossible: ...")
+        raise BundleError(
+            f"{what} failed (exit 1): pip ...\n  ERROR: Cannot install numpy>=1.26, vllm and "
+            "xgrammar==0.2.7\n  ERROR: ResolutionImpossible: ..."
+        )
 
     monkeypatch.setattr(bundle, "run_pip", impossible)
-    with pytest.raises(BundleError, match="--prefer-host NAME keeps the host's anyway"):
-        bundle.resolve(["vllm==0.26.0"], Target(), ["numpy==2.5.2"], log=lambda _l: None)
+    pins = ["numpy==2.5.2", "torch==2.11.0"]
+    with pytest.raises(BundleError, match="--prefer-host NAME keeps the host's anyway") as found:
+        bundle.resolve(["vllm==0.26.0"], Target(), pins, log=lambda _l: None)
+    assert "--have pins 2 host versions (numpy==2.5.2 among them)" in str(found.value)
     with pytest.raises(BundleError) as nothing_pinned:
         bundle.resolve(["vllm==0.26.0"], Target(), [], log=lambda _l: None)
     assert "--prefer-host" not in str(nothing_pinned.value)
