@@ -87,7 +87,8 @@ up)
     sed 's/^  policy: adaptive/  policy: static/' "$CONFIG" > "$ROOT/gpu-static.yaml"
     setsid nohup "$PY" -m gateway up --config "$CONFIG" \
         > "$ROOT/up.log" 2>&1 < /dev/null &
-    say "specgate up started (log $ROOT/up.log)"
+    echo $! > "$ROOT/up.pid"   # `wait` gives up at once when this process is gone
+    say "specgate up started (pid $!, log $ROOT/up.log)"
     if [ -n "${DRAFT_CONFIG:-}" ]; then
         # the draft-model twin for the sampled check only (its own gateway on :8020, no canary)
         SPECGATE_PORT=8020 SPECGATE_SAMPLE_CANARY_INTERVAL_S=0 SPECGATE_STATE_PERSIST=false setsid nohup "$PY" -m gateway up \
@@ -97,8 +98,17 @@ up)
     ;;
 wait)
     deadline=$((SECONDS + ${2:-480}))
+    up_pid=$(cat "$ROOT/up.pid" 2>/dev/null || true)
     until curl -sf localhost:8000/ready > /dev/null; do
         if ((SECONDS > deadline)); then tail -40 "$ROOT/up.log"; exit 1; fi
+        # the `up` this waits for has exited (a server failed to start): fail now, so that a
+        # later stack started by hand is never taken for it (session 25: a run whose first
+        # start failed went on, beside the second, once the second's servers answered)
+        if [ -n "$up_pid" ] && ! kill -0 "$up_pid" 2> /dev/null; then
+            tail -40 "$ROOT/up.log"
+            say "specgate up (pid $up_pid) exited before it was ready"
+            exit 1
+        fi
         sleep 10
         tail -1 "$ROOT/up.log"
     done
