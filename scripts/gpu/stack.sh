@@ -85,10 +85,13 @@ up)
     tail -1 "$ROOT/twin.log" 2>/dev/null || true
     [ "$(cat "$ROOT/models.rc" 2>/dev/null)" = 0 ] || { say "models not ready"; exit 1; }
     sed 's/^  policy: adaptive/  policy: static/' "$CONFIG" > "$ROOT/gpu-static.yaml"
-    setsid nohup "$PY" -m gateway up --config "$CONFIG" \
-        > "$ROOT/up.log" 2>&1 < /dev/null &
-    echo $! > "$ROOT/up.pid"   # `wait` gives up at once when this process is gone
-    say "specgate up started (pid $!, log $ROOT/up.log)"
+    rm -f "$ROOT/up.pid"
+    # the process writes its own pid (setsid forks where it leads its process group, and then
+    # $! would be setsid's); `wait` gives up at once when that process is gone
+    # shellcheck disable=SC2016  # $$ and "$@" belong to the inner shell
+    setsid nohup bash -c 'echo $$ > "$0"; exec "$@"' "$ROOT/up.pid" "$PY" -m gateway up \
+        --config "$CONFIG" > "$ROOT/up.log" 2>&1 < /dev/null &
+    say "specgate up started (log $ROOT/up.log)"
     if [ -n "${DRAFT_CONFIG:-}" ]; then
         # the draft-model twin for the sampled check only (its own gateway on :8020, no canary)
         SPECGATE_PORT=8020 SPECGATE_SAMPLE_CANARY_INTERVAL_S=0 SPECGATE_STATE_PERSIST=false setsid nohup "$PY" -m gateway up \
@@ -98,7 +101,8 @@ up)
     ;;
 wait)
     deadline=$((SECONDS + ${2:-480}))
-    up_pid=$(cat "$ROOT/up.pid" 2>/dev/null || true)
+    for _ in $(seq 10); do [ -s "$ROOT/up.pid" ] && break; sleep 0.5; done
+    up_pid=$(cat "$ROOT/up.pid" 2> /dev/null || true)
     until curl -sf localhost:8000/ready > /dev/null; do
         if ((SECONDS > deadline)); then tail -40 "$ROOT/up.log"; exit 1; fi
         # the `up` this waits for has exited (a server failed to start): fail now, so that a
