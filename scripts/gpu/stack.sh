@@ -9,7 +9,11 @@
 #   stack.sh install-b    join + unpack part set b (the vLLM wheel), install it, import-check it
 #   stack.sh up           `specgate up --config $CONFIG` (adaptive, port 8000) and a
 #                         static-policy gateway on the same servers (port 8010), detached
-#   stack.sh wait SECS    until both gateways say ready (prints the servers' progress)
+#   stack.sh wait SECS    until both gateways say ready (prints the servers' progress); fails
+#                         at once when the `specgate up` that `up` started has exited
+#   stack.sh claim PID    the host for one measuring run (PID: the run script's own, or a
+#                         child of the claimant); refused while another live twin-* run holds it
+#   stack.sh release PID  gives the claim back (the run's EXIT trap)
 #   stack.sh bench OUT    plan, bench.gpu_checks (CHECKS=0 skips), bench.speedup (CONCURRENCY,
 #                         PER_TASK; direct, static, adaptive)
 #   stack.sh sampled OUT  bench.sampled_scores (sampled tokens scored by plain's prompt_logprobs)
@@ -43,6 +47,13 @@ export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 
 say() { echo "stack.sh: $*"; }
+# a process that exists and has not exited (an exited, unreaped one is a zombie: kill -0 says
+# it exists, and a failed start would then look alive until the deadline)
+alive() {
+    local state
+    state=$(ps -o stat= -p "$1" 2> /dev/null) || return 1
+    [ -n "$state" ] && [ "${state:0:1}" != Z ]
+}
 
 case "${1:-}" in
 put)
@@ -103,16 +114,21 @@ wait)
     deadline=$((SECONDS + ${2:-480}))
     for _ in $(seq 10); do [ -s "$ROOT/up.pid" ] && break; sleep 0.5; done
     up_pid=$(cat "$ROOT/up.pid" 2> /dev/null || true)
-    until curl -sf localhost:8000/ready > /dev/null; do
-        if ((SECONDS > deadline)); then tail -40 "$ROOT/up.log"; exit 1; fi
-        # the `up` this waits for has exited (a server failed to start): fail now, so that a
-        # later stack started by hand is never taken for it (session 25: a run whose first
-        # start failed went on, beside the second, once the second's servers answered)
-        if [ -n "$up_pid" ] && ! kill -0 "$up_pid" 2> /dev/null; then
+    if [ -z "$up_pid" ]; then
+        say "no $ROOT/up.pid: start the stack with \`stack.sh up\` first"
+        exit 1
+    fi
+    # the `up` this waits for must be the one that answers: when it has exited (a server
+    # failed to start), fail now, so that a stack started later is never taken for it
+    # (session 25: a run whose first start failed went on beside the second once the
+    # second's servers answered; docs/benchmarks.md section 7, "Twelfth run")
+    until curl -sf localhost:8000/ready > /dev/null && alive "$up_pid"; do
+        if ! alive "$up_pid"; then
             tail -40 "$ROOT/up.log"
             say "specgate up (pid $up_pid) exited before it was ready"
             exit 1
         fi
+        if ((SECONDS > deadline)); then tail -40 "$ROOT/up.log"; exit 1; fi
         sleep 10
         tail -1 "$ROOT/up.log"
     done
@@ -134,7 +150,7 @@ wait)
             say "variant :8030 not ready after 60 s (log $ROOT/variant.log)"
         fi
     fi
-    grep -h -i -e "all backends healthy" -e "KV cache" -e "Available" "$ROOT/up.log" "$SPECGATE_CACHE_DIR"/logs/*.log | tail -20
+    grep -h -i -e "all backends healthy" -e "KV cache" -e "Available" "$ROOT/up.log" "$SPECGATE_CACHE_DIR"/logs/*.log | tail -20 || true
     say "ready: adaptive :8000, static :8010"
     ;;
 bench)
@@ -169,6 +185,24 @@ bench)
     cp "$ROOT/up.log" "$out/" 2>/dev/null || true
     cp "$ROOT/variant.log" "$out/" 2>/dev/null || true
     tar -czf "$out/server-logs.tgz" -C "$SPECGATE_CACHE_DIR" logs 2>/dev/null || true
+    ;;
+claim)
+    pid=${2:?claim PID}
+    mkdir -p "$ROOT"
+    exec 8> "$ROOT/run.lock" # the check and the write under one lock
+    flock 8
+    holder=$(cat "$ROOT/run.pid" 2> /dev/null || true)
+    if [ -n "$holder" ] && alive "$holder" && grep -qs twin- "/proc/$holder/cmdline"; then
+        parent=$(ps -o ppid= -p "$pid" 2> /dev/null | tr -d ' ' || true)
+        if [ "$holder" = "$pid" ] || [ "$holder" = "$parent" ]; then exit 0; fi
+        say "another run holds this host (pid $holder: $(tr '\0' ' ' < "/proc/$holder/cmdline")): stop it first"
+        exit 1
+    fi
+    echo "$pid" > "$ROOT/run.pid"
+    ;;
+release)
+    pid=${2:?release PID}
+    if [ "$(cat "$ROOT/run.pid" 2> /dev/null || true)" = "$pid" ]; then rm -f "$ROOT/run.pid"; fi
     ;;
 relays)
     logs=${2:-$ROOT}

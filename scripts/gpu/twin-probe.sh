@@ -10,8 +10,10 @@
 # host's CPUs (8 simulated GPUs x plain, EAGLE-3). OUT/t6 and OUT/t7 hold when each ended.
 set -uo pipefail
 OUT=${1:?OUT}
+bash scripts/gpu/stack.sh claim $$ || exit 1 # the probe and the fleet after twin-run.sh too
+trap 'bash scripts/gpu/stack.sh release $$' EXIT
 PER_TASK=12 CHECKS=0 SAMPLED=0 DRAFT_CONFIG= CONFIG=config/gpu-twin.yaml \
-    bash scripts/gpu/twin-run.sh "$OUT"
+    bash scripts/gpu/twin-run.sh "$OUT" || exit 1
 export PYTHONPATH=/root/sg/site:$PWD SPECGATE_CACHE_DIR=/root/sg/cache
 mkdir -p "$OUT/probe"
 SPECGATE_PORT=8040 SPECGATE_STATE_PERSIST=false MARKS=$OUT/probe/marks.json \

@@ -16,6 +16,8 @@
 set -uo pipefail
 OUT=${1:?OUT}
 mkdir -p "$OUT"
+bash scripts/gpu/stack.sh claim $$ || exit 1 # before the relays start
+trap 'bash scripts/gpu/stack.sh release $$' EXIT
 bash scripts/gpu/stack.sh relays "$OUT" > "$OUT/relays.log" 2>&1 < /dev/null &
 RELAYS="bare=http://127.0.0.1:8040 vllm-router=http://127.0.0.1:8050" PER_TASK=12 CHECKS=0 \
     SAMPLED=0 DRAFT_CONFIG= CONFIG=config/gpu-twin.yaml bash scripts/gpu/twin-run.sh "$OUT"

@@ -19,12 +19,8 @@ export CONCURRENCY=${CONCURRENCY:-1,4,8,16,32,64}
 export DRAFT_CONFIG=${DRAFT_CONFIG-config/gpu-twin-draft.yaml}
 mkdir -p "$OUT"
 # one run at a time on a host: a second one's waves would load the servers the first measures
-PIDFILE=${ROOT:-/root/sg}/twin-run.pid
-if [ -f "$PIDFILE" ] && kill -0 "$(cat "$PIDFILE")" 2> /dev/null; then
-    echo "twin-run.sh: another run (pid $(cat "$PIDFILE"), $PIDFILE) is still going: stop it first" >&2
-    exit 1
-fi
-echo $$ > "$PIDFILE"
+bash scripts/gpu/stack.sh claim $$ || exit 1
+trap 'bash scripts/gpu/stack.sh release $$' EXIT
 bash scripts/gpu/stack.sh up > "$OUT/up.log" 2>&1 || exit 1
 bash scripts/gpu/stack.sh wait 480 > "$OUT/wait.log" 2>&1 || exit 1
 date +%s > "$OUT/t0"

@@ -5,6 +5,7 @@
 OUT=${1:?OUT}
 mkdir -p "$OUT"
 source scripts/gpu/twin-env.sh
-bash scripts/gpu/stack.sh up > "$OUT/up.log" 2>&1 &&
+bash scripts/gpu/stack.sh claim $$ && trap 'bash scripts/gpu/stack.sh release $$' EXIT &&
+    bash scripts/gpu/stack.sh up > "$OUT/up.log" 2>&1 &&
     bash scripts/gpu/stack.sh wait 480 > "$OUT/wait.log" 2>&1 &&
     bash scripts/gpu/stack.sh relays "$OUT" > "$OUT/relays.log" 2>&1

@@ -14,6 +14,8 @@ set -uo pipefail
 OUT=${1:?OUT}
 mkdir -p "$OUT"
 source scripts/gpu/twin-env.sh
+bash scripts/gpu/stack.sh claim $$ || exit 1
+trap 'bash scripts/gpu/stack.sh release $$' EXIT
 python3 -m bench.speedup --config /root/sg/gpu-static.yaml --gateway http://127.0.0.1:8010 \
     --adaptive --adaptive-gateway http://127.0.0.1:8000 \
     --extra-gateway adaptive-quiet=http://127.0.0.1:8032 \
