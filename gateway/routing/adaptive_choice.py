@@ -304,13 +304,17 @@ def choose(
     # the groups as of now (observations replace them), read again only by what is lazy
     groups = {n: estimates.get((task, buckets.get(n, first))) for n in names}
 
+    def source(n: str) -> str:
+        """Whose statistics speak for ``n`` (:func:`stand_in`; ``n`` without replicas)."""
+        return stand_in(estimates, task, n, replicas.get(n, ()), decay) if replicas else n
+
     def beliefs() -> tuple[dict[str, _Posterior], dict[str, float]]:
         """Each name's posterior and its penalty as a shift of its mean ln(speed)."""
         near = {b: _neighbours(estimates, task, b) for b in set(buckets.values())}
         seen: dict[str, tuple[_Seen | None, _Prior | None]] = {}
         borrowed: set[str] = set()
         for n in names:
-            src = stand_in(estimates, task, n, replicas.get(n, ()), decay) if replicas else n
+            src = source(n)
             if src != n:
                 borrowed.add(n)
             around = near[buckets.get(n, first)]
@@ -363,7 +367,7 @@ def choose(
 
     if len(candidates) == 1:  # nothing to choose from (most requests under load): no posterior
         only = candidates[0]
-        src = stand_in(estimates, task, only, replicas.get(only, ()), decay) if replicas else only
+        src = source(only)
         untried = (_seen(groups[only], src, decay) or _seen(prior, src, decay)) is None
         return AdaptiveChoice(task, first, only, only, False, untried, lambda: rows(*beliefs(), {}))
     post, shift = beliefs()
