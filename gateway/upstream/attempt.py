@@ -23,9 +23,10 @@ class Attempt:
     """Backend ``name`` at ``base_url`` with its live ``state``: a lease on the backend from
     :meth:`begin` to :meth:`end` (idempotent), which holds one of its in-flight slots and
     the ``watch``'s registration (None: no containment; the attempt is known as ``token``).
-    ``held``: the lease is taken and not yet ended. ``survived``: the backend died under
-    the attempt, blaming nobody, or its non-streamed answer broke off, and the request
-    moves on (:meth:`contained`; once per request)."""
+    ``held``: the lease is taken and not yet ended; ``started``: when it was taken
+    (``time.monotonic()``). ``survived``: the backend died under the attempt, blaming nobody,
+    or its non-streamed answer broke off, and the request moves on (:meth:`contained`; once
+    per request)."""
 
     name: str
     base_url: str
@@ -34,13 +35,15 @@ class Attempt:
     token: int = 0
     held: bool = False
     survived: bool = False
+    started: float = 0.0
 
     def begin(self, endpoint: str, body: Mapping[str, Any] | None) -> None:
         """Take the backend's in-flight slot and register the attempt in flight (``body``:
         the parsed request; None: not watched)."""
         if self.watch is not None and body is not None:
             self.token = self.watch.begin(self.name, endpoint, body)
-        self.state.take(time.monotonic())
+        self.started = time.monotonic()
+        self.state.take(self.started)
         self.held = True
 
     def end(self) -> None:
@@ -51,7 +54,7 @@ class Attempt:
         self.held = False
         if self.watch is not None and self.token:
             self.watch.end(self.name, self.token)
-        self.state.release()
+        self.state.release(time.monotonic() - self.started)
 
     async def died(self, signal: str, head: bytes = b"") -> Death | None:
         """Whether the backend died under this attempt, which failed as ``signal`` says;

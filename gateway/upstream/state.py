@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
@@ -31,6 +32,10 @@ PEAK_WINDOW_S = 10.0
 #: (a guard or a connection lies between them): requests that arrive together see each
 #: other's choices, so a burst is not spread by decisions that all saw an idle server.
 RESERVE_S = 2.0
+#: Weight of a finished request's duration in a backend's running mean
+#: (:attr:`BackendState.duration_s`, an exponentially weighted mean over about the last
+#: 1 / weight = 5 requests there).
+DURATION_WEIGHT = 0.2
 
 
 def health_of(healthy: bool | None) -> Health:
@@ -62,6 +67,8 @@ class BackendState:
     see :class:`~gateway.upstream.health.HealthPoller`); ``alive_at`` (``time.monotonic()``):
     when the backend last settled an answer or sent a body chunk to this gateway (passive
     liveness: a backend answering requests is alive, however slow its probe).
+    ``duration_s``: the running mean time (seconds, :data:`DURATION_WEIGHT`) this gateway's
+    requests held the backend (0 until one ended), by which :meth:`snapshot` ages a scrape.
     ``fingerprint``: the ``system_fingerprint`` its answers carry, as JSON text (``b""``:
     none; None: not seen yet), learnt by :class:`~gateway.upstream.feedback.ResponseTap`.
     ``down_listeners``: callbacks (no argument) run by :meth:`mark` when it goes down:
@@ -85,6 +92,7 @@ class BackendState:
     sample_suspect: str | None = None
     done_at: float = 0.0
     scraped_at: float = 0.0
+    duration_s: float = 0.0
     probe_failures: int = 0
     alive_at: float = 0.0
     fingerprint: bytes | None = None
@@ -163,22 +171,49 @@ class BackendState:
             return 0
         return self.peak if age >= window else max(self.peak, self.peak_prev)
 
-    def release(self) -> None:
-        """One of this gateway's requests there has ended."""
+    def release(self, duration_s: float | None = None) -> None:
+        """One of this gateway's requests there has ended, after ``duration_s`` seconds
+        (None: not timed) in flight: kept in :attr:`duration_s`'s running mean."""
         self.inflight -= 1
         self.done_at = time.monotonic()
+        if duration_s is not None and duration_s >= 0:
+            mean = self.duration_s
+            self.duration_s = (
+                duration_s if mean <= 0 else mean + DURATION_WEIGHT * (duration_s - mean)
+            )
+
+    def scrape_weight(self, now: float) -> float:
+        """How much of the last scrape's running + waiting count is still there at ``now``
+        (``time.monotonic()``): ``exp(-age / duration_s)``, the expected share of the
+        requests it counted that have not ended ``age`` seconds later when their remaining
+        times are exponential with the mean duration of this gateway's own requests there
+        (the exponential's memoryless law: each request present leaves at rate 1 / mean,
+        independently; an assumption, and other clients' requests are timed by ours, the
+        gateway cannot see theirs end). 1 until one of ours has ended there (no duration
+        known), and for a scrape not older than ``now``. Without it a scrape taken while
+        another client's wave ran counted that wave as running for up to a probe interval
+        (2 s) after it ended: on the GPU twin (docs/benchmarks.md section 7, thirteenth run)
+        84 of 302 requests sent one at a time were routed, and learnt, as concurrent, and
+        12 of 48 waves of 4 were kept off EAGLE-3 by a batch read as 6-7."""
+        age = now - self.scraped_at
+        if self.duration_s <= 0 or age <= 0:
+            return 1.0
+        return math.exp(-age / self.duration_s)
 
     def snapshot(self, now: float) -> BackendSnapshot:
         """The immutable view the routing policy reads (``now``: ``time.monotonic()``)."""
-        fresh = self.scraped_at > self.done_at
+        # a scrape older than our last answer still counts it: trust the in-flight count; else
+        # the share of the scraped requests expected to be there still (an idle server's
+        # stale count rounds to 0, so it neither makes its group busy nor bands a lone request)
+        scraped = self.scrape_weight(now) if self.scraped_at > self.done_at else 0.0
         circuit = self.circuit  # closed (no failure run) in the common case: no state read
         return BackendSnapshot(  # positional, in field order (cheaper than keywords)
             self.healthy is not False,  # healthy: available
             circuit.opened_at is not None and not circuit.routable(now),  # circuit_open
             self.load(now) if self.reserved else self.inflight,  # inflight
             float(self.recent_peak(now)),  # recent
-            self.running if fresh else 0.0,  # running
-            self.waiting if fresh else 0.0,  # waiting
+            round(self.running * scraped),  # running, to the nearest request
+            round(self.waiting * scraped),  # waiting
             self.demoted,
             self.acceptance.rate if self.acceptance else None,  # acceptance_rate
             self.suspect,

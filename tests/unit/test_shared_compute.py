@@ -3,6 +3,7 @@ is learnt per concurrency band, and measured speeds replace max_batch_for_specul
 
 from __future__ import annotations
 
+import math
 import random
 import time
 
@@ -126,6 +127,51 @@ def test_a_scrape_older_than_the_last_answer_does_not_count_as_load() -> None:
     assert state.snapshot(11.0).batch == 0.0
     state.scraped_at = state.done_at + 1.0  # a newer scrape counts again (other clients)
     assert state.snapshot(11.0).batch == 1.0
+
+
+def test_a_scrape_ages_by_the_mean_duration_of_our_requests_there() -> None:
+    """Another client's wave, scraped while it ran, is not load a full probe interval
+    later: the scrape's count decays as exp(-age / mean duration of our requests there)."""
+    state = BackendState(healthy=True, running=3.0, scraped_at=10.0)
+    assert state.scrape_weight(11.0) == 1.0  # no request of ours ended there: no duration yet
+    state.inflight = 2
+    state.release(0.2)
+    state.release(0.4)
+    assert math.isclose(state.duration_s, 0.24)  # a running mean (weight 0.2), the first as is
+    state.scraped_at = state.done_at + 0.1  # other clients' wave, scraped after our answers
+    assert state.snapshot(state.scraped_at).batch == 3.0  # just scraped: counted in full
+    assert math.isclose(state.scrape_weight(state.scraped_at + 0.48), math.exp(-2.0))
+    assert state.snapshot(state.scraped_at + 0.12).running == 2  # 3 x e^-0.5 = 1.8
+    assert state.snapshot(state.scraped_at + 0.48).running == 0  # 3 x e^-2 = 0.4: ended
+    assert state.snapshot(state.scraped_at + 2.0).batch < 0.01  # one probe interval later
+    assert state.snapshot(state.scraped_at - 1.0).running == 3.0  # a clock behind the scrape
+
+
+def test_a_lone_request_after_another_clients_wave_runs_alone() -> None:
+    """The thirteenth GPU run's case (docs/benchmarks.md section 7): requests sent one at a
+    time, each after another client's request on the same GPU ended, read as a batch of 2
+    from the scrape of that one: the GPU looked busy with plain, so the faster ngram was
+    passed over (shared compute) and the answer was learnt at c2; with the scrape aged they
+    run, and are learnt, at 1."""
+    names = {"plain-g0": "plain", "ngram-g0": "ngram"}  # one GPU: compute group gpu0
+    config = fleet_config(names, {"plain-g0": "http://p", "ngram-g0": "http://n"}, groups=True)
+    registry = BackendRegistry(names, clock=lambda: 100.0)
+    for state in registry.states.values():
+        state.healthy = True
+        state.inflight = 1
+        state.release(0.35)  # ours took 0.35 s there
+        state.done_at, state.scraped_at = 98.0, 99.0
+    registry.states["plain-g0"].running = 1.0  # another client's request, running 1 s ago
+    policy = RoutingPolicy(parse_config(config))
+    decision = policy.decide(
+        RequestFeatures(SIM_MODEL, 0.0, True, "rag", 1.0, "header"),
+        registry.snapshot(),
+        random.Random(0),
+        learnt("greedy/norep", {"plain-g0": 15.0, "ngram-g0": 20.0}).view(),
+    )
+    assert decision.concurrency == 1
+    assert decision.backends[0] == "ngram-g0"
+    assert not any("shared compute" in r for r in decision.reasons)
 
 
 def test_busy_members_follow_the_busiest_of_their_group() -> None:
