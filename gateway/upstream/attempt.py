@@ -46,15 +46,17 @@ class Attempt:
         self.state.take(self.started)
         self.held = True
 
-    def end(self) -> None:
+    def end(self, *, answered: bool = False) -> None:
         """The attempt is over: the slot is given back and the registration dropped (only
-        the first call does anything)."""
+        the first call does anything). ``answered``: the backend gave a whole 200 answer,
+        so how long it held the request is timed (:meth:`BackendState.release`); failures,
+        refusals and clients that left are not, so their short times do not age scrapes."""
         if not self.held:
             return
         self.held = False
         if self.watch is not None and self.token:
             self.watch.end(self.name, self.token)
-        self.state.release(time.monotonic() - self.started)
+        self.state.release(time.monotonic() - self.started if answered else None)
 
     async def died(self, signal: str, head: bytes = b"") -> Death | None:
         """Whether the backend died under this attempt, which failed as ``signal`` says;

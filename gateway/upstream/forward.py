@@ -179,7 +179,7 @@ async def _relay(
             status, error = 499, "client_closed"
         raise
     finally:
-        attempt.end()  # the backend lease
+        attempt.end(answered=status == 200 and error is None)  # the backend lease
         await response.aclose()
         trace.finish(status, error)
 

@@ -19,6 +19,7 @@ from gateway.app import create_app
 from gateway.service import Gateway
 from gateway.settings import Settings
 from gateway.trace import RequestTrace
+from gateway.upstream.attempt import Attempt
 from gateway.upstream.feedback import ResponseTap, with_usage
 from gateway.upstream.state import BackendRegistry
 from tests.fakes.fake_spec_vllm import FINGERPRINT, SpecBehaviour, create_spec_vllm, spec_metrics
@@ -242,3 +243,20 @@ def test_tap_handles_crlf_and_a_blank_line_in_the_next_read() -> None:
         b"\r\n\r\ndata: [DONE]\r\n\r\n"
     )
     assert trace.completion_tokens() == 2
+
+
+async def test_an_answered_request_times_its_backend_and_an_unanswered_one_does_not(
+    rig: Rig,
+) -> None:
+    """How long a whole 200 answer held the backend feeds the mean by which its scrapes age
+    (``BackendState.duration_s``); an attempt that ends without one (a failure, a refusal,
+    a client that left) ends early and would shorten it, so it is not timed."""
+    resp = await via_gateway(rig, "/v1/completions", CODE)
+    state = rig.gateway.registry.states[resp.headers["x-specgate-backend"]]
+    timed = state.duration_s
+    assert resp.status_code == 200 and timed > 0
+    attempt = Attempt("b", "http://b", state, None)
+    attempt.begin("/v1/completions", None)
+    assert state.inflight == 1
+    attempt.end()
+    assert state.inflight == 0 and state.duration_s == timed  # not timed
