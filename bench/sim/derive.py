@@ -1,6 +1,10 @@
 """Derive a simulator profile from a ``bench.speedup`` results.json of a GPU run.
 
-    python -m bench.sim.derive RESULTS.json > bench/sim/twin-2026-12-01.json
+    python -m bench.sim.derive RESULTS.json [RESULTS.json ...] > bench/sim/twin-2026-12-01.json
+
+Several files (repeats of one run on one stack, e.g. ``r1/speedup/results.json
+r2/speedup/results.json r3/speedup/results.json``) are pooled: each cell's outcomes of all
+of them together, total tokens over total time; the prompts and meta are the first file's.
 
 Reads each backend alone (``plain``, ``ngram``, ``eagle3``) per concurrency and task and
 writes small derived numbers only: output tokens/s per request per cell (the calibration
@@ -142,11 +146,22 @@ def derive(results: dict[str, Any]) -> dict[str, Any]:
 def main(argv: Sequence[str] | None = None) -> int:
     """Print the profile derived from the results file named in ``argv``."""
     args = sys.argv[1:] if argv is None else list(argv)
-    if len(args) != 1:
+    if not args:
         print(__doc__.splitlines()[2].strip(), file=sys.stderr)
         return 2
-    print(json.dumps(derive(json.loads(Path(args[0]).read_text())), indent=1))
+    print(json.dumps(derive(pooled([json.loads(Path(a).read_text()) for a in args])), indent=1))
     return 0
+
+
+def pooled(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One results document from the repeats ``results`` (at least one): the first's meta,
+    every one's runs (so each cell's outcomes are pooled, total over total); with more than
+    one, the meta's ``date`` names how many were pooled."""
+    first = results[0]
+    if len(results) == 1:
+        return first
+    meta = first["meta"] | {"date": f"{first['meta'].get('date', '')} ({len(results)} pooled)"}
+    return first | {"meta": meta, "runs": [r for doc in results for r in doc["runs"]]}
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -16,6 +17,7 @@ import openai
 import pytest
 
 from bench.sim.book import book_for
+from bench.sim.derive import cells, pooled
 from bench.sim.engine import Clock, Engine, Gpu, PromptBook, SimRequest, prompt_key
 from bench.sim.profile import AcceptanceModel, KindProfile, StepCost, load_profile
 from bench.sim.server import build_fleet, create_sim_app
@@ -112,6 +114,28 @@ def test_twin_acceptance_falls_with_task_and_temperature() -> None:
     assert code > creative
     assert eagle.per_token("code", 1.0)[1] < code  # code sampled hot accepts less
     assert eagle.per_token("unknown-task", 0.7) == eagle.per_token("chat", 0.7)
+
+
+@pytest.mark.parametrize("path", sorted(Path("bench/sim").glob("twin-*.json")), ids=str)
+def test_every_committed_profile_loads_with_the_three_kinds(path: Path) -> None:
+    profile = load_profile(path)
+    assert set(profile.kinds) == {"plain", "ngram", "eagle3"}
+    assert set(profile.measured["eagle3"]) == {1, 4, 8, 16, 32, 64}
+
+
+def test_repeats_are_pooled_cell_by_cell() -> None:
+    """``bench.sim.derive`` over several repeats: every repeat's outcomes of a cell
+    together (total over total), the first repeat's meta."""
+    outcome = {"task": "code", "error": None}
+    repeats = [
+        {"meta": {"date": "d", "items": []}, "runs": [{"target": "plain", "concurrency": 1,
+                                                       "outcomes": [outcome] * n}]}
+        for n in (2, 3)
+    ]  # fmt: skip
+    doc = pooled(repeats)
+    assert doc["meta"]["date"] == "d (2 pooled)"
+    assert len(cells(doc)[("plain", 1, "code")]) == 5
+    assert pooled(repeats[:1]) is repeats[0]
 
 
 async def replay(kind: str, concurrency: int, task: str) -> float:
