@@ -287,6 +287,7 @@ async def open_routed(
             on_failure=count_failover,
             tap=tap,
             request=request.body,
+            timed=True,
         )
 
     async def reopen_on(order: tuple[str, ...], tap: ResponseTap | None) -> Upstream:

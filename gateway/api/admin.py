@@ -75,6 +75,8 @@ def _backend_json(
         "load": {
             "running": view.running,
             "waiting": view.waiting,
+            "other_clients": view.other_clients,
+            "request_duration_s": view.request_duration_s,
             "kv_cache_usage": view.kv_cache_usage,
             "max_batch_for_speculation": backend.max_batch_for_speculation,
         },

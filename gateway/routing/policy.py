@@ -42,7 +42,9 @@ class BackendSnapshot:
 
     ``circuit_open``: its circuit breaker refuses requests now (open, or half-open with the
     probe under way); ``inflight``: this gateway's requests in flight there;
-    ``running``/``waiting``: the backend's own queue from its last ``/metrics`` scrape;
+    ``running``/``waiting``: other clients' requests running and queued there (its
+    ``/metrics`` scrapes less this gateway's, aged:
+    :meth:`~gateway.upstream.state.BackendState.foreign_load`);
     ``demoted``: its windowed acceptance rate is under its floor; ``acceptance_rate``: that
     rate (None if unknown); ``suspect``: why the correctness canary stopped trusting it
     (None when trusted); ``sample_suspect``: why the distribution canary stopped trusting
@@ -64,14 +66,14 @@ class BackendSnapshot:
 
     @property
     def outstanding(self) -> float:
-        """Requests ahead of a new one: gateway in-flight plus the backend's waiting queue."""
+        """Requests ahead of a new one: gateway in-flight plus other clients' queued ones."""
         return self.inflight + self.waiting
 
     @property
     def batch(self) -> float:
-        """The backend's batch as best known: scraped running + waiting, or the gateway's
-        in-flight count when that is larger (scrapes lag by up to one interval)."""
-        return max(self.running + self.waiting, float(self.inflight))
+        """The backend's batch as best known: this gateway's requests in flight (exact) and
+        other clients' (scraped, aged)."""
+        return self.inflight + self.running + self.waiting
 
 
 @dataclass(frozen=True, slots=True)

@@ -132,9 +132,12 @@ async def _relay(
     tap: ResponseTap | None,
     render: StreamFailureRenderer,
     path: str,
+    timed: bool = False,
 ) -> AsyncGenerator[bytes, None]:
     response, chunks, head = settled.response, settled.chunks, settled.head
     status, error = response.status, None
+    # a whole 200 generation times the backend (Attempt.end); an error event ends it early
+    timed = timed and status == 200
     prev = last = b""  # the stream's last two chunks: an error event there may mean a death
     state = attempt.state
     sent = b""  # the last chunk the client took (a terminal event there: it had it all)
@@ -156,6 +159,7 @@ async def _relay(
             yield rest
         if trace.stream and b'"error"' in (tail := prev + last):
             if (message := stream_error_message(tail)) is not None:
+                timed = False
                 await attempt.died("the stream ended with an error event", message)
     except UpstreamBroken as exc:  # reset, or a gap longer than its timeout
         logger.warning("backend %s failed mid-response: %s", trace.backend, exc)
@@ -179,7 +183,7 @@ async def _relay(
             status, error = 499, "client_closed"
         raise
     finally:
-        attempt.end(answered=status == 200 and error is None)  # the backend lease
+        attempt.end(answered=timed and status == 200 and error is None)  # the backend lease
         await response.aclose()
         trace.finish(status, error)
 
@@ -226,13 +230,17 @@ class Forwarder:
         request: Mapping[str, Any] | None = None,
         method: str = "POST",
         next_on: frozenset[int] = frozenset(),
+        timed: bool = False,
     ) -> Upstream:
         """Try ``order`` (at most ``max_attempts`` backends, one at a time) until one answers
         with a status in 200-599 other than 502/503. ``tap`` reads feedback from a 200 answer (see
         :mod:`gateway.upstream.feedback`). ``method`` is the HTTP method (``path`` may carry a
         query string); ``next_on``: answers that also move on to the next backend, every one
         of ``order`` then being tried (the last one's answer is relayed: a stored Response's
-        404 from the backends that do not hold it).
+        404 from the backends that do not hold it). ``timed``: a routed generation, whose
+        whole 200 answer times the backend (how long requests hold it: a scrape of other
+        clients' load ages by it, :meth:`~gateway.upstream.state.BackendState.foreign_load`;
+        pass-through answers such as ``/tokenize`` come back in milliseconds and are not).
 
         Returns the settled :class:`Upstream`; ``trace`` learns the backend and attempts and
         is finished when the body ends. ``request`` (the parsed body) is what a death's
@@ -285,7 +293,7 @@ class Forwarder:
                 await response.aclose()
                 continue
             tapped = tap if response.status == 200 else None
-            relay = _relay(outcome, attempt, trace, tapped, self.stream_failure, path)
+            relay = _relay(outcome, attempt, trace, tapped, self.stream_failure, path, timed)
             await anext(relay)  # the primer: the relay now owns the response and the lease
             return Upstream(
                 backend=name,

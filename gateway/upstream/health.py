@@ -99,10 +99,9 @@ class HealthPoller:
             logger.warning("backend %s: unreadable /metrics", name)
             return
         now = time.monotonic()
-        state.running, state.waiting = metrics.running, metrics.waiting
+        state.scraped(metrics.running, metrics.waiting, now)
         state.kv_cache_usage = metrics.kv_cache_usage
         state.last_scrape = time.time()
-        state.scraped_at = now
         if metrics.spec is None:
             return
         routing = self.config().routing

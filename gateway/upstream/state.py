@@ -32,9 +32,8 @@ PEAK_WINDOW_S = 10.0
 #: (a guard or a connection lies between them): requests that arrive together see each
 #: other's choices, so a burst is not spread by decisions that all saw an idle server.
 RESERVE_S = 2.0
-#: Weight of a finished request's duration in a backend's running mean
-#: (:attr:`BackendState.duration_s`, an exponentially weighted mean over about the last
-#: 1 / weight = 5 requests there).
+#: Weight of the newest answered request's duration in a backend's running mean
+#: (:attr:`BackendState.duration_s`, an exponentially weighted mean).
 DURATION_WEIGHT = 0.2
 
 
@@ -60,15 +59,15 @@ class BackendState:
     ``sample_suspect`` is set by the distribution canary when its sampled tokens are not
     samples of the target (no request with temperature > 0 is routed there).
     ``done_at``/``scraped_at`` (``time.monotonic()``): when a request of this gateway there
-    last ended, and when ``/metrics`` was last read: a scrape older than the last end still
-    counts that request as running, so routing then trusts the in-flight count alone (else a
-    client sending one request at a time would look like two, for up to a scrape interval).
+    last ended, and when ``/metrics`` was last read (:meth:`scraped`); ``foreign`` and
+    ``foreign_prev``: the requests there not this gateway's at that scrape and the one before
+    (other clients', other replicas'), which routing reads through :meth:`foreign_load`.
     ``probe_failures``: ``/health`` probes failed in a row (timeouts and broken answers;
     see :class:`~gateway.upstream.health.HealthPoller`); ``alive_at`` (``time.monotonic()``):
     when the backend last settled an answer or sent a body chunk to this gateway (passive
     liveness: a backend answering requests is alive, however slow its probe).
     ``duration_s``: the running mean time (seconds, :data:`DURATION_WEIGHT`) this gateway's
-    requests held the backend (0 until one ended), by which :meth:`snapshot` ages a scrape.
+    answered requests held the backend (0 until one was), by which a scrape ages.
     ``fingerprint``: the ``system_fingerprint`` its answers carry, as JSON text (``b""``:
     none; None: not seen yet), learnt by :class:`~gateway.upstream.feedback.ResponseTap`.
     ``down_listeners``: callbacks (no argument) run by :meth:`mark` when it goes down:
@@ -92,6 +91,8 @@ class BackendState:
     sample_suspect: str | None = None
     done_at: float = 0.0
     scraped_at: float = 0.0
+    foreign: float = 0.0
+    foreign_prev: float = 0.0
     duration_s: float = 0.0
     probe_failures: int = 0
     alive_at: float = 0.0
@@ -182,38 +183,55 @@ class BackendState:
                 duration_s if mean <= 0 else mean + DURATION_WEIGHT * (duration_s - mean)
             )
 
-    def scrape_weight(self, now: float) -> float:
-        """How much of the last scrape's running + waiting count is still there at ``now``
-        (``time.monotonic()``): ``exp(-age / duration_s)``, the expected share of the
-        requests it counted that have not ended ``age`` seconds later when their remaining
-        times are exponential with the mean duration of this gateway's own requests there
-        (the exponential's memoryless law: each request present leaves at rate 1 / mean,
-        independently; an assumption, and other clients' requests are timed by ours, the
-        gateway cannot see theirs end). 1 until one of ours has ended there (no duration
-        known), and for a scrape not older than ``now``. Without it a scrape taken while
-        another client's wave ran counted that wave as running for up to a probe interval
-        (2 s) after it ended: on the GPU twin (docs/benchmarks.md section 7, thirteenth run)
-        84 of 302 requests sent one at a time were routed, and learnt, as concurrent, and
-        12 of 48 waves of 4 were kept off EAGLE-3 by a batch read as 6-7."""
-        age = now - self.scraped_at
-        if self.duration_s <= 0 or age <= 0:
-            return 1.0
-        return math.exp(-age / self.duration_s)
+    def scraped(self, running: float, waiting: float, now: float) -> None:
+        """A ``/metrics`` scrape at ``now`` (``time.monotonic()``) read ``running`` and
+        ``waiting`` requests there (vLLM's ``vllm:num_requests_running`` and ``_waiting``):
+        kept as read for the views, and what is not this gateway's (``running + waiting``
+        less its requests in flight there now, at least 0) becomes :attr:`foreign`, the
+        previous one :attr:`foreign_prev`."""
+        self.running, self.waiting, self.scraped_at = running, waiting, now
+        self.foreign_prev = self.foreign
+        self.foreign = max(0.0, running + waiting - self.inflight)
+
+    def foreign_load(self, now: float) -> float:
+        """Other clients' requests expected there at ``now`` (``time.monotonic()``), from the
+        last two scrapes: what both saw (the lower count, 2 s apart at the default probe
+        interval) is taken as steady traffic that goes on (another replica's, say); the rest
+        of the last one ages as ``exp(-age / duration_s)``, the share of requests still
+        running ``age`` seconds later when their remaining times are exponential with the
+        mean duration of this gateway's own answered requests there (the exponential's
+        memoryless law; an assumption, and other clients' requests timed by ours: requests
+        of about one length leave nearer ``1 - age / duration_s``, which ``exp`` exceeds, so
+        it errs towards counting load that has gone). Returned
+        as scraped until one of ours was answered there (no duration known), and for a scrape
+        not older than ``now``.
+
+        Without the ageing, a scrape taken while another client's wave ran counted that wave
+        for up to a probe interval after it ended: on the GPU twin (docs/benchmarks.md
+        section 7, thirteenth run, the bench's single backends served between the gateway's
+        waves) 84 of the 192 measured requests sent one at a time read as concurrent, and
+        12 of 48 waves of 4 were kept off EAGLE-3."""
+        foreign, age = self.foreign, now - self.scraped_at
+        if foreign <= 0 or self.duration_s <= 0 or age <= 0:
+            return foreign
+        steady = min(foreign, self.foreign_prev)
+        return steady + (foreign - steady) * math.exp(-age / self.duration_s)
 
     def snapshot(self, now: float) -> BackendSnapshot:
         """The immutable view the routing policy reads (``now``: ``time.monotonic()``)."""
-        # a scrape older than our last answer still counts it: trust the in-flight count; else
-        # the share of the scraped requests expected to be there still (an idle server's
-        # stale count rounds to 0, so it neither makes its group busy nor bands a lone request)
-        scraped = self.scrape_weight(now) if self.scraped_at > self.done_at else 0.0
+        # other clients' requests, to the nearest one (an idle server's aged count rounds to
+        # 0: it neither makes its group busy nor bands a lone request), the scrape's queue
+        # first counted as theirs
+        foreign = round(self.foreign_load(now))
+        waiting = min(round(self.waiting), foreign)
         circuit = self.circuit  # closed (no failure run) in the common case: no state read
         return BackendSnapshot(  # positional, in field order (cheaper than keywords)
             self.healthy is not False,  # healthy: available
             circuit.opened_at is not None and not circuit.routable(now),  # circuit_open
             self.load(now) if self.reserved else self.inflight,  # inflight
             float(self.recent_peak(now)),  # recent
-            round(self.running * scraped),  # running, to the nearest request
-            round(self.waiting * scraped),  # waiting
+            foreign - waiting,  # running (other clients')
+            waiting,  # waiting (other clients')
             self.demoted,
             self.acceptance.rate if self.acceptance else None,  # acceptance_rate
             self.suspect,

@@ -21,7 +21,11 @@ from gateway.upstream.state import BackendRegistry, DecisionStats, Health
 @dataclass(frozen=True, slots=True)
 class BackendView:
     """One backend's config and live state at one instant (``requests``: the requests it
-    served since start). ``available``: health lets it take traffic (up or unknown)."""
+    served since start). ``available``: health lets it take traffic (up or unknown).
+    ``running``/``waiting``: its last ``/metrics`` scrape as read; ``other_clients``: the
+    requests there not this gateway's that routing counts now (scraped, aged:
+    :meth:`~gateway.upstream.state.BackendState.foreign_load`); ``request_duration_s``: the
+    mean time this gateway's answered requests held it (0: none yet), by which they age."""
 
     name: str
     config: BackendConfig
@@ -34,6 +38,8 @@ class BackendView:
     inflight: int
     running: float
     waiting: float
+    other_clients: float
+    request_duration_s: float
     kv_cache_usage: float
     acceptance: AcceptanceStats | None
     window: AcceptanceWindow
@@ -72,6 +78,8 @@ def backend_views(
                 inflight=state.inflight,
                 running=state.running,
                 waiting=state.waiting,
+                other_clients=round(state.foreign_load(now), 2),
+                request_duration_s=round(state.duration_s, 6),
                 kv_cache_usage=state.kv_cache_usage,
                 acceptance=state.acceptance,
                 window=state.window,

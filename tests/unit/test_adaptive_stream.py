@@ -248,9 +248,10 @@ def test_tap_handles_crlf_and_a_blank_line_in_the_next_read() -> None:
 async def test_an_answered_request_times_its_backend_and_an_unanswered_one_does_not(
     rig: Rig,
 ) -> None:
-    """How long a whole 200 answer held the backend feeds the mean by which its scrapes age
-    (``BackendState.duration_s``); an attempt that ends without one (a failure, a refusal,
-    a client that left) ends early and would shorten it, so it is not timed."""
+    """How long a whole 200 answer to a routed generation held the backend feeds the mean by
+    which scrapes of other clients' load there age (``BackendState.duration_s``); an
+    attempt that ends without an answer (a failure, a refusal, a client that left) ends
+    early and would shorten it, so it is not timed (pass-through answers: test_relayed)."""
     resp = await via_gateway(rig, "/v1/completions", CODE)
     state = rig.gateway.registry.states[resp.headers["x-specgate-backend"]]
     timed = state.duration_s

@@ -205,6 +205,8 @@ async def test_long_queue_moves_low_temperature_code_to_plain(gw: InProcess) -> 
     routes = (await gw.client.get("/routes")).json()
     loads = {b["name"]: b["load"] for b in routes["backends"]}
     assert loads["ngram"]["waiting"] == 12 and loads["ngram"]["running"] == 4
+    # none of them ours, and no answer of ours there to age them by: counted as scraped
+    assert loads["ngram"]["other_clients"] == 16 and loads["ngram"]["request_duration_s"] == 0
     for _ in range(5):
         resp = await gw.client.post("/v1/completions", json=CODE, headers={"x-task-type": "code"})
         assert resp.headers["x-specgate-backend"] == "plain"
@@ -213,6 +215,10 @@ async def test_long_queue_moves_low_temperature_code_to_plain(gw: InProcess) -> 
     why = {c["backend"]: c["why"] for c in explained["candidates"] if not c["kept"]}
     for name in ("eagle3", "ngram", "draft"):  # the compute group's batch: 3 x (4 + 12)
         assert why[name] == "batch 48 > max_batch_for_speculation 4: speculation loses"
+    [plain] = [
+        b for b in (await gw.client.get("/routes")).json()["backends"] if b["name"] == "plain"
+    ]
+    assert plain["load"]["request_duration_s"] > 0  # our 5 answers there, timed
     # the queue drains: speculation is back
     for name in ("eagle3", "ngram", "draft"):
         gw.fakes[name].metrics_text = queue_metrics(running=1, waiting=0)

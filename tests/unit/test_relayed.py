@@ -229,3 +229,18 @@ async def test_a_relayed_request_respects_the_backends_in_flight_caps() -> None:
             runtime(gw).gateway.registry.states[name].inflight += 1
         full = await gw.client.post("/invocations", json=CHAT)
         assert full.status_code == 429, full.text
+
+
+async def test_only_routed_generations_time_a_backend(gw: InProcess) -> None:
+    """A backend's mean request duration (by which scrapes of other clients' load age) is
+    taken from routed generations; a relayed ``/tokenize`` answers in milliseconds and
+    would shorten it."""
+    states = runtime(gw).gateway.registry.states
+    routed = await gw.client.post("/v1/chat/completions", json=CHAT)
+    assert routed.status_code == 200
+    timed = {name: state.duration_s for name, state in states.items()}
+    assert timed[routed.headers["x-specgate-backend"]] > 0
+    for _ in range(3):
+        relayed = await gw.client.post("/tokenize", json={"model": MODEL, "prompt": "hi"})
+        assert relayed.status_code == 200
+    assert {name: state.duration_s for name, state in states.items()} == timed

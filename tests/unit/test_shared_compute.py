@@ -116,35 +116,45 @@ def test_a_replica_is_measured_at_load_when_its_kind_is() -> None:
     )
 
 
-def test_a_scrape_older_than_the_last_answer_does_not_count_as_load() -> None:
-    """One request at a time: the scrape taken while the last one ran is stale once it
-    ended, so the next request is not filed (or penalised) as concurrent."""
-    state = BackendState(healthy=True, running=1.0, scraped_at=10.0)
-    assert state.snapshot(11.0).batch == 1.0  # scraped after our last answer: trusted
+def test_our_own_requests_in_a_scrape_are_not_counted_twice() -> None:
+    """One request at a time: the scrape taken while ours ran counts it, but it is ours
+    (counted exactly by the in-flight count), so once it ended the next request is not filed
+    (or penalised) as concurrent; another client's request in the same scrape is."""
+    state = BackendState(healthy=True, inflight=1)
+    state.scraped(running=1.0, waiting=0.0, now=10.0)
+    assert state.snapshot(10.5).batch == 1.0  # ours, in flight
+    state.release()  # ours ended after that scrape
+    assert state.snapshot(10.5).batch == 0.0
     state.inflight = 1
-    state.release()  # our request there ended after that scrape
-    assert state.done_at > state.scraped_at
-    assert state.snapshot(11.0).batch == 0.0
-    state.scraped_at = state.done_at + 1.0  # a newer scrape counts again (other clients)
-    assert state.snapshot(11.0).batch == 1.0
+    state.scraped(running=3.0, waiting=1.0, now=11.0)  # ours and 3 of other clients
+    snap = state.snapshot(11.0)
+    assert (snap.inflight, snap.running, snap.waiting, snap.batch) == (1, 2, 1, 4.0)
+    assert snap.outstanding == 2  # ours and the one queued
 
 
-def test_a_scrape_ages_by_the_mean_duration_of_our_requests_there() -> None:
-    """Another client's wave, scraped while it ran, is not load a full probe interval
-    later: the scrape's count decays as exp(-age / mean duration of our requests there)."""
-    state = BackendState(healthy=True, running=3.0, scraped_at=10.0)
-    assert state.scrape_weight(11.0) == 1.0  # no request of ours ended there: no duration yet
+def test_a_scrape_of_other_clients_ages_by_the_mean_duration_of_our_requests() -> None:
+    """Another client's wave, scraped while it ran, is not load a probe interval later:
+    what the scrape before did not see ages as exp(-age / mean duration of our requests
+    there); what both saw is steady traffic and stays."""
+    state = BackendState(healthy=True)
+    state.scraped(running=3.0, waiting=0.0, now=10.0)  # a wave of other clients'
+    assert state.foreign_load(11.0) == 3.0  # none of ours answered there: no duration yet
     state.inflight = 2
     state.release(0.2)
     state.release(0.4)
     assert math.isclose(state.duration_s, 0.24)  # a running mean (weight 0.2), the first as is
-    state.scraped_at = state.done_at + 0.1  # other clients' wave, scraped after our answers
-    assert state.snapshot(state.scraped_at).batch == 3.0  # just scraped: counted in full
-    assert math.isclose(state.scrape_weight(state.scraped_at + 0.48), math.exp(-2.0))
-    assert state.snapshot(state.scraped_at + 0.12).running == 2  # 3 x e^-0.5 = 1.8
-    assert state.snapshot(state.scraped_at + 0.48).running == 0  # 3 x e^-2 = 0.4: ended
-    assert state.snapshot(state.scraped_at + 2.0).batch < 0.01  # one probe interval later
-    assert state.snapshot(state.scraped_at - 1.0).running == 3.0  # a clock behind the scrape
+    assert state.snapshot(10.0).batch == 3.0  # just scraped: counted in full
+    assert math.isclose(state.foreign_load(10.48), 3.0 * math.exp(-2.0))
+    assert state.snapshot(10.12).running == 2  # 3 x e^-0.5 = 1.8
+    assert state.snapshot(10.48).running == 0  # 3 x e^-2 = 0.4: ended
+    assert state.snapshot(12.0).batch == 0.0  # one probe interval later
+    assert state.snapshot(9.0).running == 3  # a clock behind the scrape
+    state.scraped(running=4.0, waiting=0.0, now=12.0)  # another replica's steady traffic
+    assert state.foreign == 4.0 and state.foreign_prev == 3.0
+    assert math.isclose(state.foreign_load(13.9), 3.0 + math.exp(-1.9 / 0.24))
+    assert state.snapshot(13.9).batch == 3.0  # the 3 seen by both scrapes go on
+    state.scraped(running=0.0, waiting=0.0, now=14.0)
+    assert state.snapshot(14.0).batch == 0.0  # gone at the next scrape
 
 
 def test_a_lone_request_after_another_clients_wave_runs_alone() -> None:
@@ -160,8 +170,8 @@ def test_a_lone_request_after_another_clients_wave_runs_alone() -> None:
         state.healthy = True
         state.inflight = 1
         state.release(0.35)  # ours took 0.35 s there
-        state.done_at, state.scraped_at = 98.0, 99.0
-    registry.states["plain-g0"].running = 1.0  # another client's request, running 1 s ago
+        state.scraped(running=0.0, waiting=0.0, now=97.0)
+    registry.states["plain-g0"].scraped(running=1.0, waiting=0.0, now=99.0)  # another client's
     policy = RoutingPolicy(parse_config(config))
     decision = policy.decide(
         RequestFeatures(SIM_MODEL, 0.0, True, "rag", 1.0, "header"),
