@@ -1,17 +1,17 @@
 """Calibrate the simulated vLLM backend against the cost twin's measurement.
 
-    python -m bench.sim_calibrate [--scale 0.5] [--fit] [--profile P] [--per-task 16]
+    python -m bench.sim_calibrate [--scale 0.5] [--fit] [--profile P] [--per-task N]
                                   [--out bench/out/sim-calibrate]
 
-Replays the twin run's workload (``bench.speedup`` as run on the GPU: the same prompts,
-``--per-task`` a task (16 in the 2026-12-01 H200 run, 12 in the 2026-12-05 H100 one, whose
-profile is ``bench/sim/twin-2026-12-05-h100.json``), 64 output tokens max, waves of c requests,
-each backend alone, c = 1 to 64) on simulated engines (:mod:`bench.sim.engine`, in process, no
-HTTP), each kind on its own simulated GPU as it was measured, and compares per cell the
-speculative/plain ratio of output tokens/s per request (sum of tokens over sum of end-to-end
-times, as ``bench.speedup``) with the measured one. Times are taken on the simulated clock, so
-``--scale`` (real seconds per simulated second) changes the wall time only, not the figures (up
-to loop lateness).
+Replays the twin run's workload (``bench.speedup`` as run on the GPU: the same prompts, the
+profile's ``per_task`` a task unless ``--per-task`` says (16 in the 2026-12-01 H200 run of the
+default profile, 12 in the 2026-12-05 H100 one, ``bench/sim/twin-2026-12-05-h100.json``), 64
+output tokens max, waves of c requests, each backend alone, c = 1 to 64) on simulated engines
+(:mod:`bench.sim.engine`, in process, no HTTP), each kind on its own simulated GPU as it was
+measured, and compares per cell the speculative/plain ratio of output tokens/s per request (sum
+of tokens over sum of end-to-end times, as ``bench.speedup``) with the measured one. Times are
+taken on the simulated clock, so ``--scale`` (real seconds per simulated second) changes the
+wall time only, not the figures (up to loop lateness).
 
 ``--fit`` first fits the step-time curve (``step_ms``, one point per concurrency c at batch
 c, starting from the measured decode time per step, ``observed_step_ms``, see
@@ -42,9 +42,9 @@ from bench.workloads import Item, default_prompts_dir, sample
 CONCURRENCIES = (1, 4, 8, 16, 32, 64)
 TASKS = ("code", "rag", "chat", "creative")
 SPECULATIVE = ("ngram", "eagle3")
-#: The 2026-12-01 twin run's settings (docs/benchmarks.md section 7): prompts a task (the
-#: default of ``--per-task``) and output tokens.
-PER_TASK, MAX_TOKENS = 16, 64
+#: The twin runs' output tokens (docs/benchmarks.md section 7); prompts a task come from
+#: the profile (``per_task``) unless ``--per-task`` says.
+MAX_TOKENS = 64
 
 
 def chars_to_tokens(chars: int) -> int:
@@ -162,13 +162,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--per-task",
         type=int,
-        default=PER_TASK,
-        help="prompts a task, as the profile's run had them (16 on 2026-12-01, 12 on 12-05)",
+        default=None,
+        help="prompts a task (default: the profile's run's, 16 on 2026-12-01, 12 on 12-05)",
     )
     parser.add_argument("--out", type=Path, default=Path("bench/out/sim-calibrate"))
     args = parser.parse_args(argv)
     profile = load_profile(args.profile)
-    items = sample(args.prompts, args.per_task)
+    items = sample(args.prompts, args.per_task or profile.per_task)
     started = time.monotonic()
     simulated = asyncio.run(replay(profile, items, args.scale))
     if args.fit:

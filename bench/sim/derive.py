@@ -135,6 +135,7 @@ def derive(results: dict[str, Any]) -> dict[str, Any]:
     }
     return {
         "source": results["meta"].get("date", "") + " " + results["meta"].get("config", ""),
+        "per_task": int(results["meta"].get("per_task", 16)),
         "temperatures": temperatures,
         "temperature_curve": TEMPERATURE_CURVE,
         "kinds": kinds,
@@ -155,13 +156,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def pooled(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """One results document from the repeats ``results`` (at least one): the first's meta,
-    every one's runs (so each cell's outcomes are pooled, total over total); with more than
-    one, the meta's ``date`` names how many were pooled."""
+    every one's runs (so each cell's outcomes are pooled, total over total), nothing else
+    (the per-repeat tables no longer apply); with more than one, the meta's ``date`` names
+    how many were pooled."""
     first = results[0]
     if len(results) == 1:
         return first
     meta = first["meta"] | {"date": f"{first['meta'].get('date', '')} ({len(results)} pooled)"}
-    return first | {"meta": meta, "runs": [r for doc in results for r in doc["runs"]]}
+    return {"meta": meta, "runs": [r for doc in results for r in doc["runs"]]}
 
 
 if __name__ == "__main__":

@@ -114,7 +114,8 @@ class KindProfile:
 @dataclass(frozen=True)
 class SimProfile:
     """Every kind's model, the output lengths by prompt id and task, and the measurement it
-    was fitted to (``measured[kind][concurrency][task]`` = output tokens/s per request)."""
+    was fitted to (``measured[kind][concurrency][task]`` = output tokens/s per request) with
+    its prompts a task (``per_task``; 16 when a profile does not say)."""
 
     kinds: dict[str, KindProfile]
     lengths: dict[str, int]
@@ -122,6 +123,8 @@ class SimProfile:
     temperatures: dict[str, float]
     measured: dict[str, dict[int, dict[str, float]]]
     source: str
+    #: Prompts a task in the run it was fitted to (what ``bench.sim_calibrate`` replays).
+    per_task: int = 16
 
     def to_json(self) -> dict[str, Any]:
         """The JSON form :func:`load_profile` reads."""
@@ -147,6 +150,7 @@ class SimProfile:
         )
         return {
             "source": self.source,
+            "per_task": self.per_task,
             "temperatures": self.temperatures,
             "temperature_curve": [list(p) for p in curve],
             "kinds": kinds,
@@ -199,6 +203,7 @@ def parse_profile(data: dict[str, Any]) -> SimProfile:
             for kind, by_c in data.get("measured", {}).items()
         },
         source=str(data.get("source", "")),
+        per_task=int(data.get("per_task", 16)),
     )
 
 
