@@ -194,22 +194,22 @@ class BackendState:
         self.foreign = max(0.0, running + waiting - self.inflight)
 
     def foreign_load(self, now: float) -> float:
-        """Other clients' requests expected there at ``now`` (``time.monotonic()``), from the
-        last two scrapes: what both saw (the lower count, 2 s apart at the default probe
-        interval) is taken as steady traffic that goes on (another replica's, say); the rest
-        of the last one ages as ``exp(-age / duration_s)``, the share of requests still
-        running ``age`` seconds later when their remaining times are exponential with the
-        mean duration of this gateway's own answered requests there (the exponential's
+        """Other clients' requests expected there at ``now`` (``time.monotonic()``), from
+        the last two scrapes: what both saw (the lower count, 2 s apart at the default
+        probe interval) is taken as steady traffic that goes on (another replica's, say);
+        the rest of the last one ages as ``exp(-age / duration_s)``, the share of requests
+        still running ``age`` seconds later when their remaining times are exponential with
+        the mean duration of this gateway's own answered requests there (the exponential's
         memoryless law; an assumption, and other clients' requests timed by ours: requests
-        of about one length leave nearer ``1 - age / duration_s``, which ``exp`` exceeds, so
-        it errs towards counting load that has gone). Returned
-        as scraped until one of ours was answered there (no duration known), and for a scrape
-        not older than ``now``.
+        of about one length leave nearer ``1 - age / duration_s``, which ``exp`` exceeds,
+        so it errs towards counting load that has gone). Returned as scraped until one of
+        ours was answered there (no duration known), and for a scrape not older than
+        ``now``.
 
         Without the ageing, a scrape taken while another client's wave ran counted that wave
         for up to a probe interval after it ended: on the GPU twin (docs/benchmarks.md
         section 7, thirteenth run, the bench's single backends served between the gateway's
-        waves) 84 of the 192 measured requests sent one at a time read as concurrent, and
+        waves) 80 of the 192 measured requests sent one at a time read as a batch of 2-3, and
         12 of 48 waves of 4 were kept off EAGLE-3."""
         foreign, age = self.foreign, now - self.scraped_at
         if foreign <= 0 or self.duration_s <= 0 or age <= 0:
