@@ -58,10 +58,10 @@ class BackendState:
     backend's greedy output diverged from its plain twin's beyond numerics (not routed);
     ``sample_suspect`` is set by the distribution canary when its sampled tokens are not
     samples of the target (no request with temperature > 0 is routed there).
-    ``done_at``/``scraped_at`` (``time.monotonic()``): when a request of this gateway there
-    last ended, and when ``/metrics`` was last read (:meth:`scraped`); ``foreign`` and
-    ``foreign_prev``: the requests there not this gateway's at that scrape and the one before
-    (other clients', other replicas'), which routing reads through :meth:`foreign_load`.
+    ``scraped_at`` (``time.monotonic()``): when ``/metrics`` was last read (:meth:`scraped`);
+    ``foreign`` and ``foreign_prev``: the requests there not this gateway's at that scrape and
+    the one before (other clients', other replicas'), which routing reads through
+    :meth:`foreign_load`.
     ``probe_failures``: ``/health`` probes failed in a row (timeouts and broken answers;
     see :class:`~gateway.upstream.health.HealthPoller`); ``alive_at`` (``time.monotonic()``):
     when the backend last settled an answer or sent a body chunk to this gateway (passive
@@ -89,7 +89,6 @@ class BackendState:
     circuit: CircuitBreaker = field(default_factory=CircuitBreaker)
     suspect: str | None = None
     sample_suspect: str | None = None
-    done_at: float = 0.0
     scraped_at: float = 0.0
     foreign: float = 0.0
     foreign_prev: float = 0.0
@@ -176,7 +175,6 @@ class BackendState:
         """One of this gateway's requests there has ended, after ``duration_s`` seconds
         (None: not timed) in flight: kept in :attr:`duration_s`'s running mean."""
         self.inflight -= 1
-        self.done_at = time.monotonic()
         if duration_s is not None and duration_s >= 0:
             mean = self.duration_s
             self.duration_s = (
