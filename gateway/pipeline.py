@@ -30,7 +30,7 @@ import httpx
 
 from gateway.classify.features import SPECULATION_ON
 from gateway.classify.protocol import RoutedFields, read_fields
-from gateway.errors import bad_request, no_backend, quarantined, too_busy
+from gateway.errors import GatewayError, bad_request, no_backend, quarantined, too_busy
 from gateway.routing.control import served
 from gateway.routing.explain import decision_json
 from gateway.routing.guards import needs_token_count
@@ -217,9 +217,16 @@ def parse_json(raw: bytes) -> Any:
     except ValueError:
         raise bad_request("The request body is not valid JSON.", code="invalid_json") from None
     except RecursionError:
-        raise bad_request(
-            "The request body nests JSON arrays or objects too deeply.", code="invalid_json"
-        ) from None
+        raise too_deep() from None
+
+
+def too_deep() -> GatewayError:
+    """The 400 for a JSON body nested deeper than Python's parser goes (the routed and the
+    relayed paths alike: vLLM's own parser fails on it with a 500 or FastAPI's
+    ``{"detail": ...}``, neither in OpenAI's envelope)."""
+    return bad_request(
+        "The request body nests JSON arrays or objects too deeply.", code="invalid_json"
+    )
 
 
 async def prompt_tokens(

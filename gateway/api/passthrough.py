@@ -37,7 +37,7 @@ from gateway.api.relay import Receive, Send, send_answer, until_disconnect
 from gateway.auth import header_text
 from gateway.classify.features import RequestFeatures
 from gateway.errors import GatewayError, model_not_found, too_busy
-from gateway.pipeline import guard_decision, refuse_quarantined
+from gateway.pipeline import guard_decision, refuse_quarantined, too_deep
 from gateway.routing.policy import RouteDecision
 from gateway.runtime import Runtime, runtime_of
 from gateway.service import Admission, Gateway
@@ -181,7 +181,9 @@ class Relayed(Response):
     async def read(self) -> bool:
         """Read the body (413 past the limit, 408 past the body timeout) and parse a JSON
         object body (any other body, malformed JSON included, is relayed as it is for the
-        backend to judge, and not watched). False when the client left meanwhile."""
+        backend to judge, and not watched). False when the client left meanwhile. Raises
+        :class:`~gateway.errors.GatewayError` 400 for a JSON body nested too deeply to parse
+        (:func:`~gateway.pipeline.too_deep`: the backend would answer it with a 500)."""
         settings = self.runtime.settings
         try:
             self.body_in = await read_body_within(
@@ -192,10 +194,14 @@ class Relayed(Response):
             )
         except ClientGone:
             return False
-        if self.body_in.lstrip().startswith(b"{"):
-            with contextlib.suppress(ValueError, RecursionError):
+        if self.body_in.lstrip()[:1] in (b"{", b"["):
+            try:
                 parsed = json.loads(self.body_in)
-                self.parsed = parsed if isinstance(parsed, dict) else None
+            except ValueError:
+                return True  # malformed: the backend judges it, in its own words
+            except RecursionError:
+                raise too_deep() from None
+            self.parsed = parsed if isinstance(parsed, dict) else None
         return True
 
     async def __call__(self, scope: Any, receive: Receive, send: Send) -> None:

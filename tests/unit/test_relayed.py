@@ -244,3 +244,21 @@ async def test_only_routed_generations_time_a_backend(gw: InProcess) -> None:
         relayed = await gw.client.post("/tokenize", json={"model": MODEL, "prompt": "hi"})
         assert relayed.status_code == 200
     assert {name: state.duration_s for name, state in states.items()} == timed
+
+
+@pytest.mark.parametrize("path", ["/invocations", "/tokenize", "/v1/chat/completions/batch"])
+@pytest.mark.parametrize("opening", [b'{"model": "m", "x": ', b""])
+async def test_a_body_nested_too_deeply_is_refused_before_the_backend(
+    gw: InProcess, path: str, opening: bytes
+) -> None:
+    """A JSON body nested deeper than Python's parser goes is a 400 in OpenAI's envelope,
+    as on the routed paths: relayed, vLLM's own parser answered it with a 500 or FastAPI's
+    ``{"detail": ...}``."""
+    depth = 3_000  # past the parser's recursion limit (1,000), under the test body limit
+    body = opening + b"[" * depth + b"]" * depth + (b"}" if opening else b"")
+    sent = sum(len(f.received) for f in gw.fakes.values())
+    resp = await gw.client.post(path, content=body, headers={"content-type": "application/json"})
+    assert resp.status_code == 400
+    error = resp.json()["error"]
+    assert error["code"] == "invalid_json" and "too deeply" in error["message"]
+    assert sum(len(f.received) for f in gw.fakes.values()) == sent  # nothing relayed
