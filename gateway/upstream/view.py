@@ -23,8 +23,9 @@ class BackendView:
     """One backend's config and live state at one instant (``requests``: the requests it
     served since start). ``available``: health lets it take traffic (up or unknown).
     ``running``/``waiting``: its last ``/metrics`` scrape as read; ``other_clients``: the
-    requests there not this gateway's that routing counts now (scraped, aged:
-    :meth:`~gateway.upstream.state.BackendState.foreign_load`); ``request_duration_s``: the
+    requests there not this gateway's expected now (scraped, aged:
+    :meth:`~gateway.upstream.state.BackendState.foreign_load`; routing counts it rounded to
+    the request); ``request_duration_s``: the
     mean time this gateway's answered requests held it (0: none yet), by which they age."""
 
     name: str
