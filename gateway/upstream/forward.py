@@ -136,8 +136,6 @@ async def _relay(
 ) -> AsyncGenerator[bytes, None]:
     response, chunks, head = settled.response, settled.chunks, settled.head
     status, error = response.status, None
-    # a whole 200 generation times the backend (Attempt.end); an error event ends it early
-    timed = timed and status == 200
     prev = last = b""  # the stream's last two chunks: an error event there may mean a death
     state = attempt.state
     sent = b""  # the last chunk the client took (a terminal event there: it had it all)
@@ -159,7 +157,7 @@ async def _relay(
             yield rest
         if trace.stream and b'"error"' in (tail := prev + last):
             if (message := stream_error_message(tail)) is not None:
-                timed = False
+                timed = False  # an error event ended it early: not a whole answer's time
                 await attempt.died("the stream ended with an error event", message)
     except UpstreamBroken as exc:  # reset, or a gap longer than its timeout
         logger.warning("backend %s failed mid-response: %s", trace.backend, exc)
@@ -183,7 +181,8 @@ async def _relay(
             status, error = 499, "client_closed"
         raise
     finally:
-        attempt.end(answered=timed and status == 200 and error is None)  # the backend lease
+        # the backend lease; a whole 200 generation times the backend
+        attempt.end(answered=timed and status == 200 and error is None)
         await response.aclose()
         trace.finish(status, error)
 
