@@ -1,7 +1,7 @@
 """Calibrate the simulated vLLM backend against the cost twin's measurement.
 
     python -m bench.sim_calibrate [--scale 0.5] [--fit] [--profile P] [--per-task N]
-                                  [--out bench/out/sim-calibrate]
+                                  [--against RESULTS.json ...] [--out bench/out/sim-calibrate]
 
 Replays the twin run's workload (``bench.speedup`` as run on the GPU: the same prompts, the
 profile's ``per_task`` a task unless ``--per-task`` says (16 in the 2026-12-01 H200 run of the
@@ -20,6 +20,10 @@ backend alone at that c (mean over tasks), 4 rounds, and the result is written b
 profile file. The fit absorbs what the model leaves out (a wave's batch shrinks as its
 requests finish, prefills interleave), so ``step_ms`` is an effective step time by
 concurrency, not a kernel time; the report shows both.
+
+``--against`` compares with another run's ``bench.speedup`` results (its repeats pooled,
+:func:`bench.sim.derive.pooled`) instead of the run the profile was fitted to: how the
+profile predicts a run it was not fitted to (docs/benchmarks.md section 7b, session 27).
 """
 
 from __future__ import annotations
@@ -35,8 +39,9 @@ from dataclasses import replace
 from pathlib import Path
 
 from bench.sim.book import book_for, prompt_text
+from bench.sim.derive import derive, pooled
 from bench.sim.engine import Clock, Engine, Gpu, PromptBook, SimRequest
-from bench.sim.profile import TWIN_PROFILE, SimProfile, load_profile
+from bench.sim.profile import TWIN_PROFILE, SimProfile, load_profile, parse_profile
 from bench.workloads import Item, default_prompts_dir, sample
 
 CONCURRENCIES = (1, 4, 8, 16, 32, 64)
@@ -165,9 +170,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=None,
         help="prompts a task (default: the profile's run's, 16 on 2026-12-01, 12 on 12-05)",
     )
+    parser.add_argument(
+        "--against",
+        type=Path,
+        nargs="+",
+        help="bench.speedup results.json of another run (repeats pooled, total over total) "
+        "to compare with, instead of the run the profile was fitted to (out of sample)",
+    )
     parser.add_argument("--out", type=Path, default=Path("bench/out/sim-calibrate"))
     args = parser.parse_args(argv)
+    if args.fit and args.against:
+        parser.error("--fit fits the profile to its own run: not with --against")
     profile = load_profile(args.profile)
+    measured = profile.measured
+    if args.against:
+        try:
+            runs = [json.loads(path.read_text()) for path in args.against]
+            measured = parse_profile(derive(pooled(runs))).measured
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            parser.error(f"--against: not bench.speedup results ({error!r})")
     items = sample(args.prompts, args.per_task or profile.per_task)
     started = time.monotonic()
     simulated = asyncio.run(replay(profile, items, args.scale))
@@ -176,7 +197,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             profile = fit_steps(profile, simulated)
             simulated = asyncio.run(replay(profile, items, args.scale))
         args.profile.write_text(json.dumps(profile.to_json(), indent=1) + "\n")
-    text, worst, within = table(simulated, profile.measured)
+    text, worst, within = table(simulated, measured)
     total = len(SPECULATIVE) * len(TASKS) * len(CONCURRENCIES)
     report = (
         f"Speculative / plain, output tokens/s per request, simulated / measured "

@@ -16,6 +16,7 @@ import httpx
 import openai
 import pytest
 
+from bench import sim_calibrate
 from bench.sim.book import book_for
 from bench.sim.derive import cells, pooled
 from bench.sim.engine import Clock, Engine, Gpu, PromptBook, SimRequest, prompt_key
@@ -141,6 +142,20 @@ def test_repeats_are_pooled_cell_by_cell() -> None:
     assert doc["meta"]["date"] == "d (2 pooled)"
     assert len(cells(doc)[("plain", 1, "code")]) == 5
     assert pooled(repeats[:1]) is repeats[0]
+
+
+def test_calibration_fits_only_to_the_profiles_own_run(capsys: pytest.CaptureFixture[str]) -> None:
+    """``bench.sim_calibrate --against`` compares with another run; fitting to it would
+    make that comparison in-sample, so the two are refused together, and a file that is no
+    ``bench.speedup`` results is said to be so (both before any replay)."""
+    with pytest.raises(SystemExit) as exit_info:
+        sim_calibrate.main(["--fit", "--against", "r1/speedup/results.json"])
+    assert exit_info.value.code == 2
+    assert "--fit fits the profile to its own run" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:  # not a results file: said, no traceback
+        sim_calibrate.main(["--against", str(Path(__file__))])
+    assert exit_info.value.code == 2
+    assert "--against: not bench.speedup results" in capsys.readouterr().err
 
 
 async def replay(kind: str, concurrency: int, task: str) -> float:
