@@ -157,6 +157,22 @@ def fit_steps(profile: SimProfile, simulated: dict[str, Cells]) -> SimProfile:
     return replace(profile, kinds=kinds)
 
 
+def against(paths: Sequence[Path]) -> tuple[dict[str, Cells], int]:
+    """The measured cells (``measured[kind][c][task]``, output tokens/s per request) of
+    another run's ``bench.speedup`` results, its repeats pooled (total over total, as a
+    profile's own: :func:`bench.sim.derive.derive`), and its prompts a task. Raises OSError,
+    ValueError (not JSON, or a cell the calibration compares is missing), KeyError or
+    ZeroDivisionError (a cell without an answered request) on what is not such results."""
+    doc = pooled([json.loads(path.read_text()) for path in paths])
+    measured = parse_profile(derive(doc)).measured
+    for kind in ("plain", *SPECULATIVE):
+        for c in CONCURRENCIES:
+            missing = set(TASKS).difference(measured.get(kind, {}).get(c, {}))
+            if missing:
+                raise ValueError(f"no {kind} at c={c} for {', '.join(sorted(missing))}")
+    return measured, int(doc["meta"].get("per_task", 16))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the calibration; returns 0 when every cell is within 15%, else 1."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -168,7 +184,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--per-task",
         type=int,
         default=None,
-        help="prompts a task (default: the profile's run's, 16 on 2026-12-01, 12 on 12-05)",
+        help="prompts a task (default: the compared run's, 16 on 2026-12-01, 12 on 12-05)",
     )
     parser.add_argument(
         "--against",
@@ -182,14 +198,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.fit and args.against:
         parser.error("--fit fits the profile to its own run: not with --against")
     profile = load_profile(args.profile)
-    measured = profile.measured
+    measured, per_task, compared = profile.measured, profile.per_task, "the profile's own run"
     if args.against:
         try:
-            runs = [json.loads(path.read_text()) for path in args.against]
-            measured = parse_profile(derive(pooled(runs))).measured
-        except (OSError, ValueError, KeyError, TypeError) as error:
-            parser.error(f"--against: not bench.speedup results ({error!r})")
-    items = sample(args.prompts, args.per_task or profile.per_task)
+            measured, per_task = against(args.against)
+        except (OSError, ValueError, LookupError, TypeError, ArithmeticError) as error:
+            parser.error(f"--against: not bench.speedup results of every cell ({error!r})")
+        compared = ", ".join(map(str, args.against))
+    items = sample(args.prompts, args.per_task or per_task)
     started = time.monotonic()
     simulated = asyncio.run(replay(profile, items, args.scale))
     if args.fit:
@@ -202,7 +218,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     report = (
         f"Speculative / plain, output tokens/s per request, simulated / measured "
         f"(**x**: off by more than 15%):\n\n{text}\n\n{within} of {total} cells within 15%; "
-        f"largest error {worst:.0%}; {time.monotonic() - started:.0f} s at scale {args.scale}.\n"
+        f"largest error {worst:.0%}; {time.monotonic() - started:.0f} s at scale {args.scale}; "
+        f"measured: {compared}.\n"
     )
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "calibration.md").write_text(report)

@@ -144,7 +144,9 @@ def test_repeats_are_pooled_cell_by_cell() -> None:
     assert pooled(repeats[:1]) is repeats[0]
 
 
-def test_calibration_fits_only_to_the_profiles_own_run(capsys: pytest.CaptureFixture[str]) -> None:
+def test_calibration_fits_only_to_the_profiles_own_run(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
     """``bench.sim_calibrate --against`` compares with another run; fitting to it would
     make that comparison in-sample, so the two are refused together, and a file that is no
     ``bench.speedup`` results is said to be so (both before any replay)."""
@@ -156,6 +158,12 @@ def test_calibration_fits_only_to_the_profiles_own_run(capsys: pytest.CaptureFix
         sim_calibrate.main(["--against", str(Path(__file__))])
     assert exit_info.value.code == 2
     assert "--against: not bench.speedup results" in capsys.readouterr().err
+    empty = tmp_path / "results.json"  # results without a run: said, no traceback
+    empty.write_text(json.dumps({"meta": {"items": [], "per_task": 12}, "runs": []}))
+    with pytest.raises(SystemExit) as exit_info:
+        sim_calibrate.main(["--against", str(empty)])
+    assert exit_info.value.code == 2
+    assert "--against: not bench.speedup results of every cell" in capsys.readouterr().err
 
 
 async def replay(kind: str, concurrency: int, task: str) -> float:
