@@ -22,8 +22,9 @@ requests finish, prefills interleave), so ``step_ms`` is an effective step time 
 concurrency, not a kernel time; the report shows both.
 
 ``--against`` compares with another run's ``bench.speedup`` results (its repeats pooled,
-:func:`bench.sim.derive.pooled`) instead of the run the profile was fitted to: how the
-profile predicts a run it was not fitted to (docs/benchmarks.md section 7b, session 27).
+:func:`bench.sim.derive.pooled`; its prompts a task replayed) instead of the run the profile
+was fitted to: how the profile predicts a run it was not fitted to (docs/benchmarks.md
+section 7b, session 27).
 """
 
 from __future__ import annotations
@@ -161,8 +162,9 @@ def against(paths: Sequence[Path]) -> tuple[dict[str, Cells], int]:
     """The measured cells (``measured[kind][c][task]``, output tokens/s per request) of
     another run's ``bench.speedup`` results, its repeats pooled (total over total, as a
     profile's own: :func:`bench.sim.derive.derive`), and its prompts a task. Raises OSError,
-    ValueError (not JSON, or a cell the calibration compares is missing), KeyError or
-    ZeroDivisionError (a cell without an answered request) on what is not such results."""
+    ValueError (not JSON, or a cell the calibration compares is missing), KeyError,
+    IndexError (no run) or ZeroDivisionError (a cell without an answered request) on what is
+    not such results."""
     doc = pooled([json.loads(path.read_text()) for path in paths])
     measured = parse_profile(derive(doc)).measured
     for kind in ("plain", *SPECULATIVE):
