@@ -165,14 +165,13 @@ def against(paths: Sequence[Path]) -> tuple[dict[str, Cells], int]:
     ValueError (not JSON, or a cell the calibration compares is missing), KeyError,
     IndexError (no run) or ZeroDivisionError (a cell without an answered request) on what is
     not such results."""
-    doc = pooled([json.loads(path.read_text()) for path in paths])
-    measured = parse_profile(derive(doc)).measured
+    run = parse_profile(derive(pooled([json.loads(path.read_text()) for path in paths])))
     for kind in ("plain", *SPECULATIVE):
         for c in CONCURRENCIES:
-            missing = set(TASKS).difference(measured.get(kind, {}).get(c, {}))
+            missing = set(TASKS).difference(run.measured.get(kind, {}).get(c, {}))
             if missing:
                 raise ValueError(f"no {kind} at c={c} for {', '.join(sorted(missing))}")
-    return measured, int(doc["meta"].get("per_task", 16))
+    return run.measured, run.per_task
 
 
 def main(argv: Sequence[str] | None = None) -> int:
