@@ -18,7 +18,9 @@ is read; nothing is waited for on the clock), at most :data:`MAX_FORMING_S`, or 
 policy's cap (:meth:`~gateway.routing.policy.RoutingPolicy.cohort_cap`) have entered.
 Requests entering meanwhile wait for it, up to the cap; past it the burst is known to be
 large and they are routed at once, seeing it as load. Then the first is routed, seeing the
-others as load (``arriving``), and they follow, seeing it in flight.
+others as load (``arriving``) and, under an adaptive rule, choosing for the cohort's mix of
+tasks (:meth:`Arrivals.members`; the policy's ``cohort``), and they follow, seeing it in
+flight.
 
 Cost: a lone request pays three loop turns (~12 us on an idle loop; more when the loop is
 busy with other models' requests); requests arriving under load never wait. A task waiting
@@ -36,6 +38,11 @@ import asyncio
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Generic, TypeVar
+
+#: What a request entering routing leaves for its cohort's first request to read (the
+#: gateway's: its features and prompt statistics).
+M = TypeVar("M")
 
 #: Event-loop turns without a new arrival that end a cohort's forming. Three: a request the
 #: kernel holds is read in one turn (uvicorn's ``data_received``), its handler runs to the
@@ -47,46 +54,63 @@ QUIET_TURNS = 3
 MAX_FORMING_S = 0.010
 
 
-class Arrivals:
-    """Per served model: requests that entered routing and are not routed yet, and the
-    cohort forming (see the module docstring). Owned by the gateway (one event loop); no
-    locking."""
+class Arrivals(Generic[M]):
+    """Per served model: requests that entered routing and are not routed yet (each with
+    what it left, a member of type ``M``), and the cohort forming (see the module
+    docstring). Owned by the gateway (one event loop); no locking."""
 
-    __slots__ = ("entered", "forming", "cohorts")
+    __slots__ = ("entered", "forming", "cohorts", "waiting")
 
     def __init__(self) -> None:
         self.entered: Counter[str] = Counter()
         self.forming: dict[str, asyncio.Event] = {}
+        #: Per model, the members entered and not routed yet, in order of entry.
+        self.waiting: dict[str, list[M]] = {}
         #: Cohorts of two or more requests formed since start, and the requests they held
         #: (``/routes``).
         self.cohorts: Counter[str] = Counter()
 
     @contextmanager
-    def enter(self, model: str) -> Iterator[None]:
-        """Count one request of ``model`` as arriving until it is routed (the block's end)."""
+    def enter(self, model: str, member: M | None = None) -> Iterator[None]:
+        """Count one request of ``model`` as arriving until it is routed (the block's end),
+        with ``member`` (None: nothing left to read) among :meth:`members` meanwhile."""
         self.entered[model] += 1
+        if member is not None:
+            self.waiting.setdefault(model, []).append(member)
         try:
             yield
         finally:
             self.entered[model] -= 1
             if not self.entered[model]:
                 del self.entered[model]
+            if member is not None:
+                waiting = self.waiting[model]
+                waiting.remove(member)
+                if not waiting:
+                    del self.waiting[model]
+
+    def members(self, model: str) -> list[M]:
+        """The members of the requests of ``model`` entered and not routed yet, in order of
+        entry (a copy)."""
+        return list(self.waiting.get(model, ()))
 
     def arriving(self, model: str) -> int:
         """Requests of ``model`` entered and not routed yet, the caller's own included."""
         return self.entered[model]
 
-    async def settle(self, model: str, cap: int) -> None:
+    async def settle(self, model: str, cap: int) -> bool:
         """Wait, inside :meth:`enter`, until this request may be routed: after the forming
         cohort's first request when one of ``model`` is forming, else form one (module
         docstring) until ``cap`` requests have entered (the policy can tell no more from a
         larger one). The caller enters only after a quiet spell
         (:meth:`~gateway.service.Gateway.quiet`) or while a cohort forms with fewer than
-        ``cap`` entered. Cancellation ends a cohort's forming for the others."""
+        ``cap`` entered. Cancellation ends a cohort's forming for the others. Returns True
+        for the request that formed the cohort (routed first, for the cohort), False for
+        one that joined it."""
         event = self.forming.get(model)
         if event is not None:
             await event.wait()
-            return
+            return False
         event = self.forming[model] = asyncio.Event()
         loop = asyncio.get_running_loop()
         try:
@@ -101,3 +125,4 @@ class Arrivals:
         finally:
             del self.forming[model]
             event.set()  # the waiters run after this request's routing step (no await there)
+        return True

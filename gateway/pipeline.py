@@ -34,7 +34,7 @@ from gateway.errors import GatewayError, bad_request, no_backend, quarantined, t
 from gateway.routing.control import served
 from gateway.routing.explain import decision_json
 from gateway.routing.guards import needs_token_count
-from gateway.routing.policy import RouteDecision
+from gateway.routing.policy import CohortMember, RouteDecision
 from gateway.runtime import Runtime
 from gateway.service import Gateway, held_by
 from gateway.settle import Settle
@@ -105,19 +105,23 @@ async def prepare_routed(runtime: Runtime, request: RoutedRequest) -> None:
     model, cap = features.model, gateway.policy.cohort_cap(features.model)
     # a burst's first request is routed for the burst (gateway.arrivals): after a quiet spell
     # it forms a cohort, which the next ones join up to its cap (past it, the burst is known
-    # to be large: they go at once); one asking for speculation goes there whatever the
-    # load, so it neither waits nor counts. Each decision is reserved before any await:
-    # requests arriving together see each other (a waiting cohort member resumes only
-    # after the request that set its event has reached the next await).
+    # to be large: they go at once), and is chosen for their mix of tasks; one asking for
+    # speculation goes there whatever the load, so it neither waits nor counts. Each
+    # decision is reserved before any await: requests arriving together see each other (a
+    # waiting cohort member resumes only after the request that set its event has reached
+    # the next await).
     if (
         cap > 1
         and features.speculation != SPECULATION_ON
         and (arrivals.arriving(model) < cap if model in arrivals.forming else gateway.quiet(model))
     ):
-        with arrivals.enter(model):
-            await arrivals.settle(model, cap)
+        member = CohortMember(features, prepared.prompt)
+        with arrivals.enter(model, member):
+            led = await arrivals.settle(model, cap)
             arriving = arrivals.arriving(model) - 1
-            decision = gateway.decide(features, prepared.prompt, arriving=arriving)
+            # the cohort's first is chosen for the mix of those waiting for it
+            cohort = [m for m in arrivals.members(model) if m is not member] if led else []
+            decision = gateway.decide(features, prepared.prompt, arriving=arriving, cohort=cohort)
     else:
         decision = gateway.decide(features, prepared.prompt, arriving=arrivals.arriving(model))
     first = decision.backend

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -32,7 +32,7 @@ from gateway.routing import control
 from gateway.routing.explain import decision_json
 from gateway.routing.guards import apply_guards
 from gateway.routing.load import break_even
-from gateway.routing.policy import RouteDecision, RoutingPolicy
+from gateway.routing.policy import CohortMember, RouteDecision, RoutingPolicy
 from gateway.routing.seeds import pin_seeded, seeded
 from gateway.speculation.prompt_stats import PromptStats, stats_of
 from gateway.speculation.spec_params import SpecParams
@@ -160,7 +160,7 @@ class Gateway:
         self.observers: list[Callable[[RequestTrace], None]] = [self.learn]
         self.spec_params = SpecParams()
         #: Requests arriving together, routed as their burst (:mod:`gateway.arrivals`).
-        self.arrivals = Arrivals()
+        self.arrivals: Arrivals[CohortMember] = Arrivals()
         #: Called after each successful :meth:`reload` (e.g. to save the learnt state).
         self.reload_hooks: list[Callable[[], None]] = []
 
@@ -497,14 +497,16 @@ class Gateway:
         *,
         dry: bool = False,
         arriving: int = 0,
+        cohort: Sequence[CohortMember] = (),
     ) -> RouteDecision:
         """Route one request against the current backend state and what was learnt (for
         adaptive rules), and count the decision; ``dry`` (explain): ties broken by a fixed
         seed, nothing counted; ``arriving``: other requests of the model not routed yet
-        (:mod:`gateway.arrivals`, counted as load)."""
+        (:mod:`gateway.arrivals`, counted as load); ``cohort``: those of them waiting for
+        this one's choice (see :meth:`~gateway.routing.policy.RoutingPolicy.decide`)."""
         estimates, rng = self.feedback.learner.view(), random.Random(0) if dry else self.rng
         state = self.registry.snapshot()
-        decision = self.policy.decide(features, state, rng, estimates, prompt, arriving)
+        decision = self.policy.decide(features, state, rng, estimates, prompt, arriving, cohort)
         if dry:
             return decision
         self.stats.by_rule[decision.rule] += 1

@@ -30,7 +30,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
 from gateway.routing.adaptive import (
@@ -109,7 +109,8 @@ class AdaptiveChoice:
     highest posterior mean), ``explored`` (they differ: this request pays for exploration),
     ``untried`` (nothing was measured for the task: the rules' choice), and
     :attr:`estimates`, the estimate behind each candidate (built on first read: a routed
-    request never reads it, ``/routes/explain`` does)."""
+    request never reads it, ``/routes/explain`` does; this request's own, also for a
+    choice made for a ``cohort``)."""
 
     task: str
     bucket: str
@@ -119,6 +120,9 @@ class AdaptiveChoice:
     untried: bool
     _rows: Callable[[], tuple[Estimate, ...]]
     _estimates: tuple[Estimate, ...] | None = None
+    #: Requests of a cohort the choice was made for, by task (:func:`choose`'s ``cohort``;
+    #: empty: for this request alone).
+    cohort: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def estimates(self) -> tuple[Estimate, ...]:
@@ -129,7 +133,7 @@ class AdaptiveChoice:
 
     def to_json(self) -> dict[str, Any]:
         """The ``adaptive`` object of ``/routes/explain``."""
-        return {
+        out: dict[str, Any] = {
             "task": self.task,
             "bucket": self.bucket,
             "chosen": self.chosen,
@@ -137,6 +141,9 @@ class AdaptiveChoice:
             "explored": self.explored,
             "estimates": [e.to_json() for e in self.estimates],
         }
+        if self.cohort:
+            out["cohort"] = dict(self.cohort)
+        return out
 
 
 class _Seen(NamedTuple):
@@ -262,6 +269,48 @@ def _posterior(
     return _Posterior("bucket" if bucket is not None else "task", mean, sd, w_b)
 
 
+def _beliefs(
+    task: str,
+    buckets: Mapping[str, str],
+    names: Sequence[str],
+    estimates: Estimates,
+    decay: float,
+    prior_weight: float,
+    penalties: Mapping[str, float] | None,
+    replicas: Mapping[str, Sequence[str]] | None,
+) -> tuple[dict[str, _Posterior], dict[str, float]]:
+    """Each of ``names``' posterior for ``task`` in its bucket (``buckets``; a name without
+    one: the first name's) and its penalty as a shift of its mean ln(speed) (see
+    :func:`choose` for the arguments)."""
+    first = buckets[names[0]]
+    prior = estimates.get((task, ALL))
+    groups = {n: estimates.get((task, buckets.get(n, first))) for n in names}
+    near = {b: _neighbours(estimates, task, b) for b in {buckets.get(n, first) for n in names}}
+    seen: dict[str, tuple[_Seen | None, _Prior | None]] = {}
+    borrowed: set[str] = set()
+    for n in names:
+        src = stand_in(estimates, task, n, replicas.get(n, ()), decay) if replicas else n
+        if src != n:
+            borrowed.add(n)
+        around = near[buckets.get(n, first)]
+        before = _prior(src, around, prior, decay, prior_weight)
+        seen[n] = (_seen(groups[n], src, decay), before)
+    known = [
+        b.stats.mean if b is not None else t.mean if t is not None else None
+        for b, t in seen.values()
+    ]
+    optimistic = max((k for k in known if k is not None), default=0.0)
+    var = _noise(prior, decay)
+    post = {n: _posterior(b, t, prior_weight, optimistic, var) for n, (b, t) in seen.items()}
+    for n in borrowed:
+        post[n] = post[n]._replace(source="replica")
+    shift = dict.fromkeys(names, 0.0)
+    for n, factor in (penalties or {}).items():
+        if n in shift:
+            shift[n] = math.log(min(max(factor, 1e-6), 1.0))
+    return post, shift
+
+
 def choose(
     task: str,
     bucket: str | Mapping[str, str],
@@ -275,6 +324,7 @@ def choose(
     penalties: Mapping[str, float] | None = None,
     explore: float = 1.0,
     replicas: Mapping[str, Sequence[str]] | None = None,
+    cohort: Sequence[tuple[str, Mapping[str, str]]] = (),
 ) -> AdaptiveChoice:
     """Pick one of ``candidates`` (non-empty, in try-list order: the rules' order) by
     Thompson sampling.
@@ -284,7 +334,11 @@ def choose(
     relative to. ``penalties``: a factor in (0, 1] on a candidate's expected speed (the cost
     of spreading load over backends that share compute, see :mod:`gateway.routing.policy`).
     While no candidate has been observed for the task the rules' first candidate is taken
-    (a fresh gateway routes like the static policy); then one ``rng.normalvariate`` draw per
+    (a fresh gateway routes like the static policy), the first without a penalty when some
+    have one (as the static policy keeps a busy compute's load together: a wave's first
+    request on plain and a later one of an unmeasured task on EAGLE-3, the rules' first,
+    split the wave; simulator, docs/benchmarks.md section 7b, session 28); then one
+    ``rng.normalvariate`` draw per
     candidate, in order, when there are two or more. ``explore`` in [0, 1] scales each
     draw's spread: 0 takes the best posterior mean (no draw), as for a request joining a busy
     shared compute (one request sent elsewhere slows the whole batch and measures nothing
@@ -296,44 +350,31 @@ def choose(
     replicas of a kind started from the optimistic prior of a never-observed backend and was
     tried for each task (simulator, 8 GPUs x plain and EAGLE-3 at c=16: 9 of 19 creative
     requests on EAGLE-3 were sent there by such a prior; docs/benchmarks.md section 7b).
+    ``cohort``: the other requests of a cohort waiting for this one's choice, each as its
+    task and bucket per candidate (:func:`_for_cohort`; empty: this request alone).
     """
-    buckets = {n: bucket if isinstance(bucket, str) else bucket[n] for n in candidates}
+    if cohort and len(candidates) > 1:
+        own = (task, _per_candidate(bucket, candidates))
+        return _for_cohort(
+            [own, *cohort],
+            candidates,
+            estimates,
+            rng,
+            decay=decay,
+            prior_weight=prior_weight,
+            baseline=baseline,
+            penalties=penalties,
+            explore=explore,
+            replicas=replicas,
+        )
+    buckets = _per_candidate(bucket, candidates)
     first = buckets[candidates[0]]
-    prior = estimates.get((task, ALL))
     names = list(dict.fromkeys([*candidates, *([baseline] if baseline else [])]))
     # the groups as of now (observations replace them), read again only by what is lazy
     groups = {n: estimates.get((task, buckets.get(n, first))) for n in names}
 
-    def source(n: str) -> str:
-        """Whose statistics speak for ``n`` (:func:`stand_in`; ``n`` without replicas)."""
-        return stand_in(estimates, task, n, replicas.get(n, ()), decay) if replicas else n
-
     def beliefs() -> tuple[dict[str, _Posterior], dict[str, float]]:
-        """Each name's posterior and its penalty as a shift of its mean ln(speed)."""
-        near = {b: _neighbours(estimates, task, b) for b in set(buckets.values())}
-        seen: dict[str, tuple[_Seen | None, _Prior | None]] = {}
-        borrowed: set[str] = set()
-        for n in names:
-            src = source(n)
-            if src != n:
-                borrowed.add(n)
-            around = near[buckets.get(n, first)]
-            before = _prior(src, around, prior, decay, prior_weight)
-            seen[n] = (_seen(groups[n], src, decay), before)
-        known = [
-            b.stats.mean if b is not None else t.mean if t is not None else None
-            for b, t in seen.values()
-        ]
-        optimistic = max((k for k in known if k is not None), default=0.0)
-        var = _noise(prior, decay)
-        post = {n: _posterior(b, t, prior_weight, optimistic, var) for n, (b, t) in seen.items()}
-        for n in borrowed:
-            post[n] = post[n]._replace(source="replica")
-        shift = dict.fromkeys(names, 0.0)
-        for n, factor in (penalties or {}).items():
-            if n in shift:
-                shift[n] = math.log(min(max(factor, 1e-6), 1.0))
-        return post, shift
+        return _beliefs(task, buckets, names, estimates, decay, prior_weight, penalties, replicas)
 
     def rows(
         post: dict[str, _Posterior], shift: dict[str, float], draws: dict[str, float]
@@ -367,8 +408,9 @@ def choose(
 
     if len(candidates) == 1:  # nothing to choose from (most requests under load): no posterior
         only = candidates[0]
-        src = source(only)
-        untried = (_seen(groups[only], src, decay) or _seen(prior, src, decay)) is None
+        src = stand_in(estimates, task, only, replicas.get(only, ()), decay) if replicas else only
+        task_level = estimates.get((task, ALL))
+        untried = (_seen(groups[only], src, decay) or _seen(task_level, src, decay)) is None
         return AdaptiveChoice(task, first, only, only, False, untried, lambda: rows(*beliefs(), {}))
     post, shift = beliefs()
     draws: dict[str, float] = {}
@@ -377,14 +419,122 @@ def choose(
         draws = {
             n: rng.normalvariate(post[n].mean, post[n].sd * explore) + shift[n] for n in candidates
         }
-    if untried:
-        best = chosen = candidates[0]
+    if untried:  # the rules' choice, kept together as the static policy keeps it
+        best = chosen = next((n for n in candidates if not shift[n]), candidates[0])
     else:
         best = max(candidates, key=lambda n: post[n].mean + shift[n])
         chosen = max(candidates, key=lambda n: draws[n]) if draws else best
     explored = chosen != best
     return AdaptiveChoice(
         task, buckets[chosen], chosen, best, explored, untried, lambda: rows(post, shift, draws)
+    )
+
+
+#: The most distinct (task, bucket) kinds of a cohort's requests :func:`choose` (its
+#: ``cohort``) reads beyond the first request's (in order of entry): each costs one
+#: posterior per candidate, and the cohort waits for its first request's choice.
+COHORT_KINDS = 8
+
+
+def _per_candidate(bucket: str | Mapping[str, str], candidates: Sequence[str]) -> dict[str, str]:
+    return {n: bucket if isinstance(bucket, str) else bucket[n] for n in candidates}
+
+
+def _for_cohort(
+    cohort: Sequence[tuple[str, Mapping[str, str]]],
+    candidates: Sequence[str],
+    estimates: Estimates,
+    rng: random.Random,
+    *,
+    decay: float,
+    prior_weight: float = 2.0,
+    baseline: str | None = None,
+    penalties: Mapping[str, float] | None = None,
+    explore: float = 1.0,
+    replicas: Mapping[str, Sequence[str]] | None = None,
+) -> AdaptiveChoice:
+    """:func:`choose` for a cohort, requests arriving together that will run on one
+    backend (:mod:`gateway.arrivals`; a wave follows its first request): the one
+    with the largest summed speed over the cohort, each request in its own task and bucket.
+
+    ``cohort``: per request, its task and its bucket per candidate, the first request's
+    first (the others in order of entry); other arguments as :func:`choose`. Requests
+    alike in task and buckets share one posterior (of that bucket's mean speed), so one
+    value is drawn per kind and per candidate (``rng.normalvariate``, spread scaled by
+    ``explore``; 0: the posterior means) and counted once per request of the kind; at most
+    :data:`COHORT_KINDS` kinds besides the first request's are read. A kind with nothing
+    measured for its task on any candidate does not count. Chosen by the first request's
+    task alone, the simulator's waves of code, rag, chat and creative at c=4 went to plain
+    whenever a creative request came first (5 of 24 waves), where EAGLE-3 ran such a wave
+    at 240 tokens/s against plain's 206 (H200 profile; docs/benchmarks.md section 7b,
+    session 28).
+
+    Returns the cohort's choice (its ``estimates``, built when read, are the first
+    request's own; ``bucket``: the first request's at the chosen backend; ``cohort``: its
+    requests by task); the first request's own :func:`choose` result, with ``cohort``,
+    when its requests are all alike (the sum ranks as one request's speed does) or none
+    was measured.
+    """
+    task, buckets = cohort[0]
+
+    def alone(spread: float, draw: random.Random) -> AdaptiveChoice:
+        """The first request's own choice."""
+        return choose(
+            task,
+            buckets,
+            candidates,
+            estimates,
+            draw,
+            decay=decay,
+            prior_weight=prior_weight,
+            baseline=baseline,
+            penalties=penalties,
+            explore=spread,
+            replicas=replicas,
+        )
+
+    by_task: dict[str, int] = {}
+    kinds: dict[tuple[str, tuple[str, ...]], int] = {}
+    for t, b in cohort:
+        by_task[t] = by_task.get(t, 0) + 1
+        key = (t, tuple(b[n] for n in candidates))
+        if key in kinds or len(kinds) <= COHORT_KINDS:
+            kinds[key] = kinds.get(key, 0) + 1
+    if len(kinds) == 1:  # all alike: the sum ranks as the first request's own speed does
+        return replace(alone(explore, rng), cohort=by_task)
+    names = list(candidates)
+    mean = dict.fromkeys(names, 0.0)
+    drawn = dict.fromkeys(names, 0.0)
+    counted = 0
+    for (t, key_buckets), count in kinds.items():
+        post, shift = _beliefs(
+            t,
+            dict(zip(names, key_buckets, strict=True)),
+            names,
+            estimates,
+            decay,
+            prior_weight,
+            penalties,
+            replicas,
+        )
+        if all(post[n].source == "prior" for n in names):
+            continue  # nothing measured for this task: it cannot tell the candidates apart
+        counted += count
+        for n in names:
+            p = post[n]
+            mean[n] += count * math.exp(p.mean + shift[n])
+            if explore > 0:
+                drawn[n] += count * math.exp(rng.normalvariate(p.mean, p.sd * explore) + shift[n])
+    if not counted:  # the rules' choice, as the first request's own (untried) would be
+        return replace(alone(explore, rng), cohort=by_task)
+    best = max(names, key=mean.__getitem__)
+    chosen = max(names, key=drawn.__getitem__) if explore > 0 else best
+
+    def rows() -> tuple[Estimate, ...]:
+        return alone(0.0, random.Random(0)).estimates
+
+    return AdaptiveChoice(
+        task, buckets[chosen], chosen, best, chosen != best, False, rows, cohort=by_task
     )
 
 

@@ -7,8 +7,9 @@ caller's ``random.Random``, so a decision is deterministic for a given state and
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from contracts.config import BackendConfig, GatewayConfig
 from gateway.classify.features import SPECULATION_OFF, SPECULATION_ON, RequestFeatures
@@ -34,6 +35,14 @@ OFF_WHY = "speculation off (requested)"
 #: ``/metrics`` counts of other clients' finished requests pushed such bursts over the limit
 #: halfway (simulator, session 13).
 LEADER_SLACK = 2
+
+
+class CohortMember(NamedTuple):
+    """A request that arrived with the one being routed and waits for it (a cohort,
+    :mod:`gateway.arrivals`): what the policy reads of it to choose for the cohort."""
+
+    features: RequestFeatures
+    prompt: PromptStats | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,6 +150,8 @@ class _Plan:
     measured: Callable[[str], bool] | None = None
     # the requests on each backend's compute before this one, and where bursts of ours run
     load: LoadView = field(default_factory=lambda: LoadView({}, frozenset()))
+    # the cohort waiting for this request's choice
+    cohort: Sequence[CohortMember] = ()
 
 
 class RoutingPolicy:
@@ -252,13 +263,17 @@ class RoutingPolicy:
         estimates: Estimates | None = None,
         prompt: PromptStats | None = None,
         arriving: int = 0,
+        cohort: Sequence[CohortMember] = (),
     ) -> RouteDecision:
         """Route one request. Never raises for a valid config; an empty ``backends`` means
         no usable backend (the caller answers 503). ``estimates`` (read only) and
         ``prompt`` feed the adaptive policy. ``arriving``: other requests of the model that
         arrived with this one and are not routed yet (:mod:`gateway.arrivals`); each compute
         unit serving the model counts its share of them as load (rounded up), so a burst's
-        first request is routed for the burst."""
+        first request is routed for the burst. ``cohort``: those of them waiting for this
+        one's choice (it formed their cohort); an adaptive choice on an idle compute is then
+        made for their mix of tasks (:func:`~gateway.routing.adaptive_choice.choose`'s ``cohort``:
+        each in its own task and bucket, the rules and the load being this request's)."""
         rule = first_match(self.config.rules, features)
         if rule is None:
             rule_name, pools = DEFAULT_RULE, [self.config.defaults.pool]
@@ -316,6 +331,7 @@ class RoutingPolicy:
                 )
 
             plan.measured = measured
+            plan.cohort = cohort
         order: list[str] = []
         for pool in pools:
             plan.kept = []
@@ -397,10 +413,14 @@ class RoutingPolicy:
             penalties=penalties,
             explore=_exploration(penalties, load, eligible, arriving),
             replicas=self.alike if self.replicated else None,
+            cohort=() if penalties or len(eligible) < 2 else self._mix(plan.cohort, load),
         )
         order.remove(choice.chosen)
         order.insert(0, choice.chosen)
         why = "exploring" if choice.explored else "best expected speed"
+        if choice.cohort:
+            mix = ", ".join(f"{t} {k}" for t, k in sorted(choice.cohort.items()))
+            why += f" for the {sum(choice.cohort.values())} requests arriving together ({mix})"
         if choice.untried:
             why = "nothing measured yet: the rules' choice"
         plan.reasons.append(f"adaptive ({choice.bucket}): {choice.chosen}, {why}")
@@ -411,6 +431,25 @@ class RoutingPolicy:
                 f"(expected speed x{penalty:g})"
             )
         return choice
+
+    def _mix(
+        self, cohort: Sequence[CohortMember], load: LoadView
+    ) -> list[tuple[str, Mapping[str, str]]]:
+        """Per request of a ``cohort`` on an idle compute (whose choice it waits for), its
+        task and its bucket per backend at the loads the first request sees (``load``)."""
+        threshold = self.config.routing.adaptive.overlap_threshold
+        alike: dict[tuple[float, float | None], dict[str, str]] = {}
+        out: list[tuple[str, Mapping[str, str]]] = []
+        for member in cohort:
+            t = member.features.temperature
+            o = member.prompt.overlap if member.prompt is not None else None
+            buckets = alike.get((t, o))
+            if buckets is None:
+                buckets = alike[t, o] = {
+                    n: bucket_of(t, o, threshold, c + 1) for n, c in load.concurrency.items()
+                }
+            out.append((member.features.task, buckets))
+        return out
 
     def _least_loaded_replicas(self, eligible: list[str], load: LoadView, plan: _Plan) -> list[str]:
         """``eligible`` with one backend per kind (served model and speculation settings
