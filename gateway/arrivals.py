@@ -83,9 +83,9 @@ class Arrivals(Generic[M]):
             self.entered[model] -= 1
             if not self.entered[model]:
                 del self.entered[model]
-            if member is not None:
+            if member is not None:  # by identity: members alike may compare equal
                 waiting = self.waiting[model]
-                waiting.remove(member)
+                del waiting[next(i for i, m in enumerate(waiting) if m is member)]
                 if not waiting:
                     del self.waiting[model]
 

@@ -35,6 +35,7 @@ from gateway.routing.control import served
 from gateway.routing.explain import decision_json
 from gateway.routing.guards import needs_token_count
 from gateway.routing.policy import CohortMember, RouteDecision
+from gateway.routing.seeds import seeded
 from gateway.runtime import Runtime
 from gateway.service import Gateway, held_by
 from gateway.settle import Settle
@@ -115,7 +116,8 @@ async def prepare_routed(runtime: Runtime, request: RoutedRequest) -> None:
         and features.speculation != SPECULATION_ON
         and (arrivals.arriving(model) < cap if model in arrivals.forming else gateway.quiet(model))
     ):
-        member = CohortMember(features, prepared.prompt)
+        pinned = seeded(body, gateway.config.defaults.temperature)
+        member = CohortMember(features, prepared.prompt, pinned)
         with arrivals.enter(model, member):
             led = await arrivals.settle(model, cap)
             arriving = arrivals.arriving(model) - 1

@@ -269,6 +269,18 @@ def _posterior(
     return _Posterior("bucket" if bucket is not None else "task", mean, sd, w_b)
 
 
+def _source(
+    estimates: Estimates,
+    task: str,
+    name: str,
+    replicas: Mapping[str, Sequence[str]] | None,
+    decay: float,
+) -> str:
+    """Whose statistics speak for backend ``name`` (:func:`stand_in`; ``name`` itself
+    without ``replicas``)."""
+    return stand_in(estimates, task, name, replicas.get(name, ()), decay) if replicas else name
+
+
 def _beliefs(
     task: str,
     buckets: Mapping[str, str],
@@ -289,7 +301,7 @@ def _beliefs(
     seen: dict[str, tuple[_Seen | None, _Prior | None]] = {}
     borrowed: set[str] = set()
     for n in names:
-        src = stand_in(estimates, task, n, replicas.get(n, ()), decay) if replicas else n
+        src = _source(estimates, task, n, replicas, decay)
         if src != n:
             borrowed.add(n)
         around = near[buckets.get(n, first)]
@@ -334,12 +346,9 @@ def choose(
     relative to. ``penalties``: a factor in (0, 1] on a candidate's expected speed (the cost
     of spreading load over backends that share compute, see :mod:`gateway.routing.policy`).
     While no candidate has been observed for the task the rules' first candidate is taken
-    (a fresh gateway routes like the static policy), the first without a penalty when some
-    have one (as the static policy keeps a busy compute's load together: a wave's first
-    request on plain and a later one of an unmeasured task on EAGLE-3, the rules' first,
-    split the wave; simulator, docs/benchmarks.md section 7b, session 28); then one
-    ``rng.normalvariate`` draw per
-    candidate, in order, when there are two or more. ``explore`` in [0, 1] scales each
+    (a fresh gateway routes like the static policy: the caller keeps a busy compute's load
+    together as that policy does); then one ``rng.normalvariate`` draw per candidate, in
+    order, when there are two or more. ``explore`` in [0, 1] scales each
     draw's spread: 0 takes the best posterior mean (no draw), as for a request joining a busy
     shared compute (one request sent elsewhere slows the whole batch and measures nothing
     its load band can use); below 1 where a choice commits a whole burst to one backend.
@@ -351,9 +360,10 @@ def choose(
     tried for each task (simulator, 8 GPUs x plain and EAGLE-3 at c=16: 9 of 19 creative
     requests on EAGLE-3 were sent there by such a prior; docs/benchmarks.md section 7b).
     ``cohort``: the other requests of a cohort waiting for this one's choice, each as its
-    task and bucket per candidate (:func:`_for_cohort`; empty: this request alone).
+    task and bucket per candidate (:func:`_for_cohort`; read on an idle compute only, no
+    ``penalties``; empty: this request alone).
     """
-    if cohort and len(candidates) > 1:
+    if cohort and len(candidates) > 1 and not penalties:
         own = (task, _per_candidate(bucket, candidates))
         return _for_cohort(
             [own, *cohort],
@@ -363,14 +373,12 @@ def choose(
             decay=decay,
             prior_weight=prior_weight,
             baseline=baseline,
-            penalties=penalties,
             explore=explore,
             replicas=replicas,
         )
     buckets = _per_candidate(bucket, candidates)
     first = buckets[candidates[0]]
     names = list(dict.fromkeys([*candidates, *([baseline] if baseline else [])]))
-    # the groups as of now (observations replace them), read again only by what is lazy
     groups = {n: estimates.get((task, buckets.get(n, first))) for n in names}
 
     def beliefs() -> tuple[dict[str, _Posterior], dict[str, float]]:
@@ -408,7 +416,7 @@ def choose(
 
     if len(candidates) == 1:  # nothing to choose from (most requests under load): no posterior
         only = candidates[0]
-        src = stand_in(estimates, task, only, replicas.get(only, ()), decay) if replicas else only
+        src = _source(estimates, task, only, replicas, decay)
         task_level = estimates.get((task, ALL))
         untried = (_seen(groups[only], src, decay) or _seen(task_level, src, decay)) is None
         return AdaptiveChoice(task, first, only, only, False, untried, lambda: rows(*beliefs(), {}))
@@ -419,8 +427,8 @@ def choose(
         draws = {
             n: rng.normalvariate(post[n].mean, post[n].sd * explore) + shift[n] for n in candidates
         }
-    if untried:  # the rules' choice, kept together as the static policy keeps it
-        best = chosen = next((n for n in candidates if not shift[n]), candidates[0])
+    if untried:
+        best = chosen = candidates[0]
     else:
         best = max(candidates, key=lambda n: post[n].mean + shift[n])
         chosen = max(candidates, key=lambda n: draws[n]) if draws else best
@@ -431,12 +439,13 @@ def choose(
 
 
 #: The most distinct (task, bucket) kinds of a cohort's requests :func:`choose` (its
-#: ``cohort``) reads beyond the first request's (in order of entry): each costs one
+#: ``cohort``) reads, the first request's included (in order of entry): each costs one
 #: posterior per candidate, and the cohort waits for its first request's choice.
-COHORT_KINDS = 8
+COHORT_KINDS = 9
 
 
 def _per_candidate(bucket: str | Mapping[str, str], candidates: Sequence[str]) -> dict[str, str]:
+    """``bucket`` per candidate: one for all (a string) or already per candidate."""
     return {n: bucket if isinstance(bucket, str) else bucket[n] for n in candidates}
 
 
@@ -449,7 +458,6 @@ def _for_cohort(
     decay: float,
     prior_weight: float = 2.0,
     baseline: str | None = None,
-    penalties: Mapping[str, float] | None = None,
     explore: float = 1.0,
     replicas: Mapping[str, Sequence[str]] | None = None,
 ) -> AdaptiveChoice:
@@ -458,22 +466,23 @@ def _for_cohort(
     with the largest summed speed over the cohort, each request in its own task and bucket.
 
     ``cohort``: per request, its task and its bucket per candidate, the first request's
-    first (the others in order of entry); other arguments as :func:`choose`. Requests
-    alike in task and buckets share one posterior (of that bucket's mean speed), so one
-    value is drawn per kind and per candidate (``rng.normalvariate``, spread scaled by
-    ``explore``; 0: the posterior means) and counted once per request of the kind; at most
-    :data:`COHORT_KINDS` kinds besides the first request's are read. A kind with nothing
-    measured for its task on any candidate does not count. Chosen by the first request's
+    first (the others in order of entry); other arguments as :func:`choose` (no penalties:
+    an idle compute). Requests alike in task and buckets share one posterior (of that
+    bucket's mean speed), so one value is drawn per kind and per candidate
+    (``rng.normalvariate``, spread scaled by ``explore``; 0: the posterior means) and
+    counted once per request of the kind; at most :data:`COHORT_KINDS` kinds are read,
+    the first request's included. A kind with nothing measured for its task on any
+    candidate does not count. Chosen by the first request's
     task alone, the simulator's waves of code, rag, chat and creative at c=4 went to plain
     whenever a creative request came first (5 of 24 waves), where EAGLE-3 ran such a wave
     at 240 tokens/s against plain's 206 (H200 profile; docs/benchmarks.md section 7b,
     session 28).
 
     Returns the cohort's choice (its ``estimates``, built when read, are the first
-    request's own; ``bucket``: the first request's at the chosen backend; ``cohort``: its
-    requests by task); the first request's own :func:`choose` result, with ``cohort``,
-    when its requests are all alike (the sum ranks as one request's speed does) or none
-    was measured.
+    request's own; ``bucket``: the first request's at the chosen backend; ``cohort``: the
+    requests counted, by task); the first request's own :func:`choose` result when the
+    requests are all alike (the sum ranks as one request's speed does; ``cohort`` set) or
+    none was measured (``cohort`` empty).
     """
     task, buckets = cohort[0]
 
@@ -488,45 +497,34 @@ def _for_cohort(
             decay=decay,
             prior_weight=prior_weight,
             baseline=baseline,
-            penalties=penalties,
             explore=spread,
             replicas=replicas,
         )
 
-    by_task: dict[str, int] = {}
     kinds: dict[tuple[str, tuple[str, ...]], int] = {}
     for t, b in cohort:
-        by_task[t] = by_task.get(t, 0) + 1
         key = (t, tuple(b[n] for n in candidates))
-        if key in kinds or len(kinds) <= COHORT_KINDS:
+        if key in kinds or len(kinds) < COHORT_KINDS:
             kinds[key] = kinds.get(key, 0) + 1
     if len(kinds) == 1:  # all alike: the sum ranks as the first request's own speed does
-        return replace(alone(explore, rng), cohort=by_task)
+        return replace(alone(explore, rng), cohort={task: len(cohort)})
     names = list(candidates)
     mean = dict.fromkeys(names, 0.0)
     drawn = dict.fromkeys(names, 0.0)
-    counted = 0
+    counted: dict[str, int] = {}
     for (t, key_buckets), count in kinds.items():
-        post, shift = _beliefs(
-            t,
-            dict(zip(names, key_buckets, strict=True)),
-            names,
-            estimates,
-            decay,
-            prior_weight,
-            penalties,
-            replicas,
-        )
+        per_candidate = dict(zip(names, key_buckets, strict=True))
+        post, _ = _beliefs(t, per_candidate, names, estimates, decay, prior_weight, None, replicas)
         if all(post[n].source == "prior" for n in names):
             continue  # nothing measured for this task: it cannot tell the candidates apart
-        counted += count
+        counted[t] = counted.get(t, 0) + count
         for n in names:
             p = post[n]
-            mean[n] += count * math.exp(p.mean + shift[n])
+            mean[n] += count * math.exp(p.mean)
             if explore > 0:
-                drawn[n] += count * math.exp(rng.normalvariate(p.mean, p.sd * explore) + shift[n])
+                drawn[n] += count * math.exp(rng.normalvariate(p.mean, p.sd * explore))
     if not counted:  # the rules' choice, as the first request's own (untried) would be
-        return replace(alone(explore, rng), cohort=by_task)
+        return alone(explore, rng)
     best = max(names, key=mean.__getitem__)
     chosen = max(names, key=drawn.__getitem__) if explore > 0 else best
 
@@ -534,7 +532,7 @@ def _for_cohort(
         return alone(0.0, random.Random(0)).estimates
 
     return AdaptiveChoice(
-        task, buckets[chosen], chosen, best, chosen != best, False, rows, cohort=by_task
+        task, buckets[chosen], chosen, best, chosen != best, False, rows, cohort=counted
     )
 
 

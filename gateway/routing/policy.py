@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
 from contracts.config import BackendConfig, GatewayConfig
@@ -39,10 +39,13 @@ LEADER_SLACK = 2
 
 class CohortMember(NamedTuple):
     """A request that arrived with the one being routed and waits for it (a cohort,
-    :mod:`gateway.arrivals`): what the policy reads of it to choose for the cohort."""
+    :mod:`gateway.arrivals`): what the policy reads of it to choose for the cohort;
+    ``seeded``: a seeded request that samples, pinned whatever the choice
+    (:mod:`gateway.routing.seeds`)."""
 
     features: RequestFeatures
     prompt: PromptStats | None
+    seeded: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,7 +189,8 @@ class RoutingPolicy:
        the largest batch), would spread load over competing servers; its
        expected speed is discounted by ``routing.shared_compute_penalty`` and nothing is
        explored (adaptive; an idle group's choice explores less the larger its recent burst),
-       or a busy candidate goes before an idle one (static).
+       or a busy candidate goes before an idle one (static, and adaptive while nothing was
+       measured for the task: the rules' choice is then kept together as static keeps it).
     7. Last resort: every other backend serving the model that could take the request
        (healthy, circuit closed, trusted, under its cap, and no speculation method refusing
        the request's parameters), plain ones first, then least outstanding, ends the try
@@ -413,10 +417,13 @@ class RoutingPolicy:
             penalties=penalties,
             explore=_exploration(penalties, load, eligible, arriving),
             replicas=self.alike if self.replicated else None,
-            cohort=() if penalties or len(eligible) < 2 else self._mix(plan.cohort, load),
+            cohort=() if penalties or len(eligible) < 2 else self._mix(plan.cohort, load, features),
         )
         order.remove(choice.chosen)
         order.insert(0, choice.chosen)
+        if choice.untried and order[0] in load.spreads:  # kept together as static keeps it
+            _keep_together(load, plan, order, eligible)
+            choice = replace(choice, chosen=order[0], best=order[0], bucket=buckets[order[0]])
         why = "exploring" if choice.explored else "best expected speed"
         if choice.cohort:
             mix = ", ".join(f"{t} {k}" for t, k in sorted(choice.cohort.items()))
@@ -433,14 +440,29 @@ class RoutingPolicy:
         return choice
 
     def _mix(
-        self, cohort: Sequence[CohortMember], load: LoadView
+        self, cohort: Sequence[CohortMember], load: LoadView, first: RequestFeatures
     ) -> list[tuple[str, Mapping[str, str]]]:
-        """Per request of a ``cohort`` on an idle compute (whose choice it waits for), its
-        task and its bucket per backend at the loads the first request sees (``load``)."""
+        """Per request of a ``cohort`` on an idle compute (whose choice it waits for) that
+        can follow the ``first`` request's choice, its task and its bucket per backend at the
+        loads the first request sees (``load``). Those that may go elsewhere whatever it
+        chooses are left out: a rule routing among other pools or by another policy,
+        another ``X-Specgate-Speculation``, a parameter a speculation method refuses, a
+        seeded request that samples (pinned)."""
+        if not cohort:
+            return []
         threshold = self.config.routing.adaptive.overlap_threshold
+        routes = self._routes(first)
         alike: dict[tuple[float, float | None], dict[str, str]] = {}
         out: list[tuple[str, Mapping[str, str]]] = []
         for member in cohort:
+            features = member.features
+            if (
+                member.seeded
+                or features.spec_refused
+                or features.speculation != first.speculation
+                or self._routes(features) != routes
+            ):
+                continue
             t = member.features.temperature
             o = member.prompt.overlap if member.prompt is not None else None
             buckets = alike.get((t, o))
@@ -450,6 +472,14 @@ class RoutingPolicy:
                 }
             out.append((member.features.task, buckets))
         return out
+
+    def _routes(self, features: RequestFeatures) -> tuple[str | None, ...]:
+        """What a request's matched rule routes among: its pools in order and its policy
+        (two rules alike here route alike)."""
+        rule = first_match(self.config.rules, features)
+        if rule is None:
+            return (self.config.defaults.pool, self.config.routing.policy)
+        return (rule.pool, *rule.fallbacks, rule.policy or self.config.routing.policy)
 
     def _least_loaded_replicas(self, eligible: list[str], load: LoadView, plan: _Plan) -> list[str]:
         """``eligible`` with one backend per kind (served model and speculation settings

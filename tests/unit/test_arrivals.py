@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -16,6 +17,7 @@ from gateway import arrivals as arrivals_module
 from gateway.arrivals import QUIET_TURNS, Arrivals
 from gateway.classify.features import RequestFeatures
 from gateway.routing.adaptive import Learner, Observation
+from gateway.routing.adaptive_choice import COHORT_KINDS
 from gateway.routing.policy import BackendSnapshot, CohortMember, RoutingPolicy
 from tests.unit.conftest import (
     MODEL,
@@ -263,6 +265,63 @@ async def test_a_cancelled_first_request_releases_the_cohort() -> None:
     assert arrivals.forming == {} and arrivals.entered == {}
 
 
+def test_requests_that_cannot_follow_the_choice_are_not_counted() -> None:
+    """Chat, rag and creative waiting with a code request would send the wave to plain; but
+    seeded ones that sample (pinned whatever the choice), ones refusing a speculation
+    parameter, ones asking for X-Specgate-Speculation: off, and ones whose rule routes
+    among other pools are left out of the mix: the first request's own choice stands."""
+    policy, estimates = one_gpu(), wave_learner().view()
+    state = {n: BackendSnapshot(True) for n in ("plain-g0", "eagle3-g0")}
+    code = member("code").features
+    others = [member(t) for t in ("rag", "chat", "creative")]
+    cannot = {
+        "seeded": [m._replace(seeded=True) for m in others],
+        "refused": [
+            m._replace(features=replace(m.features, spec_refused={"eagle3": frozenset({"min_p"})}))
+            for m in others
+        ],
+        "off": [m._replace(features=replace(m.features, speculation="off")) for m in others],
+    }
+    for why, members in cannot.items():
+        decision = policy.decide(code, state, random.Random(0), estimates, None, 3, members)
+        assert decision.backends[0] == "eagle3-g0", why
+        assert decision.adaptive is not None and not decision.adaptive.cohort, why
+    data = fleet_config(
+        {"plain-g0": "plain", "eagle3-g0": "eagle3"},
+        {"plain-g0": "http://127.0.0.1:9000", "eagle3-g0": "http://127.0.0.1:9001"},
+        groups=True,
+    )
+    data["rules"] = [
+        {"name": "creative-plain", "match": {"tasks": ["creative"]}, "pool": "plain"},
+        *data["rules"],
+    ]
+    pinned = RoutingPolicy(parse_config(data))  # creative on plain only: it cannot follow
+    decision = pinned.decide(code, state, random.Random(0), estimates, None, 3, others)
+    assert decision.adaptive is not None
+    assert decision.adaptive.cohort == {"code": 1, "rag": 1, "chat": 1}
+
+
+def test_a_cohort_reads_at_most_cohort_kinds_kinds() -> None:
+    """Twelve requests of twelve measured tasks, each faster on plain: the first nine kinds
+    (the first request's included) are read, the rest not."""
+    learner = wave_learner()
+    tasks = [f"task{i}" for i in range(12)]
+    for _ in range(20):
+        for task in tasks:
+            learner.observe(Observation(task, "greedy/norep/c4", "plain-g0", 200.0, 64))
+            learner.observe(Observation(task, "greedy/norep/c4", "eagle3-g0", 100.0, 64))
+    policy = one_gpu()
+    state = {n: BackendSnapshot(True) for n in ("plain-g0", "eagle3-g0")}
+    members = [
+        member("code")._replace(features=replace(member("code").features, task=t)) for t in tasks
+    ]
+    code = member("code").features
+    decision = policy.decide(code, state, random.Random(0), learner.view(), None, 3, members)
+    assert decision.adaptive is not None
+    assert decision.adaptive.cohort == {"code": 1} | {t: 1 for t in tasks[: COHORT_KINDS - 1]}
+    assert decision.backends[0] == "plain-g0"
+
+
 def test_a_request_of_an_unmeasured_task_follows_the_busy_server() -> None:
     """A wave's first request went to plain (chosen for its cohort); a later one of a task
     nothing was measured for takes the rules' choice, but the first of it that keeps the
@@ -292,6 +351,29 @@ async def test_the_cohort_s_first_request_reads_the_others_waiting() -> None:
     await asyncio.gather(*(request(n) for n in ("a", "b", "c")))
     assert seen[0] == ("a", True, ["a", "b", "c"])
     assert [(n, led) for n, led, _ in seen[1:]] == [("b", False), ("c", False)]
+    assert arrivals.waiting == {} and arrivals.entered == {}
+
+
+async def test_a_member_that_leaves_takes_only_its_own_entry() -> None:
+    """Members alike compare equal: one cancelled while it waits removes its own entry, not
+    the first equal one (the cohort's first request still reads the one that stays)."""
+    arrivals: Arrivals[list[str]] = Arrivals()
+    first, second, third = ["same"], ["same"], ["same"]  # equal, not the same object
+    read: list[list[list[str]]] = []
+
+    async def request(mine: list[str]) -> None:
+        with arrivals.enter(MODEL, mine):
+            if await arrivals.settle(MODEL, cap=9):
+                read.append(arrivals.members(MODEL))
+
+    lead = asyncio.ensure_future(request(first))
+    await asyncio.sleep(0)
+    leaving = asyncio.ensure_future(request(second))
+    staying = asyncio.ensure_future(request(third))
+    await asyncio.sleep(0)
+    leaving.cancel()
+    await asyncio.gather(lead, staying, leaving, return_exceptions=True)
+    assert len(read) == 1 and [m is first or m is third for m in read[0]] == [True, True]
     assert arrivals.waiting == {} and arrivals.entered == {}
 
 
