@@ -472,11 +472,11 @@ def _for_cohort(
     (``rng.normalvariate``, spread scaled by ``explore``; 0: the posterior means) and
     counted once per request of the kind; at most :data:`COHORT_KINDS` kinds are read,
     the first request's included. A kind with nothing measured for its task on any
-    candidate does not count. Chosen by the first request's
-    task alone, the simulator's waves of code, rag, chat and creative at c=4 went to plain
-    whenever a creative request came first (5 of 24 waves), where EAGLE-3 ran such a wave
-    at 240 tokens/s against plain's 206 (H200 profile; docs/benchmarks.md section 7b,
-    session 28).
+    candidate does not count. Chosen by the first request's task alone, the simulator's
+    waves of code, rag, chat and creative at c=4 went to plain mostly when a creative
+    request came first (3-5 of 24 waves a run), where EAGLE-3 ran
+    such waves at 237-242 tokens/s against plain's 206 (H200 profile; docs/benchmarks.md
+    section 7b, session 28).
 
     Returns the cohort's choice (its ``estimates``, built when read, are the first
     request's own; ``bucket``: the first request's at the chosen backend; ``cohort``: the

@@ -275,9 +275,10 @@ class RoutingPolicy:
         arrived with this one and are not routed yet (:mod:`gateway.arrivals`); each compute
         unit serving the model counts its share of them as load (rounded up), so a burst's
         first request is routed for the burst. ``cohort``: those of them waiting for this
-        one's choice (it formed their cohort); an adaptive choice on an idle compute is then
-        made for their mix of tasks (:func:`~gateway.routing.adaptive_choice.choose`'s ``cohort``:
-        each in its own task and bucket, the rules and the load being this request's)."""
+        one's choice (it formed their cohort); when they all share its compute unit (one
+        usable), an adaptive choice on an idle compute is then made for their mix of tasks
+        (:func:`~gateway.routing.adaptive_choice.choose`'s ``cohort``: each in its own task
+        and bucket, the rules and the load being this request's)."""
         rule = first_match(self.config.rules, features)
         if rule is None:
             rule_name, pools = DEFAULT_RULE, [self.config.defaults.pool]
@@ -291,6 +292,7 @@ class RoutingPolicy:
         policy = (rule.policy if rule is not None else None) or self.config.routing.policy
         learnt = estimates if policy == "adaptive" else None
         extra: dict[str, float] = {}
+        units = 1
         if arriving > 0:  # shared over the compute units that can take a request now
             usable = [
                 n for n in self.serving.get(features.model, ()) if self._usable(n, features, state)
@@ -335,7 +337,9 @@ class RoutingPolicy:
                 )
 
             plan.measured = measured
-            plan.cohort = cohort
+            # on one compute unit the cohort runs where its first request goes; spread over
+            # several, each unit's first request chooses for its share, alone
+            plan.cohort = cohort if units == 1 else ()
         order: list[str] = []
         for pool in pools:
             plan.kept = []

@@ -265,6 +265,27 @@ async def test_a_cancelled_first_request_releases_the_cohort() -> None:
     assert arrivals.forming == {} and arrivals.entered == {}
 
 
+def test_a_cohort_spread_over_several_gpus_is_not_chosen_for_as_one() -> None:
+    """On two GPUs the cohort is shared out (each GPU's first request chooses for its share,
+    alone), so the first request does not choose for all of it: its own task decides."""
+    names = {f"{k}-g{g}": k for g in range(2) for k in ("plain", "eagle3")}
+    urls = {n: f"http://127.0.0.1:{9000 + i}" for i, n in enumerate(names)}
+    policy = RoutingPolicy(parse_config(fleet_config(names, urls, groups=True)))
+    learner = Learner()
+    for _ in range(20):
+        for (task, bucket), speeds in WAVE_SPEEDS.items():
+            for backend, speed in speeds.items():
+                for g in range(2):
+                    name = backend.replace("-g0", f"-g{g}")
+                    learner.observe(Observation(task, bucket, name, speed, 64))
+    state = {n: BackendSnapshot(True) for n in names}
+    code = member("code").features
+    mixed = [member(t) for t in ("rag", "chat", "creative")] * 2
+    decision = policy.decide(code, state, random.Random(0), learner.view(), None, 6, mixed)
+    assert decision.backends[0].startswith("eagle3-") and decision.concurrency == 4
+    assert decision.adaptive is not None and not decision.adaptive.cohort
+
+
 def test_requests_that_cannot_follow_the_choice_are_not_counted() -> None:
     """Chat, rag and creative waiting with a code request would send the wave to plain; but
     seeded ones that sample (pinned whatever the choice), ones refusing a speculation
