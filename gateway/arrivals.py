@@ -59,10 +59,9 @@ class Arrivals(Generic[M]):
     what it left, a member of type ``M``), and the cohort forming (see the module
     docstring). Owned by the gateway (one event loop); no locking."""
 
-    __slots__ = ("entered", "forming", "cohorts", "waiting")
+    __slots__ = ("forming", "cohorts", "waiting")
 
     def __init__(self) -> None:
-        self.entered: Counter[str] = Counter()
         self.forming: dict[str, asyncio.Event] = {}
         #: Per model, the members entered and not routed yet, in order of entry.
         self.waiting: dict[str, list[M]] = {}
@@ -70,24 +69,23 @@ class Arrivals(Generic[M]):
         #: (``/routes``).
         self.cohorts: Counter[str] = Counter()
 
+    @property
+    def entered(self) -> dict[str, int]:
+        """Per model, the requests entered and not routed yet (none: absent)."""
+        return {model: len(waiting) for model, waiting in self.waiting.items()}
+
     @contextmanager
-    def enter(self, model: str, member: M | None = None) -> Iterator[None]:
+    def enter(self, model: str, member: M) -> Iterator[None]:
         """Count one request of ``model`` as arriving until it is routed (the block's end),
-        with ``member`` (None: nothing left to read) among :meth:`members` meanwhile."""
-        self.entered[model] += 1
-        if member is not None:
-            self.waiting.setdefault(model, []).append(member)
+        with ``member`` among :meth:`members` meanwhile."""
+        self.waiting.setdefault(model, []).append(member)
         try:
             yield
-        finally:
-            self.entered[model] -= 1
-            if not self.entered[model]:
-                del self.entered[model]
-            if member is not None:  # by identity: members alike may compare equal
-                waiting = self.waiting[model]
-                del waiting[next(i for i, m in enumerate(waiting) if m is member)]
-                if not waiting:
-                    del self.waiting[model]
+        finally:  # by identity: members alike may compare equal
+            waiting = self.waiting[model]
+            del waiting[next(i for i, m in enumerate(waiting) if m is member)]
+            if not waiting:
+                del self.waiting[model]
 
     def members(self, model: str) -> list[M]:
         """The members of the requests of ``model`` entered and not routed yet, in order of
@@ -96,7 +94,7 @@ class Arrivals(Generic[M]):
 
     def arriving(self, model: str) -> int:
         """Requests of ``model`` entered and not routed yet, the caller's own included."""
-        return self.entered[model]
+        return len(self.waiting.get(model, ()))
 
     async def settle(self, model: str, cap: int) -> bool:
         """Wait, inside :meth:`enter`, until this request may be routed: after the forming
@@ -114,10 +112,10 @@ class Arrivals(Generic[M]):
         event = self.forming[model] = asyncio.Event()
         loop = asyncio.get_running_loop()
         try:
-            deadline, seen, quiet = loop.time() + MAX_FORMING_S, self.entered[model], 0
+            deadline, seen, quiet = loop.time() + MAX_FORMING_S, self.arriving(model), 0
             while quiet < QUIET_TURNS and seen < cap and loop.time() < deadline:
                 await asyncio.sleep(0)
-                now = self.entered[model]
+                now = self.arriving(model)
                 quiet, seen = (quiet + 1, seen) if now == seen else (0, now)
             if seen > 1:
                 self.cohorts["formed"] += 1

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
-from contracts.config import BackendConfig, GatewayConfig
+from contracts.config import BackendConfig, GatewayConfig, Rule
 from gateway.classify.features import SPECULATION_OFF, SPECULATION_ON, RequestFeatures
 from gateway.routing.adaptive import Estimates, bucket_of
 from gateway.routing.adaptive_choice import AdaptiveChoice, choose
@@ -280,16 +280,15 @@ class RoutingPolicy:
         (:func:`~gateway.routing.adaptive_choice.choose`'s ``cohort``: each in its own task
         and bucket, the rules and the load being this request's)."""
         rule = first_match(self.config.rules, features)
+        pools, policy = self._routes(rule)
         if rule is None:
-            rule_name, pools = DEFAULT_RULE, [self.config.defaults.pool]
-            reasons = ["no rule matched: default pool"]
+            rule_name, reasons = DEFAULT_RULE, ["no rule matched: default pool"]
         else:
-            rule_name, pools = rule.name, [rule.pool, *rule.fallbacks]
+            rule_name = rule.name
             reasons = [
                 f"rule '{rule.name}' matched (task={features.task}, "
                 f"temperature={features.temperature:g})"
             ]
-        policy = (rule.policy if rule is not None else None) or self.config.routing.policy
         learnt = estimates if policy == "adaptive" else None
         extra: dict[str, float] = {}
         units = 1
@@ -316,13 +315,7 @@ class RoutingPolicy:
         plan = _Plan(reasons=reasons, load=load)
         buckets: dict[str, str] = {}
         if learnt is not None:
-            by_load: dict[float, str] = {}
-            for n, c in load.concurrency.items():
-                bucket = by_load.get(c)
-                if bucket is None:
-                    t, threshold = features.temperature, settings.overlap_threshold
-                    bucket = by_load[c] = bucket_of(t, overlap, threshold, c + 1)
-                buckets[n] = bucket
+            buckets = self._buckets(load, features.temperature, overlap)
 
             def measured(name: str) -> bool:
                 return measured_at_load(
@@ -339,7 +332,8 @@ class RoutingPolicy:
             plan.measured = measured
             # on one compute unit the cohort runs where its first request goes; spread over
             # several, each unit's first request chooses for its share, alone
-            plan.cohort = cohort if units == 1 else ()
+            if units == 1:
+                plan.cohort = [m for m in cohort if self._follows(m, features, (pools, policy))]
         order: list[str] = []
         for pool in pools:
             plan.kept = []
@@ -421,7 +415,7 @@ class RoutingPolicy:
             penalties=penalties,
             explore=_exploration(penalties, load, eligible, arriving),
             replicas=self.alike if self.replicated else None,
-            cohort=() if penalties or len(eligible) < 2 else self._mix(plan.cohort, load, features),
+            cohort=() if penalties or len(eligible) < 2 else self._mix(plan.cohort, load),
         )
         order.remove(choice.chosen)
         order.insert(0, choice.chosen)
@@ -443,47 +437,60 @@ class RoutingPolicy:
             )
         return choice
 
-    def _mix(
-        self, cohort: Sequence[CohortMember], load: LoadView, first: RequestFeatures
-    ) -> list[tuple[str, Mapping[str, str]]]:
-        """Per request of a ``cohort`` on an idle compute (whose choice it waits for) that
-        can follow the ``first`` request's choice, its task and its bucket per backend at the
-        loads the first request sees (``load``). Those that may go elsewhere whatever it
-        chooses are left out: a rule routing among other pools or by another policy,
-        another ``X-Specgate-Speculation``, a parameter a speculation method refuses, a
-        seeded request that samples (pinned)."""
-        if not cohort:
-            return []
+    def _buckets(self, load: LoadView, temperature: float, overlap: float | None) -> dict[str, str]:
+        """Per backend, the feature bucket of a request of ``temperature`` and prompt
+        ``overlap`` at the load on its compute (``load``; one bucket per load value)."""
         threshold = self.config.routing.adaptive.overlap_threshold
-        routes = self._routes(first)
+        by_load: dict[float, str] = {}
+        buckets: dict[str, str] = {}
+        for n, c in load.concurrency.items():
+            bucket = by_load.get(c)
+            if bucket is None:
+                bucket = by_load[c] = bucket_of(temperature, overlap, threshold, c + 1)
+            buckets[n] = bucket
+        return buckets
+
+    def _mix(
+        self, cohort: Sequence[CohortMember], load: LoadView
+    ) -> list[tuple[str, Mapping[str, str]]]:
+        """Per request of a ``cohort`` (whose choice it waits for), its task and its bucket
+        per backend at the loads the first request sees (``load``)."""
         alike: dict[tuple[float, float | None], dict[str, str]] = {}
         out: list[tuple[str, Mapping[str, str]]] = []
         for member in cohort:
-            features = member.features
-            if (
-                member.seeded
-                or features.spec_refused
-                or features.speculation != first.speculation
-                or self._routes(features) != routes
-            ):
-                continue
             t = member.features.temperature
             o = member.prompt.overlap if member.prompt is not None else None
             buckets = alike.get((t, o))
             if buckets is None:
-                buckets = alike[t, o] = {
-                    n: bucket_of(t, o, threshold, c + 1) for n, c in load.concurrency.items()
-                }
+                buckets = alike[t, o] = self._buckets(load, t, o)
             out.append((member.features.task, buckets))
         return out
 
-    def _routes(self, features: RequestFeatures) -> tuple[str | None, ...]:
-        """What a request's matched rule routes among: its pools in order and its policy
-        (two rules alike here route alike)."""
-        rule = first_match(self.config.rules, features)
+    def _follows(
+        self,
+        member: CohortMember,
+        first: RequestFeatures,
+        routes: tuple[list[str], str],
+    ) -> bool:
+        """Whether a cohort's ``member`` can follow its ``first`` request's choice (whose
+        rule routes among ``routes``' pools by its policy): not when it may go elsewhere
+        whatever that choice, as a seeded request that samples (pinned), one a speculation
+        method refuses a parameter of, another ``X-Specgate-Speculation``, or a rule
+        routing among other pools or by another policy."""
+        features = member.features
+        return not (
+            member.seeded
+            or features.spec_refused
+            or features.speculation != first.speculation
+            or self._routes(first_match(self.config.rules, features)) != routes
+        )
+
+    def _routes(self, rule: Rule | None) -> tuple[list[str], str]:
+        """The pools a matched ``rule`` routes among, in order (the default pool without
+        one), and its policy (the config's routing policy unless the rule sets one)."""
         if rule is None:
-            return (self.config.defaults.pool, self.config.routing.policy)
-        return (rule.pool, *rule.fallbacks, rule.policy or self.config.routing.policy)
+            return [self.config.defaults.pool], self.config.routing.policy
+        return [rule.pool, *rule.fallbacks], rule.policy or self.config.routing.policy
 
     def _least_loaded_replicas(self, eligible: list[str], load: LoadView, plan: _Plan) -> list[str]:
         """``eligible`` with one backend per kind (served model and speculation settings

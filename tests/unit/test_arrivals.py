@@ -188,7 +188,7 @@ async def test_a_lone_request_waits_a_few_loop_turns_only(monkeypatch: pytest.Mo
     turns must not end the forming early here.)"""
     monkeypatch.setattr(arrivals_module, "MAX_FORMING_S", 5.0)
     arrivals = Arrivals()
-    with arrivals.enter(MODEL):
+    with arrivals.enter(MODEL, object()):
         assert await turns_during(arrivals.settle(MODEL, 9)) == QUIET_TURNS
         assert arrivals.arriving(MODEL) == 1
     assert arrivals.arriving(MODEL) == 0 and arrivals.entered == {}
@@ -202,7 +202,7 @@ async def test_requests_arriving_while_a_cohort_forms_see_each_other() -> None:
     arrivals, seen = Arrivals(), []
 
     async def request(n: int) -> None:
-        with arrivals.enter(MODEL):
+        with arrivals.enter(MODEL, object()):
             await arrivals.settle(MODEL, cap=64)
             seen.append((n, arrivals.arriving(MODEL)))
 
@@ -216,7 +216,7 @@ async def test_two_models_form_their_own_cohorts() -> None:
     arrivals, seen = Arrivals(), {}
 
     async def request(model: str, n: int) -> None:
-        with arrivals.enter(model):
+        with arrivals.enter(model, object()):
             await arrivals.settle(model, cap=64)
             seen.setdefault(model, []).append(arrivals.arriving(model))
 
@@ -233,7 +233,7 @@ async def test_forming_ends_at_the_cap_and_the_others_go_on() -> None:
     async def request(n: int, delay_turns: int) -> None:
         for _ in range(delay_turns):
             await asyncio.sleep(0)
-        with arrivals.enter(MODEL):
+        with arrivals.enter(MODEL, object()):
             if n == 0 or MODEL in arrivals.forming:  # as prepare_routed: idle, or forming
                 await arrivals.settle(MODEL, cap=3)
             order.append(n)
@@ -247,7 +247,7 @@ async def test_a_cancelled_first_request_releases_the_cohort() -> None:
     arrivals = Arrivals()
 
     async def request() -> int:
-        with arrivals.enter(MODEL):
+        with arrivals.enter(MODEL, object()):
             await arrivals.settle(MODEL, 64)
             return arrivals.arriving(MODEL)
 
