@@ -113,6 +113,9 @@ class SampleCanary:
             self.next_band += 1
             for name in [n for n, bs in bands.items() if run.band in bs]:
                 await self._test(run, name)
+                # at once: the next backend's test takes seconds, and a failing verdict
+                # must not wait for it to take the backend off sampled traffic
+                self.apply_verdicts(bands)
         self.apply_verdicts(bands)
         cost = (0, 0) if run is None else (run.decoded, run.scored)
         self.costs.append((now, *cost, time.monotonic() - started))

@@ -8,6 +8,7 @@ import dataclasses
 import json
 import math
 import random
+from typing import Any
 
 import pytest
 
@@ -273,3 +274,27 @@ async def test_relayed_paths_skip_canary_suspects(gw: InProcess) -> None:
     states["eagle3"].suspect = "canary: test"
     resp = await gw.client.post("/tokenize", json={"model": MODEL, "prompt": "hi"})
     assert resp.status_code == 200 and resp.headers["x-specgate-backend"] == "ngram"
+
+
+async def test_a_failing_verdict_takes_effect_before_the_round_goes_on(gw: InProcess) -> None:
+    """Between one backend's test and the next (seconds of sampling on a busy server), a
+    stream judged failing already has its backend's ``sample_suspect`` set: routing and
+    ``/routes`` never see a failing verdict on a backend still taking sampled traffic."""
+    gw.app.state.runtime.gateway.reload(static_config())
+    c = sample_canary(gw)
+    gw.fakes["ngram"].sample_fault = 0.25
+    states = gw.app.state.runtime.gateway.registry.states
+    seen: list[tuple[str, set[str], set[str]]] = []  # backend about to be tested, failing, suspect
+    test = c._test
+
+    async def observed(run: Any, name: str) -> None:
+        failing = {n for (n, _), s in c.streams.items() if s.verdict == "fail"}
+        suspect = {n for n, s in states.items() if s.sample_suspect is not None}
+        seen.append((name, failing, suspect))
+        await test(run, name)
+
+    c._test = observed  # type: ignore[method-assign]
+    await c.run_round()
+    assert [name for name, _, _ in seen] == ["ngram", "draft", "eagle3"]
+    assert seen[1][1] == {"ngram"} and seen[2][1] == {"ngram"}  # failing from the first test
+    assert all(failing == suspect for _, failing, suspect in seen)
