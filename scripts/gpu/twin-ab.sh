@@ -4,7 +4,7 @@
 #
 #   setsid nohup bash scripts/gpu/twin-ab.sh /root/sg/results > /root/sg/twin-ab.log 2>&1 &
 #
-# twin-run.sh's three repeats (PER_TASK=12, no checks, no sampled step, no draft-model
+# twin-run.sh's three repeats (PER_TASK, default 12; no checks, no sampled step, no draft-model
 # stack) with a second adaptive gateway beside main's (:8030, `adaptive-b` in bench.speedup's
 # tables, state not saved): config/gpu-twin.yaml with EAGLE-3's max_batch_for_speculation
 # at 8 instead of 4 (${LIMIT:-8}), so that both limits meet the same servers, waves
@@ -17,5 +17,5 @@ sed "s/^    max_batch_for_speculation: 4\$/    max_batch_for_speculation: ${LIMI
     config/gpu-twin.yaml > "$variant"
 diff config/gpu-twin.yaml "$variant" > "$OUT/variant.diff"
 [ -s "$OUT/variant.diff" ] || { echo "twin-ab: the variant equals the config" >&2; exit 1; }
-VARIANT_CONFIG=$variant PER_TASK=12 CHECKS=0 SAMPLED=0 DRAFT_CONFIG= CONFIG=config/gpu-twin.yaml \
+VARIANT_CONFIG=$variant PER_TASK=${PER_TASK:-12} CHECKS=0 SAMPLED=0 DRAFT_CONFIG= CONFIG=config/gpu-twin.yaml \
     bash scripts/gpu/twin-run.sh "$OUT"
