@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import random
 import sys
 import tempfile
 import time
@@ -59,7 +58,7 @@ from bench.sim.server import MODEL
 from bench.speedup import _Run, acceptance
 from bench.speedup_report import RELAY
 from bench.targets import vllm_router_target
-from bench.workloads import Item, default_prompts_dir, sample, unseeded
+from bench.workloads import Item, arrival_order, default_prompts_dir, sample, unseeded
 from contracts.config import parse_config
 from contracts.vllm_metrics import parse_vllm_metrics
 from gateway.upstream.state import PEAK_WINDOW_S
@@ -95,19 +94,6 @@ def rescaled(outcomes: Sequence[Outcome], scale: float) -> list[Outcome]:
         if o.backend:
             o.backend = o.backend.rsplit("-g", 1)[0]  # routed per kind, not per server
     return list(outcomes)
-
-
-def arrival_order(wave: Sequence[Item], seed: int) -> list[Item]:
-    """``wave``'s items in a fixed-seed shuffled order, as a fleet's clients would send a
-    mix of tasks. The sample cycles through the tasks (code, rag, chat, creative, ...), and
-    a round robin over 4, 8 or 16 servers in that order segregates them: ``run_spread``
-    (item i to server i % n) gave every plain server of 8 GPUs one task, rag alone on two,
-    and the gateway's least-loaded replica (ties in list order) clumped them: 0 to 16 of the
-    64 rag requests a GPU at c=256 in one run (session 16). ``seed`` is the wave's position,
-    so repeats deal alike."""
-    order = list(wave)
-    random.Random(seed).shuffle(order)
-    return order
 
 
 def measure(

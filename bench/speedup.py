@@ -6,7 +6,8 @@
 Sends the same small sample of the shared prompt datasets (:mod:`bench.workloads`: per task
 ``--per-task`` prompts, near-greedy code and rag, warm chat, hot creative, seeded at c1,
 ``--max-tokens`` output tokens) as streamed requests to every backend of the config alone,
-then through the gateway, at each ``--concurrency`` (mixed tasks, bounded in-flight count).
+then through the gateway, at each ``--concurrency`` (waves of mixed tasks, each wave in a
+shuffled arrival order, the same for every target).
 Reports per task: output tokens/s per request (sum of tokens over sum of end-to-end times),
 time to first token p50/p99, inter-token latency p50, end-to-end p50/p99; per run, each
 speculative backend's acceptance rate from its ``/metrics`` counter deltas; and the gateway's
@@ -45,7 +46,7 @@ from bench import adaptive_bench, speedup_report
 from bench.llm_client import run_items
 from bench.procs import Server, free_port, interrupt_on_sigterm
 from bench.speedup_report import RELAY
-from bench.workloads import Item, default_prompts_dir, sample, unseeded
+from bench.workloads import Item, arrival_order, default_prompts_dir, sample, unseeded
 from contracts.config import GatewayConfig, load_config, parse_config
 from contracts.vllm_metrics import parse_vllm_metrics
 
@@ -157,8 +158,9 @@ def measure(
 ) -> list[dict[str, Any]]:
     """Every (concurrency, target) run: outcomes, wall time, acceptance deltas.
 
-    Targets are interleaved: the items go in waves of ``concurrency`` requests, and every
-    target serves each wave in turn, in a fresh random order per wave, after ``settle_s`` of
+    Targets are interleaved: the items go in waves of ``concurrency`` requests, each in
+    :func:`~bench.workloads.arrival_order` (the same for every target), and every target
+    serves each wave in turn, in a fresh random order per wave, after ``settle_s`` of
     quiet: a CPU server that just worked keeps its threads spinning for a while and slows the
     next one (measured here: up to +0.8 s time to first token), so a fixed order would favour
     some targets for some tasks. The orders come from ``random.Random(order_seed)``: the same
@@ -178,8 +180,8 @@ def measure(
         for concurrency in concurrencies:
             acc = {name: _Run(name, concurrency) for name, _ in targets}
             sent = items if concurrency == 1 else unseeded(items)
-            waves = [sent[i : i + concurrency] for i in range(0, len(sent), concurrency)]
-            for wave in waves:
+            for i in range(0, len(sent), concurrency):
+                wave = arrival_order(sent[i : i + concurrency], seed=i)
                 for name, url in rng.sample(targets, len(targets)):
                     bar.set_postfix_str(f"c{concurrency} {name}")
                     time.sleep(settle_s)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import random
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -93,3 +94,20 @@ def sample(data: Path, per_task: int, max_prompt_chars: int = 3000) -> list[Item
         rows.sort(key=lambda r: hashlib.sha1(r["id"].encode()).hexdigest())
         by_task[task] = [to_item(r, max_prompt_chars) for r in rows[:per_task]]
     return [by_task[t][i] for i in range(per_task) for t in TASKS if i < len(by_task[t])]
+
+
+def arrival_order(wave: Sequence[Item], seed: int) -> list[Item]:
+    """``wave``'s items in a fixed-seed shuffled order, as clients would send a mix of
+    tasks: the order of every wave of bench.speedup and bench.sim_fleet, the same for every
+    target. ``seed`` is the wave's position, so repeats deal alike.
+
+    The sample cycles through the tasks (code, rag, chat, creative, ...). A round robin over
+    4, 8 or 16 servers in that order segregates them: ``run_spread`` (item i to server
+    i % n) gave every plain server of 8 GPUs one task, rag alone on two, and the gateway's
+    least-loaded replica (ties in list order) clumped them: 0 to 16 of the 64 rag requests a
+    GPU at c=256 in one run (session 16). On one server the order decides which task opens a
+    wave, the one a gateway routes a burst for first (``gateway.arrivals``): code opened
+    every wave of bench.speedup until session 29, which sent the sample's order."""
+    order = list(wave)
+    random.Random(seed).shuffle(order)
+    return order

@@ -345,8 +345,7 @@ def test_a_fleet_wave_arrives_in_an_order_that_does_not_cycle_through_the_tasks(
     sample's code, rag, chat, creative cycle dealt round robin over 8 servers gave each
     server one task (session 16); shuffled, every server of 8 gets more than one, and the
     wave keeps its items."""
-    from bench.sim_fleet import arrival_order
-    from bench.workloads import Item
+    from bench.workloads import Item, arrival_order
 
     tasks = ("code", "rag", "chat", "creative")
     wave = [Item(t, f"{t}-{i}", "/v1/chat/completions", {}, 10) for i in range(64) for t in tasks]

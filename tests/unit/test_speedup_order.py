@@ -56,3 +56,30 @@ def test_the_order_seed_decides_the_orders(monkeypatch: pytest.MonkeyPatch) -> N
     assert all(o != first for o in others)
     # the target that opens the first wave is not the same for every seed
     assert len({w[0][0] for w in [first, *others]}) > 1
+
+
+def test_every_target_gets_each_wave_in_one_shuffled_arrival_order(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each wave goes out in ``bench.workloads.arrival_order`` (the sample cycles code, rag,
+    chat, creative: sent as sampled, code opened every wave, so a gateway's burst was always
+    first routed for code), the same order to every target."""
+    config = load_config(CONFIG)
+    sent: dict[str, list[list[str]]] = {}
+
+    def run_items(url: str, _model: str, wave: Any, **kw: Any) -> tuple[list[Any], float]:
+        if kw["max_tokens"] != 8:  # not the warm-up
+            sent.setdefault(url, []).append([item.task for item in wave])
+        return [], 0.0
+
+    monkeypatch.setattr(speedup, "run_items", run_items)
+    monkeypatch.setattr(speedup, "scrape", lambda _config: {})
+    monkeypatch.setattr(speedup.time, "sleep", lambda _s: None)
+    tasks = ("code", "rag", "chat", "creative")
+    items = [Item(t, f"{t}-{i}", "/v1/chat/completions", {}, 10) for i in range(8) for t in tasks]
+    speedup.measure(config, "http://gateway", items, [4], 64, list(config.backends), (), 0.0)
+    orders = list(sent.values())
+    assert len(orders) == len(config.backends) + 1 and all(o == orders[0] for o in orders)
+    waves = orders[0]
+    assert len(waves) == 8 and all(sorted(w) == sorted(tasks) for w in waves)
+    assert len({w[0] for w in waves}) > 1  # not every wave opened by code
