@@ -24,16 +24,38 @@ class BackgroundTasks:
         return task
 
     def every(
-        self, interval_s: float, step: Callable[[], Awaitable[object]], name: str
+        self,
+        interval_s: float | Callable[[], float],
+        step: Callable[[], Awaitable[object] | None],
+        name: str,
+        *,
+        first_s: float | None = None,
     ) -> asyncio.Task[None]:
-        """Run ``step`` every ``interval_s`` seconds, the first time one interval from now,
-        until :meth:`aclose` (a loop written once for the poller, the canary, the state
-        sync and the learning saver)."""
+        """Run ``step`` (a coroutine function, or a plain function) every ``interval_s``
+        seconds (a number, or a function read before each wait, for an interval that can
+        change at run time), the first time ``first_s`` from now (default: one interval),
+        until :meth:`aclose`: the one loop of the poller, the canaries, the history, the
+        state sync and the learning saver.
+
+        A step that raises is logged with its traceback and the loop goes on at the next
+        interval: one unexpected error (a backend removed by a reload while a canary round
+        ran, say) must not stop a check for the rest of the process's life, which used to
+        be reported only at shutdown.
+        """
+        wait = interval_s if callable(interval_s) else lambda: interval_s
 
         async def loop() -> None:
+            await asyncio.sleep(wait() if first_s is None else first_s)
             while True:
-                await asyncio.sleep(interval_s)
-                await step()
+                try:
+                    done = step()
+                    if done is not None:
+                        await done
+                except Exception:
+                    logger.exception(
+                        "background task %s: a step failed; the next in %g s", name, wait()
+                    )
+                await asyncio.sleep(wait())
 
         return self.start(loop(), name)
 

@@ -47,7 +47,7 @@ def observability(
     history = AcceptanceHistory(
         gateway.registry, span_s=settings.status_history_s, interval_s=settings.health_interval_s
     )
-    tasks.start(history.run(), "specgate-history")
+    tasks.every(history.interval_s, history.sample, "specgate-history", first_s=0.0)
     try:
         yield Observability(
             metrics, history, StatusPage(refresh_s=max(2.0, settings.health_interval_s))

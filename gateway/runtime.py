@@ -268,7 +268,7 @@ async def open_runtime(parts: Parts) -> AsyncIterator[Runtime]:
             tasks.every(canary.interval_s, canary.run_round, "specgate-canary")
         sample_canary = build_sample_canary(settings, backends)
         if sample_canary is not None:
-            tasks.start(sample_canary.run(), "specgate-sample-canary")
+            sample_canary.start(tasks)
         live_scoring = build_live_scoring(settings, sample_canary)
         if live_scoring is not None:
             tasks.start(live_scoring.run(), "specgate-live-scoring")

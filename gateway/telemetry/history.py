@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections import deque
 from collections.abc import Callable
@@ -14,8 +13,8 @@ class AcceptanceHistory:
     """Per backend, the last ``span_s`` seconds of ``(unix time, acceptance rate)`` samples.
 
     :meth:`sample` reads the registry's current windowed acceptance (backends without a
-    measured window are skipped); :meth:`run` samples every ``interval_s`` seconds. Each
-    deque holds at most ``span_s / interval_s + 1`` samples (capped at ``max_points``).
+    measured window are skipped); the app calls it every ``interval_s`` seconds. Each deque
+    holds at most ``span_s / interval_s + 1`` samples (capped at ``max_points``).
     """
 
     def __init__(
@@ -49,9 +48,3 @@ class AcceptanceHistory:
         """The samples of ``name`` within the last ``span_s`` seconds, oldest first."""
         start = self.clock() - self.span_s
         return [(t, r) for t, r in self.series.get(name, ()) if t >= start]
-
-    async def run(self) -> None:
-        """Sample forever, every ``interval_s`` seconds; cancelled at shutdown."""
-        while True:
-            self.sample()
-            await asyncio.sleep(self.interval_s)

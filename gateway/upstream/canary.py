@@ -240,13 +240,16 @@ class Canary:
         """Check every speculative backend once against its plain twin."""
         config = self.config()
         plain: dict[tuple[str, int], Generation | str] = {}  # (twin, prompt) -> answer
-        results: dict[str, CanaryResult] = {}
+        checked = set()
         for name, backend in config.backends.items():
             state = self.registry.states.get(name)
             if backend.spec.speculative and state is not None:
-                results[name] = self.results.get(name) or CanaryResult()
-                await self._check(config, name, state, results[name], plain)
-        self.results = results
+                checked.add(name)
+                # in self.results before its answers are awaited: /routes shows the result
+                # of a backend whose suspicion the check sets, from its first round on
+                result = self.results.setdefault(name, CanaryResult())
+                await self._check(config, name, state, result, plain)
+        self.results = {n: r for n, r in self.results.items() if n in checked}
         self.rounds += 1
         self.last_round = time.time()
 
@@ -261,12 +264,12 @@ class Canary:
         """One backend's part of a round (``plain`` caches the twins' answers)."""
         backend = config.backends[name]
         result.twin = plain_twin(config, self.registry, backend.served_model)
-        result.counts = Counter()
         if not state.available:
-            result.note = "backend unhealthy"
+            result.note, result.counts = "backend unhealthy", Counter()
             return
         if result.twin is None:
             result.note = f"no healthy plain backend serves {backend.served_model!r}"
+            result.counts = Counter()
             return
         verdicts = []
         for i in range(len(CANARY_PROMPTS)):

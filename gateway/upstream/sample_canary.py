@@ -17,7 +17,6 @@ from requests with temperature > 0); it is cleared when every stream of it passe
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections import Counter, deque
@@ -26,6 +25,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from contracts.config import BackendConfig, GatewayConfig
+from gateway.background import BackgroundTasks
 from gateway.routing.bands import Band, temperature_bands
 from gateway.upstream.canary import CANARY_PROMPTS, plain_twin, post_completion
 from gateway.upstream.sample_stats import per_test_alpha, rate_upper_bound, tail_bound
@@ -115,8 +115,8 @@ class SampleCanary:
                 await self._test(run, name)
                 # at once: the next backend's test takes seconds, and a failing verdict
                 # must not wait for it to take the backend off sampled traffic
-                self.apply_verdicts(bands)
-        self.apply_verdicts(bands)
+                self.apply_verdicts(temperature_bands(self.config()))
+        self.apply_verdicts(temperature_bands(self.config()))  # as now configured
         cost = (0, 0) if run is None else (run.decoded, run.scored)
         self.costs.append((now, *cost, time.monotonic() - started))
         while self.costs and self.costs[0][0] < now - HOUR_S:
@@ -184,7 +184,10 @@ class SampleCanary:
         set by :meth:`apply_verdicts`."""
         stream = self.streams[(name, band.label)]
         config = self.config()
-        twin = plain_twin(config, self.registry, config.backends[name].served_model)
+        backend = config.backends.get(name)
+        if backend is None:  # removed by a reload while its samples were taken
+            return
+        twin = plain_twin(config, self.registry, backend.served_model)
         reference = self.plain.get((twin or "", band.label)) or Stream(self.budget.window_s)
         eps = self._null_rate(reference, band, alpha)
         before = stream.verdict
@@ -300,13 +303,14 @@ class SampleCanary:
             return str(exc)
         return Scored(prompt, tuple(ids), tuple(logprobs), tuple(texts), request)
 
-    async def run(self) -> None:
-        """A round every ``interval_s`` seconds, the first one a minute (at most an interval)
-        after start, when the backends are warm; cancelled at shutdown."""
-        await asyncio.sleep(min(60.0, self.budget.interval_s))
-        while True:
-            await self.run_round()
-            await asyncio.sleep(self.budget.interval_s)
+    def start(self, tasks: BackgroundTasks) -> None:
+        """A round every ``interval_s`` seconds of the budget as it is then (it can change at
+        run time), the first one a minute (at most an interval) after start, when the
+        backends are warm; in ``tasks`` (a round that fails is logged, the next one runs)."""
+        first = min(60.0, self.budget.interval_s)
+        tasks.every(
+            lambda: self.budget.interval_s, self.run_round, "specgate-sample-canary", first_s=first
+        )
 
     def cost_last_hour(self) -> dict[str, float]:
         """Tokens sampled (decoded), tokens scored (prefilled on the twin) and seconds the

@@ -269,3 +269,33 @@ async def test_app_starts_the_canary_only_when_enabled(interval: float, enabled:
     if enabled:
         assert routes["canary"]["rounds"] == 0  # the first round waits one interval
         assert routes["canary"]["near_tie_margin"] == settings.canary_near_tie_margin
+
+
+async def test_a_suspect_backend_shows_its_result_while_the_round_goes_on(gw: InProcess) -> None:
+    """On a backend's first round the canary's report has its result as soon as its check
+    set ``suspect`` (the report used to wait for the round's other backends: ``/routes``
+    showed a suspect with no canary result), and removed backends leave the report."""
+    gw.app.state.runtime.gateway.reload(static_config())
+    c = canary(gw)
+    gw.fakes["plain"].completion_override = real("fp32_plain")
+    for name in ("draft", "eagle3"):
+        gw.fakes[name].completion_override = real("fp32_draft")
+    gw.fakes["ngram"].completion_override = with_token(real("fp32_plain"), 2, 40, "8")
+    states = gw.app.state.runtime.gateway.registry.states
+    seen: list[tuple[str, dict[str, Any]]] = []
+    check = c._check
+
+    async def observed(config: Any, name: str, *rest: Any) -> None:
+        suspects = [n for n, s in states.items() if s.suspect is not None]
+        seen.append((name, {n: c.results[n].to_json()["last_round"] for n in suspects}))
+        await check(config, name, *rest)
+
+    c._check = observed  # type: ignore[method-assign]
+    await c.run_round()
+    first = [name for name, _ in seen].index("ngram")
+    assert first < len(seen) - 1  # a backend is checked after ngram
+    for _, shown in seen[first + 1 :]:
+        assert shown == {"ngram": {"matched": 0, "near_tie": 0, "fault": 5, "undecided": 0}}
+    c.results["gone"] = c.results["ngram"]
+    await c.run_round()
+    assert set(c.results) == {"ngram", "draft", "eagle3"}

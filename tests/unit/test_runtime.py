@@ -58,3 +58,28 @@ async def test_background_tasks_close_once_and_log_failures(
     await tasks.aclose()  # idempotent
     assert sleeper.cancelled()
     assert "background task failing failed" in caplog.text
+
+
+async def test_a_background_loop_outlives_a_failing_step(caplog: pytest.LogCaptureFixture) -> None:
+    """``every`` logs a step's error and runs it again at the next interval (a canary round
+    that raised used to end its loop until restart, reported only at shutdown); plain
+    functions are steps too, and the interval may be read before each wait."""
+    calls: list[str] = []
+    interval = [0.01]
+
+    async def flaky() -> None:
+        calls.append("async")
+        if len(calls) == 1:
+            raise KeyError("ngram")
+
+    tasks = BackgroundTasks()
+    tasks.every(lambda: interval[0], flaky, "flaky", first_s=0.0)
+    tasks.every(0.01, lambda: calls.append("sync"), "sync")
+    for _ in range(200):
+        await asyncio.sleep(0.005)
+        if calls.count("async") >= 3 and calls.count("sync") >= 2:
+            break
+    await tasks.aclose()
+    assert calls.count("async") >= 3 and calls.count("sync") >= 2
+    assert "background task flaky: a step failed; the next in 0.01 s" in caplog.text
+    assert "KeyError: 'ngram'" in caplog.text  # with its traceback

@@ -298,3 +298,40 @@ async def test_a_failing_verdict_takes_effect_before_the_round_goes_on(gw: InPro
     assert [name for name, _, _ in seen] == ["ngram", "draft", "eagle3"]
     assert seen[1][1] == {"ngram"} and seen[2][1] == {"ngram"}  # failing from the first test
     assert all(failing == suspect for _, failing, suspect in seen)
+
+
+async def test_a_reload_that_removes_a_backend_mid_round_leaves_the_canary_running(
+    gw: InProcess,
+) -> None:
+    """A reload drops ngram while its samples are being taken: its judgement is skipped
+    (it used to raise KeyError and stop the canary's loop for good) and the verdicts are
+    applied as the new config has it."""
+    import yaml
+
+    from tests.unit.conftest import ROOT
+
+    gateway = gw.app.state.runtime.gateway
+    gateway.reload(static_config())
+    c = sample_canary(gw)
+    gw.fakes["ngram"].sample_fault = 0.25
+    data = yaml.safe_load((ROOT / "config" / "local.yaml").read_text())
+    del data["backends"]["ngram"]
+    data["pools"]["speculative"].remove("ngram")
+    data["routing"]["policy"] = "static"
+    without = parse_config(data)
+    samples = c._samples
+    ngram_url = gateway.config.backends["ngram"].base_url
+
+    async def reload_during_ngram(run: Any, backend: Any, twin: str) -> Any:
+        got = await samples(run, backend, twin)
+        if backend.base_url == ngram_url:
+            gateway.reload(without)
+        return got
+
+    c._samples = reload_during_ngram  # type: ignore[method-assign]
+    await c.run_round()
+    assert c.rounds == 1
+    assert "ngram" not in gateway.registry.states or (
+        gateway.registry.states["ngram"].sample_suspect is None
+    )
+    assert c.streams[("draft", "(0, 0.6]")].verdict == "pass"
