@@ -108,12 +108,14 @@ async def replay(profile: SimProfile, items: Sequence[Item], scale: float) -> di
     return dict(zip(kinds, runs, strict=True))
 
 
-def ratios(cells: dict[str, Cells]) -> dict[tuple[str, int, str], float]:
+def ratios(
+    cells: dict[str, Cells], concurrencies: Sequence[int] = CONCURRENCIES
+) -> dict[tuple[str, int, str], float]:
     """Speculative/plain tokens/s per (kind, c, task)."""
     return {
         (kind, c, t): cells[kind][c][t] / cells["plain"][c][t]
         for kind in SPECULATIVE
-        for c in CONCURRENCIES
+        for c in concurrencies
         for t in TASKS
     }
 
@@ -121,19 +123,20 @@ def ratios(cells: dict[str, Cells]) -> dict[tuple[str, int, str], float]:
 def table(
     simulated: dict[str, dict[int, dict[str, float]]],
     measured: dict[str, dict[int, dict[str, float]]],
+    concurrencies: Sequence[int] = CONCURRENCIES,
 ) -> tuple[str, float, int]:
-    """The markdown table of simulated vs measured ratios, the largest relative error and
-    the count of cells within 15%."""
-    sim, real = ratios(simulated), ratios(measured)
+    """The markdown table of simulated vs measured ratios at ``concurrencies``, the largest
+    relative error and the count of cells within 15%."""
+    sim, real = ratios(simulated, concurrencies), ratios(measured, concurrencies)
     lines = [
-        "| backend | task | " + " | ".join(f"c={c}" for c in CONCURRENCIES) + " |",
-        "|---|---|" + "---|" * len(CONCURRENCIES),
+        "| backend | task | " + " | ".join(f"c={c}" for c in concurrencies) + " |",
+        "|---|---|" + "---|" * len(concurrencies),
     ]
     worst, within = 0.0, 0
     for kind in SPECULATIVE:
         for t in TASKS:
             row = []
-            for c in CONCURRENCIES:
+            for c in concurrencies:
                 s, m = sim[(kind, c, t)], real[(kind, c, t)]
                 err = s / m - 1
                 worst = max(worst, abs(err))
@@ -158,20 +161,25 @@ def fit_steps(profile: SimProfile, simulated: dict[str, Cells]) -> SimProfile:
     return replace(profile, kinds=kinds)
 
 
-def against(paths: Sequence[Path]) -> tuple[dict[str, Cells], int]:
+def against(paths: Sequence[Path]) -> tuple[dict[str, Cells], int, list[int]]:
     """The measured cells (``measured[kind][c][task]``, output tokens/s per request) of
     another run's ``bench.speedup`` results, its repeats pooled (total over total, as a
-    profile's own: :func:`bench.sim.derive.derive`), and its prompts a task. Raises OSError,
-    ValueError (not JSON, or a cell the calibration compares is missing), KeyError,
-    IndexError (no run) or ZeroDivisionError (a cell without an answered request) on what is
-    not such results."""
+    profile's own: :func:`bench.sim.derive.derive`), its prompts a task, and the
+    concurrencies of :data:`CONCURRENCIES` it measured (a run may leave some out, as
+    ``CONCURRENCY=4,8,16`` in session 30). Raises OSError, ValueError (not JSON, no
+    concurrency of ours, or a cell of a measured concurrency missing), KeyError, IndexError
+    (no run) or ZeroDivisionError (a cell without an answered request) on what is not such
+    results."""
     run = parse_profile(derive(pooled([json.loads(path.read_text()) for path in paths])))
+    measured = [c for c in CONCURRENCIES if c in run.measured.get("plain", {})]
+    if not measured:
+        raise ValueError(f"no plain at any of c={', '.join(map(str, CONCURRENCIES))}")
     for kind in ("plain", *SPECULATIVE):
-        for c in CONCURRENCIES:
+        for c in measured:
             missing = set(TASKS).difference(run.measured.get(kind, {}).get(c, {}))
             if missing:
                 raise ValueError(f"no {kind} at c={c} for {', '.join(sorted(missing))}")
-    return run.measured, run.per_task
+    return run.measured, run.per_task, measured
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -200,9 +208,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--fit fits the profile to its own run: not with --against")
     profile = load_profile(args.profile)
     measured, per_task, compared = profile.measured, profile.per_task, "the profile's own run"
+    concurrencies = list(CONCURRENCIES)
     if args.against:
         try:
-            measured, per_task = against(args.against)
+            measured, per_task, concurrencies = against(args.against)
         except (OSError, ValueError, LookupError, TypeError, ArithmeticError) as error:
             parser.error(f"--against: not bench.speedup results of every cell ({error!r})")
         compared = ", ".join(map(str, args.against))
@@ -214,8 +223,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             profile = fit_steps(profile, simulated)
             simulated = asyncio.run(replay(profile, items, args.scale))
         args.profile.write_text(json.dumps(profile.to_json(), indent=1) + "\n")
-    text, worst, within = table(simulated, measured)
-    total = len(SPECULATIVE) * len(TASKS) * len(CONCURRENCIES)
+    text, worst, within = table(simulated, measured, concurrencies)
+    total = len(SPECULATIVE) * len(TASKS) * len(concurrencies)
     report = (
         f"Speculative / plain, output tokens/s per request, simulated / measured "
         f"(**x**: off by more than 15%):\n\n{text}\n\n{within} of {total} cells within 15%; "

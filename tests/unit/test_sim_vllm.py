@@ -166,6 +166,66 @@ def test_calibration_fits_only_to_the_profiles_own_run(
     assert "--against: not bench.speedup results of every cell" in capsys.readouterr().err
 
 
+def _results(concurrencies: tuple[int, ...]) -> dict[str, Any]:
+    """bench.speedup results with plain, ngram and EAGLE-3 alone at ``concurrencies``, one
+    64-token request a task and cell, EAGLE-3 twice plain's speed, ngram plain's."""
+    tasks = ("code", "rag", "chat", "creative")
+    items = [{"task": t, "id": f"{t}-1", "prompt_chars": 400, "temperature": 0.0} for t in tasks]
+    speed = {"plain": 1.0, "ngram": 1.0, "eagle3": 2.0}
+    runs = [
+        {
+            "target": kind,
+            "concurrency": c,
+            "outcomes": [
+                {
+                    "task": t,
+                    "id": f"{t}-1",
+                    "ttft_s": 0.05,
+                    "e2e_s": 0.5 / speed[kind],
+                    "output_tokens": 64,
+                    "chunks": 64 if kind == "plain" else 32,
+                }
+                for t in tasks
+            ],
+        }
+        for kind in speed
+        for c in concurrencies
+    ]
+    return {"meta": {"items": items, "per_task": 1, "date": "test"}, "runs": runs}
+
+
+def test_calibration_compares_with_a_run_of_some_concurrencies_only(tmp_path: Path) -> None:
+    """A GPU run of ``CONCURRENCY=4,8,16`` (session 30) is compared on its own
+    concurrencies, not refused for lacking c=1, 32 and 64; a run missing a backend's cell
+    at one of them is refused."""
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps(_results((4, 8, 16))))
+    measured, per_task, concurrencies = sim_calibrate.against([path])
+    assert concurrencies == [4, 8, 16]
+    assert per_task == 1
+    assert measured["eagle3"][8]["code"] == pytest.approx(2 * measured["plain"][8]["code"])
+    simulated = {
+        k: {
+            c: dict.fromkeys(("code", "rag", "chat", "creative"), 100.0)
+            for c in (1, 4, 8, 16, 32, 64)
+        }
+        for k in ("plain", "ngram", "eagle3")
+    }
+    text, worst, within = sim_calibrate.table(simulated, measured, concurrencies)
+    assert text.splitlines()[0] == "| backend | task | c=4 | c=8 | c=16 |"
+    assert (worst, within) == (pytest.approx(0.5), 12)  # ngram's 12 cells right, EAGLE-3's half
+    partial = _results((4, 8))
+    partial["runs"] = [
+        r for r in partial["runs"] if (r["target"], r["concurrency"]) != ("eagle3", 8)
+    ]
+    path.write_text(json.dumps(partial))
+    with pytest.raises((ValueError, ArithmeticError)):
+        sim_calibrate.against([path])
+    path.write_text(json.dumps(_results((2,))))  # none of the calibration's concurrencies
+    with pytest.raises(ValueError, match="no plain at any of c=1, 4, 8, 16, 32, 64"):
+        sim_calibrate.against([path])
+
+
 async def replay(kind: str, concurrency: int, task: str) -> float:
     """Output tokens/s per request of 16 ``task`` requests of 64 tokens at ``concurrency``
     on the twin profile's ``kind`` alone (simulated time)."""
