@@ -7,13 +7,13 @@
 # twin-run.sh's three repeats (PER_TASK, default 12; no checks, no sampled step, no draft-model
 # stack) with a second adaptive gateway beside main's (:8030, `adaptive-b` in bench.speedup's
 # tables, state not saved): config/gpu-twin.yaml with EAGLE-3's max_batch_for_speculation
-# at 8 instead of 4 (${LIMIT:-8}), so that both limits meet the same servers, waves
-# interleaved, in one run.
+# at ${LIMIT:-16} instead of the config's (4 until session 30, 8 since), so that both limits
+# meet the same servers, waves interleaved, in one run.
 set -uo pipefail
 OUT=${1:?OUT}
 mkdir -p /root/sg "$OUT"
 variant=/root/sg/gpu-twin-limit.yaml
-sed "s/^    max_batch_for_speculation: 4\$/    max_batch_for_speculation: ${LIMIT:-8}/" \
+sed "/^  eagle3:\$/,/^  [a-z]/ s/^    max_batch_for_speculation: [0-9]*\$/    max_batch_for_speculation: ${LIMIT:-16}/" \
     config/gpu-twin.yaml > "$variant"
 diff config/gpu-twin.yaml "$variant" > "$OUT/variant.diff"
 [ -s "$OUT/variant.diff" ] || { echo "twin-ab: the variant equals the config" >&2; exit 1; }
