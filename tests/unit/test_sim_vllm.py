@@ -219,7 +219,7 @@ def test_calibration_compares_with_a_run_of_some_concurrencies_only(tmp_path: Pa
         r for r in partial["runs"] if (r["target"], r["concurrency"]) != ("eagle3", 8)
     ]
     path.write_text(json.dumps(partial))
-    with pytest.raises((ValueError, ArithmeticError)):
+    with pytest.raises(ZeroDivisionError):  # derive() computes every backend's cell
         sim_calibrate.against([path])
     path.write_text(json.dumps(_results((2,))))  # none of the calibration's concurrencies
     with pytest.raises(ValueError, match="no plain at any of c=1, 4, 8, 16, 32, 64"):
