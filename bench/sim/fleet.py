@@ -19,6 +19,12 @@ SPECULATION = {
     "ngram": {"method": "ngram", "num_speculative_tokens": 4},
     "eagle3": {"method": "eagle3", "num_speculative_tokens": 3, "model": "twin-eagle3"},
 }
+#: ``max_batch_for_speculation`` of a simulated fleet's speculative backends where it differs
+#: from the twin config's, which is set for the H100 the GPU runs get: the fleet simulates
+#: H200s (the default profile, ``twin-2026-12-01.json``: EAGLE-3 alone 0.90x plain at c=8),
+#: where a limit of 8 lost (eighth run, docs/benchmarks.md section 7; on this simulator,
+#: 16 backends at c=64: 0.94 and 0.96x plain against 0.99 and 1.01x with 4, session 30).
+FLEET_LIMITS = {"eagle3": 4}
 
 
 def fleet_config(
@@ -26,7 +32,8 @@ def fleet_config(
 ) -> dict[str, Any]:
     """The gateway config: ``twin``'s defaults, routing (adaptive) and rules, with the
     simulated backends ``names`` (backend -> kind) at ``urls``; each speculative backend keeps
-    the twin config's per-backend settings of its kind."""
+    the twin config's per-backend settings of its kind, but the batch limits of
+    :data:`FLEET_LIMITS`."""
     base = yaml.safe_load(twin.read_text())
     backends: dict[str, Any] = {}
     for name, kind in names.items():
@@ -36,6 +43,8 @@ def fleet_config(
             for key in ("min_acceptance_rate", "max_batch_for_speculation"):
                 if key in base["backends"].get(kind, {}):
                     entry[key] = base["backends"][kind][key]
+            if kind in FLEET_LIMITS:
+                entry["max_batch_for_speculation"] = FLEET_LIMITS[kind]
         if groups:
             entry["compute_group"] = "gpu" + name.rsplit("-g", 1)[1]
         backends[name] = entry

@@ -393,8 +393,12 @@ def test_the_fleet_config_is_the_twins_rules_over_every_simulated_backend() -> N
     twin = load_config("config/gpu-twin.yaml")
     for kind in ("eagle3", "ngram"):  # the twin config's own per-backend settings
         sim = config.backends[f"{kind}-g2"]
-        assert sim.max_batch_for_speculation == twin.backends[kind].max_batch_for_speculation
         assert sim.min_acceptance_rate == twin.backends[kind].min_acceptance_rate
+    # ngram's batch limit is the twin config's; EAGLE-3's the H200 fleet's, not the H100's
+    assert config.backends["ngram-g2"].max_batch_for_speculation == 1
+    assert twin.backends["ngram"].max_batch_for_speculation == 1
+    assert config.backends["eagle3-g2"].max_batch_for_speculation == 4
+    assert twin.backends["eagle3"].max_batch_for_speculation == 8
     assert [r.name for r in config.rules] == [r.name for r in twin.rules]  # the twin's rules
     without = fleet_config(names, {n: "http://x" for n in names}, False)
     assert all("compute_group" not in b for b in without["backends"].values())
