@@ -23,7 +23,8 @@ SPECULATION = {
 #: from the twin config's, which is set for the H100 the GPU runs get: the fleet simulates
 #: H200s (the default profile, ``twin-2026-12-01.json``: EAGLE-3 alone 0.90x plain at c=8),
 #: where a limit of 8 lost (eighth run, docs/benchmarks.md section 7; on this simulator,
-#: 16 backends at c=64: 0.94 and 0.96x plain against 0.99 and 1.01x with 4, session 30).
+#: 16 backends at c=64: 0.94, 0.96 and 1.01x plain against 0.99 and 1.01x with 4, session
+#: 30, per-task choices splitting GPUs: section 7b).
 FLEET_LIMITS = {"eagle3": 4}
 
 
