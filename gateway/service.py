@@ -36,7 +36,7 @@ from gateway.routing.policy import CohortMember, RouteDecision, RoutingPolicy
 from gateway.routing.seeds import pin_seeded, seeded
 from gateway.speculation.prompt_stats import PromptStats, stats_of
 from gateway.speculation.spec_params import SpecParams
-from gateway.trace import RequestTrace
+from gateway.trace import ComputeMark, RequestTrace
 from gateway.upstream.affinity import ResponseAffinity
 from gateway.upstream.quarantine import fingerprint
 from gateway.upstream.state import BackendRegistry, DecisionStats
@@ -181,14 +181,35 @@ class Gateway:
         """Observer: feed a finished request to the adaptive learner (``routing.feedback``).
 
         A request that shared its GPU with another server of ours (``trace.shared``, set at
-        dispatch, or such a server busy as it ends) is not learnt: servers of one compute
+        dispatch; or such a server busy as it ends, or one of its requests ended meanwhile:
+        ``trace.mark``) is not learnt: servers of one compute
         group time-slice it, so a lone request beside a busy server runs at up to half the
         GPU while the batch beside it slows (on the twin, one EAGLE-3 request of a wave of
         64 ran at 188 tokens/s against plain's 113; learnt, EAGLE-3 looked 1.38x plain at
         32-63 requests for code, where alone it is 0.74x: docs/benchmarks.md section 7,
-        session 14)."""
+        session 14).
+
+        Its load band (``trace.concurrency``, the dispatch's, which counts the group's
+        recent peak) is lowered to the most that can have run beside it: those on the group
+        at dispatch and ours begun there since. A request sent alone within a burst's memory
+        is then learnt at its own load, not the burst's. On the twin, a lone code request
+        19 s after waves of 48, pinned to EAGLE-3 by its seed, was learnt at 32-63 requests
+        at 335 tokens/s, where a wave of 32 ran EAGLE-3 at 151; with EAGLE-3's limit at 16,
+        the learnt speeds there (1.21-1.32x plain for code) replaced the limit and the c=32
+        and c=64 waves went to EAGLE-3 at 0.66 and 0.60x plain (docs/benchmarks.md section
+        7, "Sixteenth run")."""
         if not self.config.routing.feedback:
             return
+        mark = (
+            trace.mark if trace.mark is not None and trace.mark.backend == trace.backend else None
+        )
+        if mark is not None:
+            taken, peer_ends = self._counts(mark.backend)
+            # at most those there at dispatch and ours begun there since, its own among them
+            # (a reload that replaced a member's state restarts its counts: at least its own)
+            ran = mark.joined + max(taken - mark.taken, 1) - 1
+            trace.concurrency = min(trace.concurrency, ran)
+            trace.shared = trace.shared or peer_ends != mark.peer_ends
         if trace.backend is not None and not trace.shared:
             trace.shared = self.shares_compute(trace.backend)
         self.feedback.observe(trace)
@@ -201,6 +222,28 @@ class Gateway:
             return False
         states, now = self.registry.states, self.registry.clock()
         return any((s := states.get(peer)) is not None and s.load(now) > 0 for peer in peers)
+
+    def mark(self, name: str) -> ComputeMark:
+        """``name``'s compute group as a request dispatched there now, its decision
+        reserved, sees it (:class:`~gateway.trace.ComputeMark`): ``joined`` is the batch the
+        policy reads of each member (this gateway's requests there and other clients' seen
+        by ``/metrics``, :meth:`~gateway.upstream.state.BackendState.snapshot`), without the
+        group's remembered peak, summed; the request's own reservation makes it at least 1."""
+        states, now = self.registry.states, self.registry.clock()
+        joined = sum(
+            s.load(now) + round(s.foreign_load(now))
+            for n in (name, *self.policy.peers.get(name, ()))
+            if (s := states.get(n)) is not None
+        )
+        return ComputeMark(name, max(joined, 1), *self._counts(name))
+
+    def _counts(self, name: str) -> tuple[int, int]:
+        """This gateway's requests begun on ``name``'s compute group (``name`` itself, alone
+        without a group, included) and those ended on its other servers, so far."""
+        states, peers = self.registry.states, self.policy.peers.get(name, ())
+        taken = sum(s.taken for n in (name, *peers) if (s := states.get(n)) is not None)
+        ended = sum(s.ended for n in peers if (s := states.get(n)) is not None)
+        return taken, ended
 
     def break_even(self) -> dict[str, Any]:
         """Per speculative backend and task, its learnt speed relative to the first plain

@@ -8,7 +8,7 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
     from gateway.classify.features import RequestFeatures
@@ -17,6 +17,21 @@ if TYPE_CHECKING:
 _USAGE_MARK = b'"completion_tokens"'
 _USAGE_KEY = "completion_tokens"
 logger = logging.getLogger(__name__)
+
+
+class ComputeMark(NamedTuple):
+    """A request's compute group at dispatch (:meth:`gateway.service.Gateway.mark`).
+
+    ``backend``: where it was dispatched; ``joined``: the requests on its compute group then,
+    without the group's remembered peak, this one included; ``taken``: this
+    gateway's requests begun on the group so far (every member's
+    :attr:`~gateway.upstream.state.BackendState.taken`); ``peer_ends``: those ended on the
+    group's other servers so far (their ``ended``)."""
+
+    backend: str
+    joined: float
+    taken: int
+    peer_ends: int
 
 
 @dataclass(slots=True)
@@ -32,8 +47,11 @@ class RequestTrace:
     backend's compute at dispatch, this one included; ``spec_decoding``: the answer's
     ``metrics.speculative_decoding`` (vLLM per-request acceptance), when it had one;
     ``shared``: another server of the backend's compute group held requests of this gateway
-    when the request was dispatched or when it ended (its speed is not that backend's at
-    this load: not learnt, see :meth:`gateway.service.Gateway.learn`).
+    when the request was dispatched, ended there meanwhile, or held some as it ended (its
+    speed is not that backend's at this load: not learnt, see
+    :meth:`gateway.service.Gateway.learn`); ``mark``: its compute group's counts at dispatch
+    (:meth:`gateway.service.Gateway.mark`), by which ``concurrency`` is lowered to what can
+    have run beside it and ``shared`` is set when it ends.
     Never holds prompt text.
     """
 
@@ -56,6 +74,7 @@ class RequestTrace:
     prompt: PromptStats | None = None
     concurrency: float = 1.0
     shared: bool = False
+    mark: ComputeMark | None = None
     spec_decoding: dict[str, Any] | None = None
     _last: float | None = None
     _tokens: tuple[int | None] | None = None  # completion_tokens(), once read

@@ -68,6 +68,9 @@ class BackendState:
     liveness: a backend answering requests is alive, however slow its probe).
     ``duration_s``: the running mean time (seconds, :data:`DURATION_WEIGHT`) this gateway's
     answered requests held the backend (0 until one was), by which a scrape ages.
+    ``taken`` and ``ended``: this gateway's requests there that have begun and that have
+    ended (counts, never reset), by which :meth:`gateway.service.Gateway.learn` tells what
+    ran on a compute group during one request's life.
     ``fingerprint``: the ``system_fingerprint`` its answers carry, as JSON text (``b""``:
     none; None: not seen yet), learnt by :class:`~gateway.upstream.feedback.ResponseTap`.
     ``down_listeners``: callbacks (no argument) run by :meth:`mark` when it goes down:
@@ -97,6 +100,8 @@ class BackendState:
     alive_at: float = 0.0
     fingerprint: bytes | None = None
     reserved: list[float] = field(default_factory=list)
+    taken: int = 0
+    ended: int = 0
     peak: int = 0
     peak_prev: int = 0
     peak_since: float = -2 * PEAK_WINDOW_S
@@ -148,10 +153,11 @@ class BackendState:
     def take(self, now: float) -> None:
         """One more of this gateway's requests there (``now``: ``time.monotonic()``); keeps
         the in-flight peak of the current :data:`PEAK_WINDOW_S` slot and of the one before,
-        and ends the oldest reservation."""
+        and ends the oldest reservation; counted in :attr:`taken`."""
         if self.reserved:
             del self.reserved[0]
         self.inflight += 1
+        self.taken += 1
         self.note_load(now, self.inflight)
 
     def note_load(self, now: float, load: int) -> None:
@@ -173,8 +179,10 @@ class BackendState:
 
     def release(self, duration_s: float | None = None) -> None:
         """One of this gateway's requests there has ended, after ``duration_s`` seconds
-        (None: not timed) in flight: kept in :attr:`duration_s`'s running mean."""
+        (None: not timed) in flight: kept in :attr:`duration_s`'s running mean, and counted
+        in :attr:`ended`."""
         self.inflight -= 1
+        self.ended += 1
         if duration_s is not None and duration_s >= 0:
             mean = self.duration_s
             self.duration_s = (

@@ -397,6 +397,84 @@ def test_a_request_that_shared_its_gpu_with_another_server_of_ours_teaches_nothi
     assert gateway.feedback.shared == 2 and gateway.feedback.to_json()["shared"] == 2
 
 
+def test_a_request_beside_which_another_server_of_its_gpu_ran_ours_teaches_nothing() -> None:
+    """Idle beside it at dispatch and as it ends is not enough: a request during whose life
+    another server of its GPU took and ended one of ours (a split wave's plain share that
+    ended first) ran part of its time beside it, so it is counted, not learnt. One that moved
+    to another backend (a failover) keeps the checks at its end."""
+    policy = fleet(2)
+    gateway = Gateway(policy.config, registry=BackendRegistry(policy.config.backends))
+    states = gateway.registry.states
+    beside = dispatched(gateway, "eagle3-g0", take=True)
+    alone = dispatched(gateway, "eagle3-g1", take=True)
+    states["plain-g0"].take(0.0)  # one of ours on g0's plain server, ended before beside
+    states["plain-g0"].release(0.2)
+    for trace in (beside, alone):
+        finish(gateway, trace)
+    assert (beside.shared, alone.shared) == (True, False)
+    assert gateway.feedback.learner.observations == 1 and gateway.feedback.shared == 1
+    moved = dispatched(gateway, "eagle3-g1", take=True)
+    states["eagle3-g1"].release()  # its attempt failed before answering: a failover
+    moved.backend = "plain-g1"
+    states["plain-g1"].take(0.0)
+    finish(gateway, moved)  # its own first attempt ended beside it: not another request's
+    assert not moved.shared and gateway.feedback.learner.observations == 2
+
+
+def test_a_request_is_learnt_at_the_load_it_can_have_run_beside() -> None:
+    """Routing counts a compute group's recent peak as its load (a burst's first requests
+    meet idle servers), and a request used to be learnt there too: a lone code request 19 s
+    after waves of 48, pinned to EAGLE-3 by its seed, was learnt at 32-63 requests at a lone
+    request's speed (the sixteenth GPU run: 335 tokens/s where a wave of 32 ran EAGLE-3 at
+    151, docs/benchmarks.md section 7). Its band is now at most the requests on the group at
+    dispatch (without the peak) and ours begun there since; a wave's first request, which
+    met an idle server, is still learnt at the wave it ran in."""
+    policy = fleet(1)
+    gateway = Gateway(policy.config, registry=BackendRegistry(policy.config.backends))
+    now = time.monotonic()
+    gateway.registry.states["plain-g0"].note_load(now, 48)  # a burst of 48, just ended
+    decision = gateway.decide(RequestFeatures(SIM_MODEL, 0.0, True, "code", 1.0, "header"))
+    assert decision.concurrency == 48  # the peak less one, + 1
+    assert decision.backend is not None
+    lone = dispatched(gateway, decision.backend, take=True)
+    assert lone.mark is not None and lone.mark.joined == 1
+    lone.concurrency = decision.concurrency
+    finish(gateway, lone)
+    assert lone.concurrency == 1
+    assert gateway.feedback.records()[-1]["bucket"] == "greedy/norep"  # band 1, not c32
+    first = dispatched(gateway, "eagle3-g0", take=True)
+    first.concurrency = 48.0
+    for _ in range(15):  # the rest of its wave of 16, on the same server
+        gateway.registry.states["eagle3-g0"].take(now)
+    finish(gateway, first)
+    assert first.concurrency == 16
+    assert gateway.feedback.records()[-1]["bucket"] == "greedy/norep/c16"
+
+
+def finish(gateway: Gateway, trace: RequestTrace) -> None:
+    """``trace``'s attempt ends (its backend's slot given back), then it is learnt."""
+    assert trace.backend is not None
+    gateway.registry.states[trace.backend].release(trace.duration_s)
+    gateway.learn(trace)
+
+
+def dispatched(gateway: Gateway, backend: str, take: bool = False) -> RequestTrace:
+    """A finished greedy code request (64 tokens in 0.3 s) routed to ``backend`` (its
+    decision reserved there) and its compute group marked, as the pipeline does at dispatch;
+    ``take``: its own attempt began there."""
+    trace = RequestTrace("r", "chat/completions", stream=False)
+    state = gateway.registry.states[backend]
+    state.reserve(time.monotonic())
+    trace.mark = gateway.mark(backend)
+    if take:
+        state.take(time.monotonic())
+    trace.backend, trace.task = backend, "code"
+    trace.features = RequestFeatures(SIM_MODEL, 0.0, True, "code", 1.0, "header")
+    trace.usage_bytes = b'{"usage":{"completion_tokens":64}}'
+    trace.status, trace.duration_s = 200, 0.3
+    return trace
+
+
 def test_the_peak_window_is_a_setting() -> None:
     """A burst's peak is remembered 1-2 windows (default 10 s); a simulator running at 10x
     real time sets 100 s (SPECGATE_PEAK_WINDOW_S) so its bursts are remembered as long in
