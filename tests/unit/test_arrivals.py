@@ -431,6 +431,27 @@ async def test_a_wave_after_a_quiet_spell_is_not_split(config) -> None:  # type:
         assert cohorts == {"formed": 1, "requests": 9}
 
 
+async def test_a_lone_request_after_a_wave_is_learnt_at_its_own_load() -> None:
+    """A request sent alone within a wave's memory is routed at the wave's remembered peak
+    (12 here: the 8-15 band), but learnt at the load it ran in, alone (the sixteenth GPU
+    run, docs/benchmarks.md section 7: a lone request after waves of 48 was learnt at 32-63
+    requests at a lone request's speed). The wave's own requests keep its band."""
+    async with in_process(gateway_settings(), local_config()) as gw:
+        for fake in gw.fakes.values():
+            fake.first_delay_s = 0.05  # the wave is in flight together
+        wave = await asyncio.gather(
+            *(gw.client.post("/v1/completions", json=BODY) for _ in range(12))
+        )
+        assert {r.status_code for r in wave} == {200}
+        await asyncio.sleep(0.06)
+        explain = (await gw.client.post("/routes/explain", json=BODY)).json()
+        assert "c8" in explain["adaptive"]["bucket"]  # routed at the wave's peak
+        assert (await gw.client.post("/v1/completions", json=BODY)).status_code == 200
+        recent = (await gw.client.get("/routes")).json()["adaptive"]["recent"]
+        assert [r["bucket"] for r in recent[:12]] == ["greedy/norep/c8"] * 12
+        assert recent[-1]["bucket"] == "greedy/norep"  # alone: band 1
+
+
 async def test_a_small_wave_stays_on_speculation(gw: InProcess) -> None:
     """Three code requests at once (a batch under max_batch_for_speculation): together on
     one speculative backend, as a lone request would go."""
