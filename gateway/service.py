@@ -190,14 +190,16 @@ class Gateway:
         session 14).
 
         Its load band (``trace.concurrency``, the dispatch's, which counts the group's
-        recent peak) is lowered to the most that can have run beside it: those on the group
-        at dispatch and ours begun there since. A request sent alone within a burst's memory
-        is then learnt at its own load, not the burst's. On the twin, a lone code request
-        19 s after waves of 48, pinned to EAGLE-3 by its seed, was learnt at 32-63 requests
-        at 335 tokens/s, where a wave of 32 ran EAGLE-3 at 151; with EAGLE-3's limit at 16,
-        the learnt speeds there (1.21-1.32x plain for code) replaced the limit and the c=32
-        and c=64 waves went to EAGLE-3 at 0.66 and 0.60x plain (docs/benchmarks.md section
-        7, "Sixteenth run")."""
+        recent peak) is lowered, never raised, to what ran beside it as far as this gateway
+        can tell: the requests on the group at dispatch (``trace.mark``, without the peak)
+        and this gateway's generations begun there since (other clients' that began since
+        are not seen). A request sent alone within a burst's memory is then learnt at its own
+        load, not the burst's. On the twin, a lone code request 19 s after waves of 48,
+        pinned to EAGLE-3 by its seed, was learnt at 32-63 requests at 335 tokens/s, where a
+        wave of 32 ran EAGLE-3 at 151; with EAGLE-3's limit at 16, the learnt speeds there
+        (``break_even``: code 1.21x plain) replaced the limit and the c=32 and c=64 waves
+        went to EAGLE-3 at 0.66 and 0.60x plain (docs/benchmarks.md section 7, "Sixteenth
+        run")."""
         if not self.config.routing.feedback:
             return
         mark = (
@@ -205,8 +207,8 @@ class Gateway:
         )
         if mark is not None:
             taken, peer_ends = self._counts(mark.backend)
-            # at most those there at dispatch and ours begun there since, its own among them
-            # (a reload that replaced a member's state restarts its counts: at least its own)
+            # those there at dispatch and ours begun there since, its own among them (a
+            # reload that replaced a member's state restarts its counts: at least its own)
             ran = mark.joined + max(taken - mark.taken, 1) - 1
             trace.concurrency = min(trace.concurrency, ran)
             trace.shared = trace.shared or peer_ends != mark.peer_ends
@@ -224,18 +226,19 @@ class Gateway:
         return any((s := states.get(peer)) is not None and s.load(now) > 0 for peer in peers)
 
     def mark(self, name: str) -> ComputeMark:
-        """``name``'s compute group as a request dispatched there now, its decision
-        reserved, sees it (:class:`~gateway.trace.ComputeMark`): ``joined`` is the batch the
-        policy reads of each member (this gateway's requests there and other clients' seen
-        by ``/metrics``, :meth:`~gateway.upstream.state.BackendState.snapshot`), without the
-        group's remembered peak, summed; the request's own reservation makes it at least 1."""
+        """``name``'s compute group as a request dispatched there now sees it
+        (:class:`~gateway.trace.ComputeMark`): ``joined`` is the request itself plus each
+        member's requests in flight, this gateway's and other clients' as ``/metrics`` last
+        showed them (aged: :meth:`~gateway.upstream.state.BackendState.foreign_load`),
+        without the group's remembered peak; this gateway's decisions not yet sent there are
+        left out (counted in ``taken`` when they begin)."""
         states, now = self.registry.states, self.registry.clock()
-        joined = sum(
-            s.load(now) + round(s.foreign_load(now))
+        joined = 1 + sum(
+            s.inflight + round(s.foreign_load(now))
             for n in (name, *self.policy.peers.get(name, ()))
             if (s := states.get(n)) is not None
         )
-        return ComputeMark(name, max(joined, 1), *self._counts(name))
+        return ComputeMark(name, joined, *self._counts(name))
 
     def _counts(self, name: str) -> tuple[int, int]:
         """This gateway's requests begun on ``name``'s compute group (``name`` itself, alone

@@ -22,14 +22,14 @@ logger = logging.getLogger(__name__)
 class ComputeMark(NamedTuple):
     """A request's compute group at dispatch (:meth:`gateway.service.Gateway.mark`).
 
-    ``backend``: where it was dispatched; ``joined``: the requests on its compute group then,
-    without the group's remembered peak, this one included; ``taken``: this
-    gateway's requests begun on the group so far (every member's
+    ``backend``: where it was dispatched; ``joined``: the requests in flight on its compute
+    group then, without the group's remembered peak, this one included; ``taken``: this
+    gateway's generations begun on the group so far (every member's
     :attr:`~gateway.upstream.state.BackendState.taken`); ``peer_ends``: those ended on the
     group's other servers so far (their ``ended``)."""
 
     backend: str
-    joined: float
+    joined: int
     taken: int
     peer_ends: int
 
@@ -50,8 +50,8 @@ class RequestTrace:
     when the request was dispatched, ended there meanwhile, or held some as it ended (its
     speed is not that backend's at this load: not learnt, see
     :meth:`gateway.service.Gateway.learn`); ``mark``: its compute group's counts at dispatch
-    (:meth:`gateway.service.Gateway.mark`), by which ``concurrency`` is lowered to what can
-    have run beside it and ``shared`` is set when it ends.
+    (:meth:`gateway.service.Gateway.mark`), by which ``concurrency`` is lowered to what ran
+    beside it and ``shared`` is set when it ends.
     Never holds prompt text.
     """
 

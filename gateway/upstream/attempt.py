@@ -24,14 +24,17 @@ class Attempt:
     :meth:`begin` to :meth:`end` (idempotent), which holds one of its in-flight slots and
     the ``watch``'s registration (None: no containment; the attempt is known as ``token``).
     ``held``: the lease is taken and not yet ended; ``started``: when it was taken
-    (``time.monotonic()``). ``survived``: the backend died under the attempt, blaming nobody,
-    or its non-streamed answer broke off, and the request moves on (:meth:`contained`; once
-    per request)."""
+    (``time.monotonic()``). ``generation``: a routed generation's attempt, counted in the
+    backend's :attr:`~gateway.upstream.state.BackendState.taken` and ``ended`` (a
+    pass-through one, ``/tokenize`` say, holds no GPU batch slot). ``survived``: the backend
+    died under the attempt, blaming nobody, or its non-streamed answer broke off, and the
+    request moves on (:meth:`contained`; once per request)."""
 
     name: str
     base_url: str
     state: BackendState
     watch: DeathWatch | None
+    generation: bool = False
     token: int = 0
     held: bool = False
     survived: bool = False
@@ -43,7 +46,7 @@ class Attempt:
         if self.watch is not None and body is not None:
             self.token = self.watch.begin(self.name, endpoint, body)
         self.started = time.monotonic()
-        self.state.take(self.started)
+        self.state.take(self.started, counted=self.generation)
         self.held = True
 
     def end(self, *, answered: bool = False) -> None:
@@ -56,7 +59,9 @@ class Attempt:
         self.held = False
         if self.watch is not None and self.token:
             self.watch.end(self.name, self.token)
-        self.state.release(time.monotonic() - self.started if answered else None)
+        self.state.release(
+            time.monotonic() - self.started if answered else None, counted=self.generation
+        )
 
     async def died(self, signal: str, head: bytes = b"") -> Death | None:
         """Whether the backend died under this attempt, which failed as ``signal`` says;

@@ -68,9 +68,10 @@ class BackendState:
     liveness: a backend answering requests is alive, however slow its probe).
     ``duration_s``: the running mean time (seconds, :data:`DURATION_WEIGHT`) this gateway's
     answered requests held the backend (0 until one was), by which a scrape ages.
-    ``taken`` and ``ended``: this gateway's requests there that have begun and that have
-    ended (counts, never reset), by which :meth:`gateway.service.Gateway.learn` tells what
-    ran on a compute group during one request's life.
+    ``taken`` and ``ended``: this gateway's generations there that have begun and that have
+    ended (counts, never reset; pass-through requests such as ``/tokenize`` not counted), by
+    which :meth:`gateway.service.Gateway.learn` tells what ran on a compute group during one
+    request's life.
     ``fingerprint``: the ``system_fingerprint`` its answers carry, as JSON text (``b""``:
     none; None: not seen yet), learnt by :class:`~gateway.upstream.feedback.ResponseTap`.
     ``down_listeners``: callbacks (no argument) run by :meth:`mark` when it goes down:
@@ -150,14 +151,14 @@ class BackendState:
         if self.reserved:
             self.reserved.pop()
 
-    def take(self, now: float) -> None:
+    def take(self, now: float, counted: bool = True) -> None:
         """One more of this gateway's requests there (``now``: ``time.monotonic()``); keeps
         the in-flight peak of the current :data:`PEAK_WINDOW_S` slot and of the one before,
-        and ends the oldest reservation; counted in :attr:`taken`."""
+        and ends the oldest reservation; ``counted`` (a generation): in :attr:`taken`."""
         if self.reserved:
             del self.reserved[0]
         self.inflight += 1
-        self.taken += 1
+        self.taken += counted
         self.note_load(now, self.inflight)
 
     def note_load(self, now: float, load: int) -> None:
@@ -177,12 +178,12 @@ class BackendState:
             return 0
         return self.peak if age >= window else max(self.peak, self.peak_prev)
 
-    def release(self, duration_s: float | None = None) -> None:
+    def release(self, duration_s: float | None = None, counted: bool = True) -> None:
         """One of this gateway's requests there has ended, after ``duration_s`` seconds
-        (None: not timed) in flight: kept in :attr:`duration_s`'s running mean, and counted
-        in :attr:`ended`."""
+        (None: not timed) in flight: kept in :attr:`duration_s`'s running mean; ``counted``
+        (a generation): in :attr:`ended`."""
         self.inflight -= 1
-        self.ended += 1
+        self.ended += counted
         if duration_s is not None and duration_s >= 0:
             mean = self.duration_s
             self.duration_s = (

@@ -409,6 +409,8 @@ def test_a_request_beside_which_another_server_of_its_gpu_ran_ours_teaches_nothi
     alone = dispatched(gateway, "eagle3-g1", take=True)
     states["plain-g0"].take(0.0)  # one of ours on g0's plain server, ended before beside
     states["plain-g0"].release(0.2)
+    states["plain-g1"].take(0.0, counted=False)  # a /tokenize on g1: no GPU batch slot
+    states["plain-g1"].release(counted=False)
     for trace in (beside, alone):
         finish(gateway, trace)
     assert (beside.shared, alone.shared) == (True, False)
@@ -449,6 +451,14 @@ def test_a_request_is_learnt_at_the_load_it_can_have_run_beside() -> None:
     finish(gateway, first)
     assert first.concurrency == 16
     assert gateway.feedback.records()[-1]["bucket"] == "greedy/norep/c16"
+    # one more while the wave's other 15 still run, two following it: 18 at most
+    late = dispatched(gateway, "eagle3-g0", take=True)
+    assert late.mark is not None and late.mark.joined == 16
+    late.concurrency = 48.0
+    for _ in range(2):
+        gateway.registry.states["eagle3-g0"].take(now)
+    finish(gateway, late)
+    assert late.concurrency == 18
 
 
 def finish(gateway: Gateway, trace: RequestTrace) -> None:
