@@ -151,7 +151,7 @@ async def prepare_routed(runtime: Runtime, request: RoutedRequest) -> None:
         _reserve(gateway, decision.backends[0], instead_of=first)
     # after the move: this request's own reservation is not another server's load
     trace.shared = gateway.shares_compute(decision.backends[0])
-    trace.mark = gateway.mark(decision.backends[0])
+    trace.mark = gateway.compute_mark(decision.backends[0])
     if decision_log.isEnabledFor(logging.DEBUG):
         line = {"request_id": trace.request_id, "concurrency": decision.concurrency}
         decision_log.debug("%s", json.dumps(line | decision_json(decision)))

@@ -202,10 +202,7 @@ class Gateway:
         run")."""
         if not self.config.routing.feedback:
             return
-        mark = (
-            trace.mark if trace.mark is not None and trace.mark.backend == trace.backend else None
-        )
-        if mark is not None:
+        if (mark := trace.mark) is not None and mark.backend == trace.backend:  # not failed over
             taken, peer_ends = self._counts(mark.backend)
             # those there at dispatch and ours begun there since, its own among them (a
             # reload that replaced a member's state restarts its counts: at least its own)
@@ -225,7 +222,7 @@ class Gateway:
         states, now = self.registry.states, self.registry.clock()
         return any((s := states.get(peer)) is not None and s.load(now) > 0 for peer in peers)
 
-    def mark(self, name: str) -> ComputeMark:
+    def compute_mark(self, name: str) -> ComputeMark:
         """``name``'s compute group as a request dispatched there now sees it
         (:class:`~gateway.trace.ComputeMark`): ``joined`` is the request itself plus each
         member's requests in flight, this gateway's and other clients' as ``/metrics`` last

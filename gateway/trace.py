@@ -20,7 +20,7 @@ logger = logging.getLogger(__name__)
 
 
 class ComputeMark(NamedTuple):
-    """A request's compute group at dispatch (:meth:`gateway.service.Gateway.mark`).
+    """A request's compute group at dispatch (:meth:`gateway.service.Gateway.compute_mark`).
 
     ``backend``: where it was dispatched; ``joined``: the requests in flight on its compute
     group then, without the group's remembered peak, this one included; ``taken``: this
@@ -50,7 +50,7 @@ class RequestTrace:
     when the request was dispatched, ended there meanwhile, or held some as it ended (its
     speed is not that backend's at this load: not learnt, see
     :meth:`gateway.service.Gateway.learn`); ``mark``: its compute group's counts at dispatch
-    (:meth:`gateway.service.Gateway.mark`), by which ``concurrency`` is lowered to what ran
+    (:meth:`gateway.service.Gateway.compute_mark`), by which ``concurrency`` is lowered to what ran
     beside it and ``shared`` is set when it ends.
     Never holds prompt text.
     """

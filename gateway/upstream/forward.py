@@ -262,7 +262,7 @@ class Forwarder:
         for number, name in enumerate(tried, start=1):
             backend, state = backends[name], states[name]
             trace.backend, trace.attempts = name, number
-            attempt = Attempt(name, backend.base_url, state, self.watch, timed)
+            attempt = Attempt(name, backend.base_url, state, self.watch, generation=timed)
             try:
                 attempt.begin(path, request)  # the lease: ended on every way out of this try
                 state.circuit.on_attempt(self.clock())

@@ -475,7 +475,7 @@ def dispatched(gateway: Gateway, backend: str, take: bool = False) -> RequestTra
     trace = RequestTrace("r", "chat/completions", stream=False)
     state = gateway.registry.states[backend]
     state.reserve(time.monotonic())
-    trace.mark = gateway.mark(backend)
+    trace.mark = gateway.compute_mark(backend)
     if take:
         state.take(time.monotonic())
     trace.backend, trace.task = backend, "code"
