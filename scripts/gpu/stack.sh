@@ -132,15 +132,22 @@ wait)
         sleep 10
         tail -1 "$ROOT/up.log"
     done
+    # the static and variant gateways keep idle connections to the servers as long as `up`'s
+    # own does (60 s: backends/keep_alive.py, the servers it launched outlast that). At
+    # serve's default of 4 s, a wave comes after the other targets' turns (~5 s at c=64), so
+    # its requests likely opened fresh connections: adaptive-b ran 0.87-0.93x plain at c=64,
+    # its first token 30-40 ms later than main's, where main ran 0.92-1.01x on the same
+    # choices (docs/benchmarks.md section 7, "Seventeenth run"; not yet measured at 60 s)
+    keep=SPECGATE_BACKEND_KEEP_ALIVE_S=${GATEWAY_KEEP_ALIVE_S:-60}
     if ! curl -sf localhost:8010/ready > /dev/null; then
-        SPECGATE_PORT=8010 SPECGATE_SAMPLE_CANARY_INTERVAL_S=0 SPECGATE_STATE_PERSIST=false \
+        env "$keep" SPECGATE_PORT=8010 SPECGATE_SAMPLE_CANARY_INTERVAL_S=0 SPECGATE_STATE_PERSIST=false \
             setsid nohup "$PY" -m gateway serve \
             --config "$ROOT/gpu-static.yaml" > "$ROOT/static.log" 2>&1 < /dev/null &
         for _ in $(seq 60); do curl -sf localhost:8010/ready > /dev/null && break; sleep 1; done
     fi
     if [ -n "${VARIANT_ENV:-}${VARIANT_CONFIG:-}" ] && ! curl -sf localhost:8030/ready > /dev/null; then
         # shellcheck disable=SC2086  # VARIANT_ENV is a list of NAME=VALUE words
-        env SPECGATE_PORT=8030 SPECGATE_STATE_PERSIST=false ${VARIANT_ENV:-} \
+        env "$keep" SPECGATE_PORT=8030 SPECGATE_STATE_PERSIST=false ${VARIANT_ENV:-} \
             setsid nohup "$PY" -m gateway serve --config "${VARIANT_CONFIG:-$CONFIG}" \
             > "$ROOT/variant.log" 2>&1 < /dev/null &
         for _ in $(seq 60); do curl -sf localhost:8030/ready > /dev/null && break; sleep 1; done
