@@ -17,6 +17,8 @@ from requests with temperature > 0); it is cleared when every stream of it passe
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import time
 from collections import Counter, deque
@@ -30,10 +32,17 @@ from gateway.routing.bands import Band, temperature_bands
 from gateway.upstream.canary import CANARY_PROMPTS, plain_twin, post_completion
 from gateway.upstream.sample_stats import per_test_alpha, rate_upper_bound, tail_bound
 from gateway.upstream.sample_stream import Scored, Stream, parse_prompt_logprobs
-from gateway.upstream.state import Backends
+from gateway.upstream.state import Backends, BackendState
 
 logger = logging.getLogger(__name__)
 HOUR_S = 3600.0
+#: The most one round waits, in all, for quiet beside the servers it samples on (seconds):
+#: before each of its requests it waits while another server of that backend's
+#: ``compute_group`` has requests of this gateway in flight (:meth:`SampleCanary.beside`).
+#: Servers sharing a GPU time-slice it: on the GPU cost twin a round (about 2 s) ran the live
+#: requests beside it at half speed, every five minutes (docs/benchmarks.md section 7,
+#: "Seventeenth run"). Past it the round goes on, so a group never quiet is still tested.
+QUIET_WAIT_S = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +73,8 @@ class SampleCanaryBudget:
 @dataclass(slots=True)
 class Round:
     """One round of :class:`SampleCanary`: the config it read, the band it tests at level
-    ``alpha``, its unix time, and its cost so far (tokens decoded, tokens scored)."""
+    ``alpha``, its unix time, its cost so far (tokens decoded, tokens scored) and its wait
+    for quiet."""
 
     config: GatewayConfig
     band: Band
@@ -72,6 +82,10 @@ class Round:
     now: float
     decoded: int = 0
     scored: int = 0
+    #: ``time.monotonic()`` past which it no longer waits for quiet (:data:`QUIET_WAIT_S`),
+    #: and the seconds it waited so far.
+    quiet_by: float = 0.0
+    waited: float = 0.0
 
 
 class SampleCanary:
@@ -92,7 +106,9 @@ class SampleCanary:
         self.budget, self.timeout_s, self.clock = budget, timeout_s, clock
         self.streams: dict[tuple[str, str], Stream] = {}  # (backend, band label)
         self.plain: dict[tuple[str, str], Stream] = {}  # (twin, band label): the reference
-        self.costs: deque[tuple[float, int, int, float]] = deque()  # time, decoded, scored, s
+        # time, decoded, scored, seconds waiting for quiet, seconds in all
+        self.costs: deque[tuple[float, int, int, float, float]] = deque()
+        self.quiet_wait_s = QUIET_WAIT_S
         self.rounds = 0
         self.next_band = 0
         self.last_round: float | None = None
@@ -109,7 +125,8 @@ class SampleCanary:
         edges = sorted({b for bs in bands.values() for b in bs}, key=lambda b: b.high)
         run = None
         if edges:
-            run = Round(config, edges[self.next_band % len(edges)], self.alpha(bands), now)
+            band, quiet_by = edges[self.next_band % len(edges)], started + self.quiet_wait_s
+            run = Round(config, band, self.alpha(bands), now, quiet_by=quiet_by)
             self.next_band += 1
             for name in [n for n, bs in bands.items() if run.band in bs]:
                 await self._test(run, name)
@@ -117,7 +134,7 @@ class SampleCanary:
                 # must not wait for it to take the backend off sampled traffic
                 self.apply_verdicts(temperature_bands(self.config()))
         self.apply_verdicts(temperature_bands(self.config()))  # as now configured
-        cost = (0, 0) if run is None else (run.decoded, run.scored)
+        cost = (0, 0, 0.0) if run is None else (run.decoded, run.scored, run.waited)
         self.costs.append((now, *cost, time.monotonic() - started))
         while self.costs and self.costs[0][0] < now - HOUR_S:
             self.costs.popleft()
@@ -157,12 +174,12 @@ class SampleCanary:
         reference = self.plain.setdefault((twin, band.label), Stream(self.budget.window_s))
         reference.window_s = self.budget.window_s
         if not reference.rounds or reference.rounds[-1][0] != now:
-            plain_samples = await self._samples(run, config.backends[twin], twin)
+            plain_samples = await self._samples(run, twin, twin)
             if isinstance(plain_samples, str):
                 stream.note = f"plain twin {twin}: {plain_samples}"
                 return
             reference.add(now, plain_samples, self.budget.floor, band.label, band.temperature)
-        samples = await self._samples(run, backend, twin)
+        samples = await self._samples(run, name, twin)
         if isinstance(samples, str):
             stream.note = samples
             return
@@ -243,10 +260,48 @@ class SampleCanary:
                 logger.info("distribution canary: %s passes again; sampled traffic resumes", name)
             state.sample_suspect = reason
 
-    async def _samples(self, run: Round, backend: BackendConfig, twin: str) -> list[Scored] | str:
-        """``prompts`` completions sampled on ``backend`` at the round's band's temperature,
-        scored under ``twin`` (counted in the round's cost); or why there are none."""
-        out, band = [], run.band
+    def beside(self, config: GatewayConfig, name: str) -> list[BackendState]:
+        """The live states of the other servers of backend ``name``'s ``compute_group``
+        (none without a group)."""
+        group, states = config.backends[name].compute_group, self.registry.states
+        if group is None:
+            return []
+        return [
+            states[n]
+            for n, b in config.backends.items()
+            if n != name and b.compute_group == group and n in states
+        ]
+
+    async def _quiet(self, run: Round, name: str) -> None:
+        """Wait while another server of ``name``'s compute group has requests of this
+        gateway in flight (:meth:`beside`; other clients' are not counted, since a scrape
+        counts the canary's own too) and the round's :data:`QUIET_WAIT_S` lasts; woken by
+        :attr:`~gateway.upstream.state.BackendState.idle_listeners`. The wait is counted
+        in ``run.waited``."""
+        others = self.beside(run.config, name)
+        if not any(state.inflight > 0 for state in others):
+            return
+        started, idle = time.monotonic(), asyncio.Event()
+        for state in others:
+            state.idle_listeners.add(idle.set)
+        try:
+            while any(state.inflight > 0 for state in others):
+                left = run.quiet_by - time.monotonic()
+                if left <= 0:
+                    break
+                idle.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(idle.wait(), left)
+        finally:
+            for state in others:
+                state.idle_listeners.discard(idle.set)
+            run.waited += time.monotonic() - started
+
+    async def _samples(self, run: Round, name: str, twin: str) -> list[Scored] | str:
+        """``prompts`` completions sampled on backend ``name`` at the round's band's
+        temperature, scored under ``twin`` (counted in the round's cost), each request sent
+        once its server's compute is quiet (:meth:`_quiet`); or why there are none."""
+        out, band, backend = [], run.band, run.config.backends[name]
         for i in range(self.budget.prompts):
             prompt = (self.rounds * self.budget.prompts + i) % len(CANARY_PROMPTS)
             body = {
@@ -256,6 +311,7 @@ class SampleCanary:
                 "temperature": band.temperature,
                 "return_token_ids": True,
             }
+            await self._quiet(run, name)
             answer = await post_completion(self.client, backend, body, self.timeout_s)
             if isinstance(answer, str):
                 return answer
@@ -267,6 +323,7 @@ class SampleCanary:
                 return "answer without choices[0].token_ids and prompt_token_ids"
             if not ids:
                 continue
+            await self._quiet(run, twin)
             scored = await self.score(run.config.backends[twin], prompt_ids, ids, prompt)
             run.decoded += len(ids)
             run.scored += len(ids) + len(prompt_ids)
@@ -313,8 +370,9 @@ class SampleCanary:
         )
 
     def cost_last_hour(self) -> dict[str, float]:
-        """Tokens sampled (decoded), tokens scored (prefilled on the twin) and seconds the
-        rounds took, over the last hour, plus the decode budget per hour at this setting."""
+        """Tokens sampled (decoded), tokens scored (prefilled on the twin), seconds the
+        rounds took and, of those, seconds they waited for quiet (:data:`QUIET_WAIT_S`), over
+        the last hour, plus the decode budget per hour at this setting."""
         b = self.budget
         streams = 1 + self._tests_per_round(temperature_bands(self.config()))
         budget = b.rounds_per_hour() * streams * b.prompts * b.max_tokens
@@ -322,7 +380,8 @@ class SampleCanary:
             "rounds": len(self.costs),
             "sampled_tokens": sum(c[1] for c in self.costs),
             "scored_tokens": sum(c[2] for c in self.costs),
-            "seconds": round(sum(c[3] for c in self.costs), 3),
+            "seconds": round(sum(c[4] for c in self.costs), 3),
+            "waited_s": round(sum(c[3] for c in self.costs), 3),
             "budget_sampled_tokens_per_hour": budget,
             **(self.live()["cost_last_hour"] if self.live is not None else {}),
         }

@@ -77,6 +77,8 @@ class BackendState:
     ``down_listeners``: callbacks (no argument) run by :meth:`mark` when it goes down:
     attempts waiting there for an answer give up
     (:meth:`~gateway.upstream.attempt.Attempt.given_up_when_down`).
+    ``idle_listeners``: callbacks (no argument) run by :meth:`release` when its last
+    request in flight ends (:meth:`~gateway.upstream.sample_canary.SampleCanary.beside`).
     """
 
     healthy: bool | None = None
@@ -108,6 +110,7 @@ class BackendState:
     peak_since: float = -2 * PEAK_WINDOW_S
     peak_window_s: float = PEAK_WINDOW_S
     down_listeners: set[Callable[[], None]] = field(default_factory=set, repr=False)
+    idle_listeners: set[Callable[[], None]] = field(default_factory=set, repr=False)
 
     @property
     def health(self) -> Health:
@@ -181,9 +184,14 @@ class BackendState:
     def release(self, duration_s: float | None = None, counted: bool = True) -> None:
         """One of this gateway's requests there has ended, after ``duration_s`` seconds
         (None: not timed) in flight: kept in :attr:`duration_s`'s running mean; ``counted``
-        (a generation): in :attr:`ended`."""
+        (a generation): in :attr:`ended`. The last one out runs every
+        :attr:`idle_listeners` callback (the distribution canary waiting for quiet beside
+        this server)."""
         self.inflight -= 1
         self.ended += counted
+        if self.inflight == 0 and self.idle_listeners:
+            for listener in tuple(self.idle_listeners):
+                listener()
         if duration_s is not None and duration_s >= 0:
             mean = self.duration_s
             self.duration_s = (

@@ -4,6 +4,7 @@ sample from a toy target model (a faulty one is kept from sampled traffic and sh
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import math
@@ -317,11 +318,10 @@ async def test_a_reload_that_removes_a_backend_mid_round_leaves_the_canary_runni
     data["routing"]["policy"] = "static"
     without = parse_config(data)
     samples = c._samples
-    ngram_url = gateway.config.backends["ngram"].base_url
 
-    async def reload_during_ngram(run: Any, backend: Any, twin: str) -> Any:
-        got = await samples(run, backend, twin)
-        if backend.base_url == ngram_url:
+    async def reload_during_ngram(run: Any, name: str, twin: str) -> Any:
+        got = await samples(run, name, twin)
+        if name == "ngram":
             gateway.reload(without)
         return got
 
@@ -331,3 +331,63 @@ async def test_a_reload_that_removes_a_backend_mid_round_leaves_the_canary_runni
     assert sorted(gateway.registry.states) == ["draft", "eagle3", "plain"]
     assert all(s.sample_suspect is None for s in gateway.registry.states.values())
     assert c.streams[("draft", "(0, 0.6]")].verdict == "pass"
+
+
+def canary_requests(gw: InProcess) -> dict[str, int]:
+    """Per fake backend, the canary's requests it received (``return_token_ids`` samples and
+    ``prompt_logprobs`` scorings)."""
+    out = {}
+    for name, fake in gw.fakes.items():
+        bodies = [json.loads(r["body"]) for r in fake.received]
+        out[name] = sum("return_token_ids" in b or "prompt_logprobs" in b for b in bodies)
+    return out
+
+
+async def test_a_round_waits_while_another_server_of_the_gpu_has_requests(gw: InProcess) -> None:
+    """The shipped local config puts all four servers on one compute group ("cpu"): while a
+    live request of this gateway runs on eagle3, the round sends nothing to the other three
+    (it would time-slice the compute under that request); eagle3 itself may be sampled (a
+    request joining its batch). Once eagle3 is idle the round goes on, and its wait shows
+    in ``cost_last_hour.waited_s``."""
+    gw.app.state.runtime.gateway.reload(static_config())
+    c = sample_canary(gw, prompts=1)
+    states = gw.app.state.runtime.gateway.registry.states
+    assert {b.compute_group for b in c.config().backends.values()} == {"cpu"}
+    states["eagle3"].inflight = 1
+    task = asyncio.create_task(c.run_round())
+    await asyncio.sleep(0.3)
+    assert not task.done()
+    assert canary_requests(gw) == {"plain": 0, "ngram": 0, "draft": 0, "eagle3": 0}
+    states["eagle3"].release()  # the live request ends: the round is woken, not polling
+    await asyncio.wait_for(task, 1)
+    sent = canary_requests(gw)
+    # plain: one sample + its scoring, then one scoring per speculative sample
+    assert sent == {"plain": 5, "ngram": 1, "draft": 1, "eagle3": 1}
+    cost = c.cost_last_hour()
+    assert 0.3 <= cost["waited_s"] <= cost["seconds"]
+
+
+async def test_a_round_waits_no_longer_than_its_quiet_budget(gw: InProcess) -> None:
+    """A compute group never quiet is still tested: past ``quiet_wait_s`` in all, the round
+    sends at once."""
+    gw.app.state.runtime.gateway.reload(static_config())
+    c = sample_canary(gw, prompts=1)
+    c.quiet_wait_s = 0.2
+    gw.app.state.runtime.gateway.registry.states["plain"].inflight = 1  # and it stays
+    await c.run_round()
+    assert canary_requests(gw) == {"plain": 5, "ngram": 1, "draft": 1, "eagle3": 1}
+    assert 0.2 <= c.cost_last_hour()["waited_s"] < 1.0
+
+
+async def test_a_round_without_a_compute_group_never_waits(gw: InProcess) -> None:
+    """Servers on compute of their own (no ``compute_group``) do not slow each other: a
+    busy one holds no other's test back."""
+    config = static_config()
+    own = {n: b.model_copy(update={"compute_group": None}) for n, b in config.backends.items()}
+    gw.app.state.runtime.gateway.reload(config.model_copy(update={"backends": own}))
+    c = sample_canary(gw, prompts=1)
+    c.quiet_wait_s = 60.0
+    gw.app.state.runtime.gateway.registry.states["plain"].inflight = 1
+    await asyncio.wait_for(c.run_round(), 10)
+    assert canary_requests(gw) == {"plain": 5, "ngram": 1, "draft": 1, "eagle3": 1}
+    assert c.cost_last_hour()["waited_s"] < 0.05
