@@ -162,7 +162,7 @@ class ProxyEndpoint:
         except (GatewayError, UpstreamFailure) as exc:
             error = exc if isinstance(exc, GatewayError) else from_upstream(exc)
             trace.finish(error.status, error.code)
-            await send_error(send, error, self.path)
+            await send_error(send, error, self.path, trace.request_id)
         except ClientGone:
             trace.finish(499, "client_closed")
         except asyncio.CancelledError:  # the app is shutting down
@@ -173,7 +173,7 @@ class ProxyEndpoint:
             logger.exception("unhandled error")
             internal = GatewayError(500, "Internal gateway error.", code="internal_error")
             with contextlib.suppress(RuntimeError):  # the response had already started
-                await send_error(send, internal, self.path)
+                await send_error(send, internal, self.path, trace.request_id)
 
     @staticmethod
     async def _serve(
@@ -204,15 +204,21 @@ async def send_routed(state: Runtime, request: RoutedRequest, send: Send) -> Non
         await send_answer(upstream, headers, send, stream=request.stream)
 
 
-async def send_error(send: Send, error: GatewayError, path: str = "") -> None:
+async def send_error(
+    send: Send, error: GatewayError, path: str = "", request_id: str | None = None
+) -> None:
     """Answer ``error`` to a client of ``path`` (JSON, its status and extra headers): in
     OpenAI's envelope, on Anthropic's Messages paths in Anthropic's
-    (:meth:`~gateway.errors.GatewayError.body_for`)."""
+    (:meth:`~gateway.errors.GatewayError.body_for`); with ``request_id`` as
+    ``x-request-id``, as a routed endpoint's relayed answers have it (the OpenAI SDK reads
+    it into its errors' ``request_id``)."""
     content = json.dumps(error.body_for(path)).encode()
     headers = [
         (b"content-type", b"application/json"),
         (b"content-length", str(len(content)).encode()),
     ]
+    if request_id is not None:
+        headers.append((b"x-request-id", request_id.encode("latin-1", "replace")))
     headers += [
         (k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in error.headers.items()
     ]

@@ -78,6 +78,23 @@ async def test_credentials_are_not_forwarded_and_request_id_round_trips(gw: InPr
     assert len(generated.headers["x-request-id"]) == 32
 
 
+async def test_errors_answered_by_the_gateway_carry_the_request_id(gw: InProcess) -> None:
+    """A routed endpoint's own refusals (400, 404 for an unknown model, 413; Anthropic's
+    envelope on ``/v1/messages``) carry ``x-request-id`` as its relayed answers do: the
+    client's, else one the gateway made."""
+    bad = await gw.client.post(
+        "/v1/completions", content=b"{not json", headers={"x-request-id": "req-7"}
+    )
+    assert_envelope(bad, 400)
+    assert bad.headers["x-request-id"] == "req-7"
+    unknown = await gw.client.post("/v1/completions", json={"model": "nope", "prompt": "x"})
+    assert unknown.status_code == 404 and len(unknown.headers["x-request-id"]) == 32
+    large = await gw.client.post("/v1/completions", content=b"x" * (65 * 1024))
+    assert large.status_code == 413 and len(large.headers["x-request-id"]) == 32
+    messages = await gw.client.post("/v1/messages", content=b"{", headers={"x-request-id": "req-8"})
+    assert messages.status_code == 400 and messages.headers["x-request-id"] == "req-8"
+
+
 @pytest.mark.parametrize(
     "content", [b"{not json", b"\xff\xfe{}", b"[1, 2]", b"[" * 50_000, b'"a string"']
 )

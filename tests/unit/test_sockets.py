@@ -112,6 +112,19 @@ def test_non_streamed_answer_cut_midway_is_502(stack: Stack, client: openai.Open
     assert [len(f.received) for f in stack.fakes.values()] == [1, 1]
 
 
+def test_the_sdk_error_of_a_gateway_refusal_has_its_request_id(
+    stack: Stack, client: openai.OpenAI
+) -> None:
+    """The OpenAI SDK reads ``x-request-id`` into ``APIStatusError.request_id``: a request
+    the gateway refuses itself (an unknown model, 404) carries the one the client sent."""
+    with pytest.raises(openai.NotFoundError) as info:
+        client.completions.create(
+            model="no-such-model", prompt="x", extra_headers={"X-Request-Id": "sdk-1"}
+        )
+    assert info.value.request_id == "sdk-1"
+    assert info.value.body["code"] == "model_not_found"  # type: ignore[index]
+
+
 def test_backend_gets_the_clients_bytes_and_headers_only(stack: Stack) -> None:
     """Over real sockets (aiohttp to the backends): the body bytes are the client's, and
     no header is added but the request id (no Content-Type, User-Agent or Accept-Encoding
