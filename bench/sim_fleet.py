@@ -58,7 +58,7 @@ from bench.sim.server import MODEL
 from bench.speedup import _Run, acceptance
 from bench.speedup_report import RELAY
 from bench.targets import vllm_router_target
-from bench.workloads import Item, arrival_order, default_prompts_dir, sample, unseeded
+from bench.workloads import WAVES, Item, default_prompts_dir, sample, unseeded, waves
 from contracts.config import parse_config
 from contracts.vllm_metrics import parse_vllm_metrics
 from gateway.upstream.state import PEAK_WINDOW_S
@@ -104,17 +104,17 @@ def measure(
     max_tokens: int,
     scale: float,
     runs: list[dict[str, Any]],
+    dealing: str = "mixed",
 ) -> None:
     """Every (concurrency, target) run into ``runs`` (bench.speedup's shape): waves of c
-    items (each in :func:`arrival_order`, the same for every target), each wave to every
-    target in turn (fixed order: simulated servers have no spinning threads to favour one)."""
+    items (:func:`~bench.workloads.waves`, ``dealing`` mixed or per-task, the same for every
+    target), each wave to every target in turn (fixed order: simulated servers have no
+    spinning threads to favour one)."""
     total = len(concurrencies) * len(targets) * len(items)
     with tqdm(total=total, desc="sim-fleet", unit="req") as bar:
         for c in concurrencies:
             acc = {name: _Run(name, c) for name in targets}
-            sent = unseeded(items)
-            for i in range(0, len(sent), c):
-                wave = arrival_order(sent[i : i + c], seed=i)
+            for wave in waves(unseeded(items), c, dealing):
                 for name, bases in targets.items():
                     bar.set_postfix_str(f"c{c} {name}")
                     time.sleep(0.05 * scale)  # the twin run's --settle 0.05
@@ -143,6 +143,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--scale", type=float, default=10.0, help="real s per simulated s")
     parser.add_argument("--concurrency", default="16,64,128,256")
     parser.add_argument("--per-task", type=int, default=64)
+    parser.add_argument("--waves", choices=WAVES, default="mixed", help="mixed, or one task a wave")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--warmup", type=int, default=20, help="adaptive warm-up per task")
     parser.add_argument("--prompts", type=Path, default=default_prompts_dir())
@@ -206,7 +207,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
             tqdm.write(f"bench: warm-up done, {sum(1 for w in warm if w.error)} failed")
             try:
-                measure(targets, urls, items, concurrencies, args.max_tokens, args.scale, runs)
+                measure(
+                    targets, urls, items, concurrencies, args.max_tokens, args.scale, runs,
+                    args.waves,
+                )  # fmt: skip
             except KeyboardInterrupt:
                 interrupted = True
     meta = {
@@ -218,6 +222,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "max_prompt_chars": 3000,
         "scale": args.scale,
         "compute_groups": not args.no_compute_groups,
+        "waves": args.waves,
         "elapsed_s": time.monotonic() - started,
         "interrupted": interrupted,
     }

@@ -46,7 +46,7 @@ from bench import adaptive_bench, speedup_report
 from bench.llm_client import run_items
 from bench.procs import Server, free_port, interrupt_on_sigterm
 from bench.speedup_report import RELAY
-from bench.workloads import Item, arrival_order, default_prompts_dir, sample, unseeded
+from bench.workloads import WAVES, Item, default_prompts_dir, sample, unseeded, waves
 from contracts.config import GatewayConfig, load_config, parse_config
 from contracts.vllm_metrics import parse_vllm_metrics
 
@@ -155,8 +155,10 @@ def measure(
     settle_s: float = 0.5,
     runs: list[dict[str, Any]] | None = None,
     order_seed: int = 0,
+    dealing: str = "mixed",
 ) -> list[dict[str, Any]]:
-    """Every (concurrency, target) run: outcomes, wall time, acceptance deltas.
+    """Every (concurrency, target) run: outcomes, wall time, acceptance deltas; the items
+    dealt into waves by :func:`~bench.workloads.waves` (``dealing``: mixed or per-task).
 
     Targets are interleaved: the items go in waves of ``concurrency`` requests, each in
     :func:`~bench.workloads.arrival_order` (the same for every target), and every target
@@ -180,8 +182,7 @@ def measure(
         for concurrency in concurrencies:
             acc = {name: _Run(name, concurrency) for name, _ in targets}
             sent = items if concurrency == 1 else unseeded(items)
-            for i in range(0, len(sent), concurrency):
-                wave = arrival_order(sent[i : i + concurrency], seed=i)
+            for wave in waves(sent, concurrency, dealing):
                 for name, url in rng.sample(targets, len(targets)):
                     bar.set_postfix_str(f"c{concurrency} {name}")
                     time.sleep(settle_s)
@@ -268,6 +269,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--concurrency", default="1,8")
     parser.add_argument("--settle", type=float, default=0.5, help="seconds between targets")
     parser.add_argument(
+        "--waves",
+        choices=WAVES,
+        default="mixed",
+        help="mixed: every task in each wave; per-task: one task a wave (give --per-task at "
+        "least the largest concurrency), so each (task, c) cell's oracle is reachable",
+    )
+    parser.add_argument(
         "--order-seed",
         type=int,
         default=0,
@@ -348,6 +356,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     settle_s=args.settle,
                     runs=runs,
                     order_seed=args.order_seed,
+                    dealing=args.waves,
                 )
             except KeyboardInterrupt:
                 interrupted = True
@@ -360,6 +369,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "max_prompt_chars": args.max_prompt_chars,
         "settle_s": args.settle,
         "order_seed": args.order_seed,
+        "waves": args.waves,
         "prefix_cache": not args.no_prefix_cache,
         "items": [
             {

@@ -96,6 +96,43 @@ def sample(data: Path, per_task: int, max_prompt_chars: int = 3000) -> list[Item
     return [by_task[t][i] for i in range(per_task) for t in TASKS if i < len(by_task[t])]
 
 
+#: How a bench deals its sample into waves (``--waves``): ``mixed``, every task in each wave
+#: as sampled (clients sending a mix); ``per-task``, one task a wave.
+WAVES = ("mixed", "per-task")
+
+
+def waves(items: Sequence[Item], concurrency: int, dealing: str = "mixed") -> list[list[Item]]:
+    """``items`` dealt into the waves a bench sends at ``concurrency``, each in
+    :func:`arrival_order` seeded by the position of its first item in ``items``.
+
+    ``mixed``: runs of ``concurrency`` items as sampled, tasks interleaved. ``per-task``:
+    each task's items in runs of ``concurrency`` (its last run shorter), the tasks taking
+    turns (code, rag, chat, creative, code, ...): then a (task, concurrency) cell's oracle,
+    the best single backend for that task's waves, is one routing choice can reach, which
+    on a mixed wave it is not where the best backends differ by task (one wave goes to one
+    server; split over two servers of one GPU, both run slower: docs/benchmarks.md section
+    7, "Third run" and "Seventeenth run"). A wave holds ``concurrency`` requests only where each task has
+    that many items (``--per-task``).
+
+    Raises ValueError for another ``dealing`` or a ``concurrency`` below 1."""
+    if concurrency < 1 or dealing not in WAVES:
+        raise ValueError(f"waves: concurrency {concurrency}, dealing {dealing!r}")
+    if dealing == "mixed":
+        runs = [(i, items[i : i + concurrency]) for i in range(0, len(items), concurrency)]
+    else:
+        position = {id(item): i for i, item in enumerate(items)}
+        by_task: dict[str, list[Item]] = {}
+        for item in items:
+            by_task.setdefault(item.task, []).append(item)
+        per = [
+            [task_items[i : i + concurrency] for i in range(0, len(task_items), concurrency)]
+            for task_items in by_task.values()
+        ]
+        turns = max((len(runs) for runs in per), default=0)
+        runs = [(position[id(r[k][0])], r[k]) for k in range(turns) for r in per if k < len(r)]
+    return [arrival_order(run, seed=first) for first, run in runs]
+
+
 def arrival_order(wave: Sequence[Item], seed: int) -> list[Item]:
     """``wave``'s items in a fixed-seed shuffled order, as clients would send a mix of
     tasks: the order of every wave of bench.speedup and bench.sim_fleet, the same for every

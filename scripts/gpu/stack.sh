@@ -30,7 +30,8 @@
 # starts them): `bench` measures each that answers /health beside the others (bench.speedup
 # --relay, target relay-NAME).
 # ORDER_SEED (default 0): `bench`'s bench.speedup --order-seed, the targets' order in each
-# wave; twin-run.sh gives each repeat its own.
+# wave; twin-run.sh gives each repeat its own. WAVES (default mixed): its --waves, per-task
+# for one task a wave (PER_TASK at least the largest of CONCURRENCY).
 #
 # CONFIG defaults to config/gpu-single.yaml; CONFIG=config/gpu-twin.yaml TWIN=1 gives the cost
 # twin's stack (docs/benchmarks.md, section 7).
@@ -183,7 +184,7 @@ bench)
     "$PY" -m bench.speedup --config "$ROOT/gpu-static.yaml" --gateway http://127.0.0.1:8010 \
         --adaptive --adaptive-gateway http://127.0.0.1:8000 "${variant[@]}" --prompts .gpu/prompts \
         --per-task "${PER_TASK:-8}" --max-tokens 64 --concurrency "${CONCURRENCY:-1,8,32}" \
-        --warmup 10 --settle 0.05 --order-seed "${ORDER_SEED:-0}" \
+        --warmup 10 --settle 0.05 --order-seed "${ORDER_SEED:-0}" --waves "${WAVES:-mixed}" \
         --out "$out/speedup" 2>&1 | grep -v -e '^bench: ' -e 'it/s' | tail -60
     curl -s localhost:8000/routes > "$out/routes-adaptive.json" || true
     if [ -n "${VARIANT_ENV:-}${VARIANT_CONFIG:-}" ]; then

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from bench import speedup
-from bench.workloads import Item
+from bench.workloads import Item, arrival_order, waves
 from contracts.config import load_config
 
 CONFIG = Path(__file__).resolve().parents[2] / "config" / "local.yaml"
@@ -83,3 +83,35 @@ def test_every_target_gets_each_wave_in_one_shuffled_arrival_order(
     waves = orders[0]
     assert len(waves) == 8 and all(sorted(w) == sorted(tasks) for w in waves)
     assert len({w[0] for w in waves}) > 1  # not every wave opened by code
+
+
+def _sample(per_task: int) -> list[Item]:
+    """A sample as ``bench.workloads.sample`` deals it: tasks interleaved."""
+    tasks = ("code", "rag", "chat", "creative")
+    return [Item(t, f"{t}-{i}", "/v1/completions", {}, 10) for i in range(per_task) for t in tasks]
+
+
+def test_mixed_waves_are_runs_of_the_sample_in_arrival_order() -> None:
+    items = _sample(3)  # 12 items
+    dealt = waves(items, 4)
+    assert [len(w) for w in dealt] == [4, 4, 4]
+    assert dealt == [arrival_order(items[i : i + 4], seed=i) for i in (0, 4, 8)]
+    assert all({i.task for i in w} == {"code", "rag", "chat", "creative"} for w in dealt)
+
+
+def test_per_task_waves_hold_one_task_each_and_take_turns() -> None:
+    """Each task's items in runs of c (the last shorter), the tasks in turn; every item
+    once, so each (task, c) cell's oracle is one routing choice away."""
+    items = _sample(5)  # 20 items, 5 a task
+    dealt = waves(items, 2, "per-task")
+    assert [w[0].task for w in dealt] == ["code", "rag", "chat", "creative"] * 3
+    assert [len(w) for w in dealt] == [2] * 8 + [1] * 4
+    assert all(len({i.task for i in w}) == 1 for w in dealt)
+    assert sorted(i.id for w in dealt for i in w) == sorted(i.id for i in items)
+    first = dealt[0]  # code-0 and code-1, seeded by code-0's position (0)
+    assert first == arrival_order([items[0], items[4]], seed=0)
+    assert waves(items, 2, "per-task") == dealt  # repeats deal alike
+    with pytest.raises(ValueError):
+        waves(items, 0)
+    with pytest.raises(ValueError):
+        waves(items, 2, "by-length")
