@@ -52,7 +52,7 @@ from tqdm import tqdm
 from bench import adaptive_bench, speedup_report
 from bench.llm_client import Outcome, run_items, run_spread
 from bench.procs import Server, free_port, interrupt_on_sigterm
-from bench.sim.fleet import fleet_config, running_fleet
+from bench.sim.fleet import FLEET_LIMITS, fleet_config, running_fleet
 from bench.sim.profile import TWIN_PROFILE
 from bench.sim.server import MODEL
 from bench.speedup import _Run, acceptance
@@ -148,6 +148,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=20, help="adaptive warm-up per task")
     parser.add_argument("--prompts", type=Path, default=default_prompts_dir())
     parser.add_argument("--no-compute-groups", action="store_true")
+    parser.add_argument(
+        "--twin-limits",
+        action="store_true",
+        help="keep config/gpu-twin.yaml's max_batch_for_speculation (the H100 runs' config) "
+        "instead of the fleet's (bench.sim.fleet.FLEET_LIMITS, set for the H200 profile)",
+    )
     parser.add_argument("--profile", type=Path, default=TWIN_PROFILE, help="fitted costs")
     parser.add_argument(
         "--router",
@@ -176,7 +182,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         ) as urls,
     ):
         names = {n: n.rsplit("-g", 1)[0] for n in urls}
-        config = fleet_config(names, urls, groups=not args.no_compute_groups)
+        limits = {} if args.twin_limits else FLEET_LIMITS
+        config = fleet_config(names, urls, groups=not args.no_compute_groups, limits=limits)
         parse_config(config, "sim-fleet")  # fail here, not in the gateway, on a bad config
         path = Path(tmp) / "sim-fleet.yaml"
         path.write_text(yaml.safe_dump(config, sort_keys=False))
@@ -223,6 +230,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "scale": args.scale,
         "compute_groups": not args.no_compute_groups,
         "waves": args.waves,
+        "limits": "twin config" if args.twin_limits else FLEET_LIMITS,
         "elapsed_s": time.monotonic() - started,
         "interrupted": interrupted,
     }

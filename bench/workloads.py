@@ -111,8 +111,8 @@ def waves(items: Sequence[Item], concurrency: int, dealing: str = "mixed") -> li
     the best single backend for that task's waves, is one routing choice can reach, which
     on a mixed wave it is not where the best backends differ by task (one wave goes to one
     server; split over two servers of one GPU, both run slower: docs/benchmarks.md section
-    7, "Third run" and "Seventeenth run"). A wave holds ``concurrency`` requests only where each task has
-    that many items (``--per-task``).
+    7, "Third run" and "Seventeenth run"). A wave holds ``concurrency`` requests only where
+    each task has that many items (``--per-task``).
 
     Raises ValueError for another ``dealing`` or a ``concurrency`` below 1."""
     if concurrency < 1 or dealing not in WAVES:

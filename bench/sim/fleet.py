@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,12 +29,17 @@ FLEET_LIMITS = {"eagle3": 4}
 
 
 def fleet_config(
-    names: dict[str, str], urls: dict[str, str], groups: bool, twin: Path = TWIN_CONFIG
+    names: dict[str, str],
+    urls: dict[str, str],
+    groups: bool,
+    twin: Path = TWIN_CONFIG,
+    limits: Mapping[str, int] = FLEET_LIMITS,
 ) -> dict[str, Any]:
     """The gateway config: ``twin``'s defaults, routing (adaptive) and rules, with the
     simulated backends ``names`` (backend -> kind) at ``urls``; each speculative backend keeps
-    the twin config's per-backend settings of its kind, but the batch limits of
-    :data:`FLEET_LIMITS`."""
+    the twin config's per-backend settings of its kind, but the batch limits of ``limits``
+    (per kind; default :data:`FLEET_LIMITS`, ``{}``: the twin config's own, as on the H100
+    the GPU runs get)."""
     base = yaml.safe_load(twin.read_text())
     backends: dict[str, Any] = {}
     for name, kind in names.items():
@@ -44,8 +49,8 @@ def fleet_config(
             for key in ("min_acceptance_rate", "max_batch_for_speculation"):
                 if key in base["backends"].get(kind, {}):
                     entry[key] = base["backends"][kind][key]
-            if kind in FLEET_LIMITS:
-                entry["max_batch_for_speculation"] = FLEET_LIMITS[kind]
+            if kind in limits:
+                entry["max_batch_for_speculation"] = limits[kind]
         if groups:
             entry["compute_group"] = "gpu" + name.rsplit("-g", 1)[1]
         backends[name] = entry
