@@ -112,6 +112,7 @@ def guarded_gateway(stack_config: GatewayConfig) -> Iterator[str]:
         yield url
 
 
+@pytest.mark.skipif(not DATASETS.is_dir(), reason=f"prompt dataset not present at {DATASETS}")
 async def test_default_stack_answers_no_token_below_the_floor(
     stack_config: GatewayConfig, guarded_gateway: str
 ) -> None:
