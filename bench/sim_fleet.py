@@ -135,6 +135,18 @@ def measure(
                 runs.append(run.to_json())
 
 
+def _limits(given: Sequence[str]) -> dict[str, int]:
+    """``--limit KIND=N`` arguments as {kind: N}; raises SystemExit (argparse's 2) on a
+    malformed one."""
+    out = {}
+    for text in given:
+        kind, _, n = text.partition("=")
+        if not kind or not n.isdigit() or int(n) < 1:
+            raise SystemExit(f"sim_fleet: --limit {text!r}: want KIND=N, N >= 1")
+        out[kind] = int(n)
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the bench; returns the exit code."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -153,6 +165,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="keep config/gpu-twin.yaml's max_batch_for_speculation (the H100 runs' config) "
         "instead of the fleet's (bench.sim.fleet.FLEET_LIMITS, set for the H200 profile)",
+    )
+    parser.add_argument(
+        "--limit",
+        action="append",
+        default=[],
+        metavar="KIND=N",
+        help="max_batch_for_speculation N for the servers of KIND (after --twin-limits); "
+        "repeatable",
     )
     parser.add_argument("--profile", type=Path, default=TWIN_PROFILE, help="fitted costs")
     parser.add_argument(
@@ -182,7 +202,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ) as urls,
     ):
         names = {n: n.rsplit("-g", 1)[0] for n in urls}
-        limits = {} if args.twin_limits else FLEET_LIMITS
+        limits = ({} if args.twin_limits else FLEET_LIMITS) | _limits(args.limit)
         config = fleet_config(names, urls, groups=not args.no_compute_groups, limits=limits)
         parse_config(config, "sim-fleet")  # fail here, not in the gateway, on a bad config
         path = Path(tmp) / "sim-fleet.yaml"
@@ -230,7 +250,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "scale": args.scale,
         "compute_groups": not args.no_compute_groups,
         "waves": args.waves,
-        "limits": "twin config" if args.twin_limits else FLEET_LIMITS,
+        "limits": ("twin config " if args.twin_limits else "")
+        + str(({} if args.twin_limits else FLEET_LIMITS) | _limits(args.limit)),
         "elapsed_s": time.monotonic() - started,
         "interrupted": interrupted,
     }

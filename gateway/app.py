@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import random
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 import httpx
@@ -131,33 +132,44 @@ class SpecgateApp(FastAPI):
         await super().__call__(scope, receive, send)
 
 
+def with_request_id(request: Request, headers: Mapping[str, str] | None = None) -> dict[str, str]:
+    """``headers`` plus ``x-request-id``: the client's (its bytes echoed), else a new one, as
+    the gateway's relayed answers carry it (the OpenAI SDK reads it into its errors'
+    ``request_id``)."""
+    request_id = request.headers.get("x-request-id") or os.urandom(16).hex()
+    return {**(headers or {}), "x-request-id": request_id}
+
+
 def install_error_handlers(app: FastAPI) -> None:
     """Answer every error in OpenAI's envelope (gateway errors on Anthropic's Messages paths
-    in Anthropic's: :meth:`GatewayError.body_for`): gateway errors, unknown routes and
-    methods, and (never expected) unhandled exceptions as a 500 without a traceback."""
+    in Anthropic's: :meth:`GatewayError.body_for`), with ``x-request-id``
+    (:func:`with_request_id`): gateway errors, unknown routes and methods, and (never
+    expected) unhandled exceptions as a 500 without a traceback."""
 
     @app.exception_handler(GatewayError)
     async def _gateway_error(request: Request, exc: GatewayError) -> JSONResponse:
         body = exc.body_for(request.url.path)
-        return JSONResponse(body, status_code=exc.status, headers=exc.headers)
+        headers = with_request_id(request, exc.headers)
+        return JSONResponse(body, status_code=exc.status, headers=headers)
 
     @app.exception_handler(UpstreamFailure)
     async def _upstream_failure(request: Request, exc: UpstreamFailure) -> JSONResponse:
         return await _gateway_error(request, from_upstream(exc))
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
         body = error_envelope(str(exc.detail), kind, None, str(exc.status_code))
-        return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
+        headers = with_request_id(request, exc.headers)
+        return JSONResponse(body, status_code=exc.status_code, headers=headers)
 
     @app.exception_handler(RequestValidationError)
-    async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+    async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
         body = error_envelope(str(exc.errors()[:1]), "invalid_request_error", None, "invalid")
-        return JSONResponse(body, status_code=400)
+        return JSONResponse(body, status_code=400, headers=with_request_id(request))
 
     @app.exception_handler(Exception)
-    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         logger.exception("unhandled error")
         body = error_envelope("Internal gateway error.", "server_error", None, "internal_error")
-        return JSONResponse(body, status_code=500)
+        return JSONResponse(body, status_code=500, headers=with_request_id(request))

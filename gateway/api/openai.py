@@ -218,7 +218,7 @@ async def send_error(
         (b"content-length", str(len(content)).encode()),
     ]
     if request_id is not None:
-        headers.append((b"x-request-id", request_id.encode("latin-1", "replace")))
+        headers.append((b"x-request-id", request_id.encode()))  # as a relayed answer's
     headers += [
         (k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in error.headers.items()
     ]

@@ -79,9 +79,9 @@ async def test_credentials_are_not_forwarded_and_request_id_round_trips(gw: InPr
 
 
 async def test_errors_answered_by_the_gateway_carry_the_request_id(gw: InProcess) -> None:
-    """A routed endpoint's own refusals (400, 404 for an unknown model, 413; Anthropic's
-    envelope on ``/v1/messages``) carry ``x-request-id`` as its relayed answers do: the
-    client's, else one the gateway made."""
+    """The gateway's own refusals (400, 404 for an unknown model or path, 405, 413;
+    Anthropic's envelope on ``/v1/messages``) carry ``x-request-id`` as its relayed answers
+    do: the client's, else one the gateway made."""
     bad = await gw.client.post(
         "/v1/completions", content=b"{not json", headers={"x-request-id": "req-7"}
     )
@@ -93,6 +93,18 @@ async def test_errors_answered_by_the_gateway_carry_the_request_id(gw: InProcess
     assert large.status_code == 413 and len(large.headers["x-request-id"]) == 32
     messages = await gw.client.post("/v1/messages", content=b"{", headers={"x-request-id": "req-8"})
     assert messages.status_code == 400 and messages.headers["x-request-id"] == "req-8"
+    # the router's own refusals too: a method a routed path does not take, an unknown path
+    wrong = await gw.client.get("/v1/completions", headers={"x-request-id": "req-9"})
+    assert wrong.status_code == 405 and wrong.headers["x-request-id"] == "req-9"
+    nowhere = await gw.client.post("/v1/nowhere", json={})
+    assert nowhere.status_code == 404 and len(nowhere.headers["x-request-id"]) == 32
+    # a UTF-8 id comes back as the same bytes, refused or relayed
+    raw = "idé-日本".encode()
+    for content in (b"{not json", json.dumps(CODE).encode()):
+        resp = await gw.client.post(
+            "/v1/completions", content=content, headers={b"x-request-id": raw}
+        )
+        assert dict(resp.headers.raw)[b"x-request-id"] == raw
 
 
 @pytest.mark.parametrize(
