@@ -169,8 +169,13 @@ def against(paths: Sequence[Path]) -> tuple[dict[str, Cells], int, list[int]]:
     ``CONCURRENCY=4,8,16`` in session 30). Raises OSError, ValueError (not JSON, or none of
     our concurrencies), KeyError, IndexError (no run) or ZeroDivisionError (a cell without an
     answered request, a backend's cell at a measured concurrency missing included: ``derive``
-    computes every one) on what is not such results."""
-    run = parse_profile(derive(pooled([json.loads(path.read_text()) for path in paths])))
+    computes every one) on what is not such results, and ValueError for a run of per-task
+    waves (``--waves per-task``: the replay deals mixed ones)."""
+    results = [json.loads(path.read_text()) for path in paths]
+    dealt = {r.get("meta", {}).get("waves", "mixed") for r in results}
+    if dealt != {"mixed"}:
+        raise ValueError(f"waves {sorted(dealt)}: the replay deals mixed waves only")
+    run = parse_profile(derive(pooled(results)))
     measured = [c for c in CONCURRENCIES if c in run.measured["plain"]]
     if not measured:
         raise ValueError(f"no plain at any of c={', '.join(map(str, CONCURRENCIES))}")

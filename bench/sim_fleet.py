@@ -52,7 +52,7 @@ from tqdm import tqdm
 from bench import adaptive_bench, speedup_report
 from bench.llm_client import Outcome, run_items, run_spread
 from bench.procs import Server, free_port, interrupt_on_sigterm
-from bench.sim.fleet import FLEET_LIMITS, fleet_config, running_fleet
+from bench.sim.fleet import FLEET_LIMITS, SPECULATION, fleet_config, running_fleet
 from bench.sim.profile import TWIN_PROFILE
 from bench.sim.server import MODEL
 from bench.speedup import _Run, acceptance
@@ -135,14 +135,16 @@ def measure(
                 runs.append(run.to_json())
 
 
-def _limits(given: Sequence[str]) -> dict[str, int]:
-    """``--limit KIND=N`` arguments as {kind: N}; raises SystemExit (argparse's 2) on a
-    malformed one."""
+def _limits(given: Sequence[str], kinds: Sequence[str]) -> dict[str, int]:
+    """``--limit KIND=N`` arguments as {kind: N}. Raises ValueError for a malformed one, a
+    kind not among the speculative ``kinds`` or N below 1."""
     out = {}
     for text in given:
         kind, _, n = text.partition("=")
-        if not kind or not n.isdigit() or int(n) < 1:
-            raise SystemExit(f"sim_fleet: --limit {text!r}: want KIND=N, N >= 1")
+        if kind not in kinds or kind not in SPECULATION or not n.isascii() or not n.isdigit():
+            raise ValueError(f"--limit {text!r}: want KIND=N, KIND a speculative kind of --kinds")
+        if int(n) < 1:
+            raise ValueError(f"--limit {text!r}: N must be at least 1")
         out[kind] = int(n)
     return out
 
@@ -185,6 +187,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     interrupt_on_sigterm()
     kinds = args.kinds.split(",")
+    try:
+        limits = ({} if args.twin_limits else FLEET_LIMITS) | _limits(args.limit, kinds)
+    except ValueError as error:
+        parser.error(str(error))
     concurrencies = [int(c) for c in args.concurrency.split(",")]
     items = sample(args.prompts, args.per_task)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -202,7 +208,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         ) as urls,
     ):
         names = {n: n.rsplit("-g", 1)[0] for n in urls}
-        limits = ({} if args.twin_limits else FLEET_LIMITS) | _limits(args.limit)
         config = fleet_config(names, urls, groups=not args.no_compute_groups, limits=limits)
         parse_config(config, "sim-fleet")  # fail here, not in the gateway, on a bad config
         path = Path(tmp) / "sim-fleet.yaml"
@@ -250,8 +255,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "scale": args.scale,
         "compute_groups": not args.no_compute_groups,
         "waves": args.waves,
-        "limits": ("twin config " if args.twin_limits else "")
-        + str(({} if args.twin_limits else FLEET_LIMITS) | _limits(args.limit)),
+        "limits": ("twin config " if args.twin_limits else "") + str(limits),
         "elapsed_s": time.monotonic() - started,
         "interrupted": interrupted,
     }

@@ -133,11 +133,12 @@ class SpecgateApp(FastAPI):
 
 
 def with_request_id(request: Request, headers: Mapping[str, str] | None = None) -> dict[str, str]:
-    """``headers`` plus ``x-request-id``: the client's (its bytes echoed), else a new one, as
-    the gateway's relayed answers carry it (the OpenAI SDK reads it into its errors'
+    """``headers`` with ``x-request-id`` where they lack it (a relayed request's error has
+    the one its backend was sent): the client's (its bytes echoed), else a new one, as the
+    gateway's relayed answers carry it (the OpenAI SDK reads it into its errors'
     ``request_id``)."""
     request_id = request.headers.get("x-request-id") or os.urandom(16).hex()
-    return {**(headers or {}), "x-request-id": request_id}
+    return {"x-request-id": request_id, **(headers or {})}
 
 
 def install_error_handlers(app: FastAPI) -> None:

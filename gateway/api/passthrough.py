@@ -36,7 +36,8 @@ from gateway.api.openai import ClientGone, read_body_within
 from gateway.api.relay import Receive, Send, send_answer, until_disconnect
 from gateway.auth import header_text
 from gateway.classify.features import RequestFeatures
-from gateway.errors import GatewayError, model_not_found, too_busy
+from gateway.errors import GatewayError, from_upstream, model_not_found, too_busy
+from gateway.failures import UpstreamFailure
 from gateway.pipeline import guard_decision, refuse_quarantined, too_deep
 from gateway.routing.policy import RouteDecision
 from gateway.runtime import Runtime, runtime_of
@@ -210,9 +211,17 @@ class Relayed(Response):
         self.headers_in["x-request-id"] = request_id
         stream = self.parsed is not None and self.parsed.get("stream") is True
         trace = RequestTrace(request_id, self.path, stream=stream)
-        # the slot is counted once the body is in, so slow senders hold no slot
-        with self.admission or contextlib.nullcontext():
-            await until_disconnect(receive, self._forward(trace, send))
+        try:
+            # the slot is counted once the body is in, so slow senders hold no slot
+            with self.admission or contextlib.nullcontext():
+                await until_disconnect(receive, self._forward(trace, send))
+        except GatewayError as exc:  # answered by the app's handlers, with the id the
+            exc.headers = {**exc.headers, "x-request-id": request_id}  # backend was sent
+            raise
+        except UpstreamFailure as exc:
+            error = from_upstream(exc)
+            error.headers = {**error.headers, "x-request-id": request_id}
+            raise error from exc
 
     async def _forward(self, trace: RequestTrace, send: Send) -> None:
         gateway = self.runtime.gateway

@@ -69,6 +69,9 @@ async def test_a_query_of_death_on_a_relayed_path_is_contained(
     first = await gw.client.post(path, json=body)
     assert first.status_code == 500, first.text
     assert first.json()["error"]["code"] == "backend_died"
+    # the error carries the request id the backend was sent (the gateway made it)
+    [sent] = [r for f in gw.fakes.values() for r in f.received]
+    assert first.headers["x-request-id"] == sent["headers"]["x-request-id"]
     for _ in range(3):
         again = await gw.client.post(path, json=body)
         assert again.status_code == 422, again.text

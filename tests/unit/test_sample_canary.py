@@ -377,7 +377,7 @@ async def test_a_round_waits_no_longer_than_its_quiet_budget(gw: InProcess) -> N
     await c.run_round()
     assert canary_requests(gw) == {"plain": 5, "ngram": 1, "draft": 1, "eagle3": 1}
     # the budget counts from the round's start, its first wait a moment later
-    assert 0.1 <= c.cost_last_hour()["waited_s"] <= 0.2 + 0.5
+    assert 0.1 <= c.cost_last_hour()["waited_s"] < 1.0
 
 
 async def test_a_round_without_a_compute_group_never_waits(gw: InProcess) -> None:

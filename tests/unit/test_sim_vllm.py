@@ -224,6 +224,11 @@ def test_calibration_compares_with_a_run_of_some_concurrencies_only(tmp_path: Pa
     path.write_text(json.dumps(_results((2,))))  # none of the calibration's concurrencies
     with pytest.raises(ValueError, match="no plain at any of c=1, 4, 8, 16, 32, 64"):
         sim_calibrate.against([path])
+    per_task = _results((4, 8))
+    per_task["meta"]["waves"] = "per-task"  # bench.speedup --waves per-task
+    path.write_text(json.dumps(per_task))
+    with pytest.raises(ValueError, match="mixed waves only"):
+        sim_calibrate.against([path])
 
 
 async def replay(kind: str, concurrency: int, task: str) -> float:
