@@ -31,6 +31,15 @@ from gateway.routing.adaptive import ALL, Estimates, bucket_load
 from gateway.routing.adaptive_choice import stand_in
 
 
+def compute_peers(groups: Mapping[str, str | None]) -> dict[str, tuple[str, ...]]:
+    """Per backend (``groups``: backend -> its ``compute_group``), the other servers on its
+    compute, in ``groups``' order; empty without a group."""
+    return {
+        n: tuple(m for m, h in groups.items() if g is not None and h == g and m != n)
+        for n, g in groups.items()
+    }
+
+
 @dataclass(frozen=True, slots=True)
 class LoadView:
     """``concurrency``: per backend, the requests on its compute before a new one joins (the

@@ -15,7 +15,7 @@ from contracts.config import BackendConfig, GatewayConfig, Rule
 from gateway.classify.features import SPECULATION_OFF, SPECULATION_ON, RequestFeatures
 from gateway.routing.adaptive import Estimates, bucket_of
 from gateway.routing.adaptive_choice import AdaptiveChoice, choose
-from gateway.routing.load import LoadView, load_view, measured_at_load
+from gateway.routing.load import LoadView, compute_peers, load_view, measured_at_load
 from gateway.routing.rules import first_match
 from gateway.speculation.prompt_stats import PromptStats
 
@@ -212,10 +212,7 @@ class RoutingPolicy:
         # per config, so a decision reads sets instead of each backend's speculation settings
         self.speculative = frozenset(config.backends).difference(self.plain)
         # the other servers on each backend's compute (empty without a compute_group)
-        self.peers = {
-            n: tuple(m for m, h in self.groups.items() if g is not None and h == g and m != n)
-            for n, g in self.groups.items()
-        }
+        self.peers = compute_peers(self.groups)
         # replicas: backends serving one model with the same speculation settings
         self.kinds = {
             n: (b.served_model, b.spec.model_dump_json()) for n, b in config.backends.items()

@@ -22,23 +22,24 @@ import contextlib
 import logging
 import time
 from collections import Counter, deque
-from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from contracts.config import BackendConfig, GatewayConfig
 from gateway.background import BackgroundTasks
 from gateway.routing.bands import Band, temperature_bands
+from gateway.routing.load import compute_peers
 from gateway.upstream.canary import CANARY_PROMPTS, plain_twin, post_completion
 from gateway.upstream.sample_stats import per_test_alpha, rate_upper_bound, tail_bound
 from gateway.upstream.sample_stream import Scored, Stream, parse_prompt_logprobs
-from gateway.upstream.state import Backends, BackendState
+from gateway.upstream.state import Backends
 
 logger = logging.getLogger(__name__)
 HOUR_S = 3600.0
 #: The most one round waits, in all, for quiet beside the servers it samples on (seconds):
 #: before each of its requests it waits while another server of that backend's
-#: ``compute_group`` has requests of this gateway in flight (:meth:`SampleCanary.beside`).
+#: ``compute_group`` has requests of this gateway in flight (:meth:`SampleCanary._quiet`).
 #: Servers sharing a GPU time-slice it: on the GPU cost twin a round (about 2 s) ran the live
 #: requests beside it at half speed, every five minutes (docs/benchmarks.md section 7,
 #: "Seventeenth run"). Past it the round goes on, so a group never quiet is still tested.
@@ -74,7 +75,8 @@ class SampleCanaryBudget:
 class Round:
     """One round of :class:`SampleCanary`: the config it read, the band it tests at level
     ``alpha``, its unix time, its cost so far (tokens decoded, tokens scored) and its wait
-    for quiet."""
+    for quiet; ``peers``: per backend, the other servers on its compute in that config
+    (:func:`~gateway.routing.load.compute_peers`)."""
 
     config: GatewayConfig
     band: Band
@@ -86,6 +88,7 @@ class Round:
     #: and the seconds it waited so far.
     quiet_by: float = 0.0
     waited: float = 0.0
+    peers: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 class SampleCanary:
@@ -126,7 +129,8 @@ class SampleCanary:
         run = None
         if edges:
             band, quiet_by = edges[self.next_band % len(edges)], started + self.quiet_wait_s
-            run = Round(config, band, self.alpha(bands), now, quiet_by=quiet_by)
+            peers = compute_peers({n: b.compute_group for n, b in config.backends.items()})
+            run = Round(config, band, self.alpha(bands), now, quiet_by=quiet_by, peers=peers)
             self.next_band += 1
             for name in [n for n, bs in bands.items() if run.band in bs]:
                 await self._test(run, name)
@@ -260,25 +264,14 @@ class SampleCanary:
                 logger.info("distribution canary: %s passes again; sampled traffic resumes", name)
             state.sample_suspect = reason
 
-    def beside(self, config: GatewayConfig, name: str) -> list[BackendState]:
-        """The live states of the other servers of backend ``name``'s ``compute_group``
-        (none without a group)."""
-        group, states = config.backends[name].compute_group, self.registry.states
-        if group is None:
-            return []
-        return [
-            states[n]
-            for n, b in config.backends.items()
-            if n != name and b.compute_group == group and n in states
-        ]
-
     async def _quiet(self, run: Round, name: str) -> None:
         """Wait while another server of ``name``'s compute group has requests of this
-        gateway in flight (:meth:`beside`; other clients' are not counted, since a scrape
+        gateway in flight (``run.peers``; other clients' are not counted, since a scrape
         counts the canary's own too) and the round's :data:`QUIET_WAIT_S` lasts; woken by
         :attr:`~gateway.upstream.state.BackendState.idle_listeners`. The wait is counted
         in ``run.waited``."""
-        others = self.beside(run.config, name)
+        states = self.registry.states
+        others = [states[n] for n in run.peers.get(name, ()) if n in states]
         if not any(state.inflight > 0 for state in others):
             return
         started, idle = time.monotonic(), asyncio.Event()

@@ -78,7 +78,8 @@ class BackendState:
     attempts waiting there for an answer give up
     (:meth:`~gateway.upstream.attempt.Attempt.given_up_when_down`).
     ``idle_listeners``: callbacks (no argument) run by :meth:`release` when its last
-    request in flight ends (:meth:`~gateway.upstream.sample_canary.SampleCanary.beside`).
+    request in flight ends (the distribution canary waiting for quiet beside it,
+    :class:`~gateway.upstream.sample_canary.SampleCanary`).
     """
 
     healthy: bool | None = None
