@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import random
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
@@ -31,6 +30,7 @@ from gateway.errors import GatewayError, error_envelope, from_upstream
 from gateway.failures import UpstreamFailure
 from gateway.runtime import Parts, open_runtime
 from gateway.settings import Settings
+from gateway.trace import request_id_of
 
 logger = logging.getLogger(__name__)
 
@@ -137,8 +137,7 @@ def with_request_id(request: Request, headers: Mapping[str, str] | None = None) 
     the one its backend was sent): the client's (its bytes echoed), else a new one, as the
     gateway's relayed answers carry it (the OpenAI SDK reads it into its errors'
     ``request_id``)."""
-    request_id = request.headers.get("x-request-id") or os.urandom(16).hex()
-    return {"x-request-id": request_id, **(headers or {})}
+    return {"x-request-id": request_id_of(request.headers.get("x-request-id")), **(headers or {})}
 
 
 def install_error_handlers(app: FastAPI) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -17,6 +18,12 @@ if TYPE_CHECKING:
 _USAGE_MARK = b'"completion_tokens"'
 _USAGE_KEY = "completion_tokens"
 logger = logging.getLogger(__name__)
+
+
+def request_id_of(given: str | None) -> str:
+    """A request's id: the client's ``x-request-id`` (``given``), else a new one (32 hex
+    digits), which every answer and the backend's request then carry."""
+    return given or os.urandom(16).hex()
 
 
 class ComputeMark(NamedTuple):

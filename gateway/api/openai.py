@@ -22,7 +22,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import os
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from typing import Any
 
@@ -48,6 +47,7 @@ from gateway.failures import UpstreamFailure
 from gateway.pipeline import RoutedRequest, open_routed, prepare_routed
 from gateway.runtime import Runtime, runtime_of
 from gateway.service import Gateway
+from gateway.trace import request_id_of
 from gateway.upstream.catalog import merge_cards
 
 Scope = MutableMapping[str, Any]
@@ -154,7 +154,7 @@ class ProxyEndpoint:
         # the first of repeated headers counts, as in Starlette's Request.headers
         headers = {header_text(k): header_text(v) for k, v in reversed(scope["headers"])}
         gateway: Gateway = state.gateway
-        trace = gateway.new_trace(headers.get("x-request-id") or os.urandom(16).hex(), self.path)
+        trace = gateway.new_trace(request_id_of(headers.get("x-request-id")), self.path)
         try:
             check_client_key(state.auth, headers.get("authorization"))
             request = RoutedRequest(self.kind, self.path, b"", headers, trace)

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -42,7 +41,7 @@ from gateway.pipeline import guard_decision, refuse_quarantined, too_deep
 from gateway.routing.policy import RouteDecision
 from gateway.runtime import Runtime, runtime_of
 from gateway.service import Admission, Gateway
-from gateway.trace import RequestTrace
+from gateway.trace import RequestTrace, request_id_of
 from gateway.upstream.catalog import BackendCatalog
 from gateway.upstream.endpoints import (
     STATEFUL_TEMPLATES,
@@ -207,7 +206,7 @@ class Relayed(Response):
 
     async def __call__(self, scope: Any, receive: Receive, send: Send) -> None:
         """Forward and answer (see the class docstring)."""
-        request_id = self.headers_in.get("x-request-id") or os.urandom(16).hex()
+        request_id = request_id_of(self.headers_in.get("x-request-id"))
         self.headers_in["x-request-id"] = request_id
         stream = self.parsed is not None and self.parsed.get("stream") is True
         trace = RequestTrace(request_id, self.path, stream=stream)
@@ -215,12 +214,11 @@ class Relayed(Response):
             # the slot is counted once the body is in, so slow senders hold no slot
             with self.admission or contextlib.nullcontext():
                 await until_disconnect(receive, self._forward(trace, send))
-        except GatewayError as exc:  # answered by the app's handlers, with the id the
-            exc.headers = {**exc.headers, "x-request-id": request_id}  # backend was sent
-            raise
-        except UpstreamFailure as exc:
-            error = from_upstream(exc)
-            error.headers = {**error.headers, "x-request-id": request_id}
+        except (GatewayError, UpstreamFailure) as exc:  # answered by the app's handlers,
+            error = exc if isinstance(exc, GatewayError) else from_upstream(exc)
+            error.headers = {**error.headers, "x-request-id": request_id}  # the backend's
+            if error is exc:
+                raise
             raise error from exc
 
     async def _forward(self, trace: RequestTrace, send: Send) -> None:
