@@ -120,16 +120,16 @@ def waves(items: Sequence[Item], concurrency: int, dealing: str = "mixed") -> li
     if dealing == "mixed":
         runs = [(i, items[i : i + concurrency]) for i in range(0, len(items), concurrency)]
     else:
-        position = {id(item): i for i, item in enumerate(items)}
-        by_task: dict[str, list[Item]] = {}
-        for item in items:
-            by_task.setdefault(item.task, []).append(item)
+        by_task: dict[str, list[int]] = {}  # each task's positions in items
+        for i, item in enumerate(items):
+            by_task.setdefault(item.task, []).append(i)
         per = [
-            [task_items[i : i + concurrency] for i in range(0, len(task_items), concurrency)]
-            for task_items in by_task.values()
+            [at[i : i + concurrency] for i in range(0, len(at), concurrency)]
+            for at in by_task.values()
         ]
-        turns = max((len(runs) for runs in per), default=0)
-        runs = [(position[id(r[k][0])], r[k]) for k in range(turns) for r in per if k < len(r)]
+        turns = max((len(r) for r in per), default=0)
+        dealt = [r[k] for k in range(turns) for r in per if k < len(r)]  # tasks in turn
+        runs = [(at[0], [items[i] for i in at]) for at in dealt]
     return [arrival_order(run, seed=first) for first, run in runs]
 
 
