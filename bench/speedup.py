@@ -305,7 +305,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "repeatable",
     )
     parser.add_argument(
-        "--no-prefix-cache", action="store_true", help="launch backends without prefix caching"
+        "--no-prefix-cache",
+        action="store_true",
+        help="backends without prefix caching: --launch starts them so; without --launch, "
+        "say that the running ones were (the report records it)",
     )
     args = parser.parse_args(argv)
     interrupt_on_sigterm()

@@ -142,6 +142,7 @@ def markdown(
         f"Machine: {meta['machine']}. Config `{meta['config']}`; {meta['per_task']} prompts "
         f"per task, {meta['max_tokens']} output tokens max, prompts cut to "
         f"{meta['max_prompt_chars']} characters; {meta.get('waves', 'mixed')} waves; "
+        f"{'' if meta.get('prefix_cache', True) else 'servers without prefix caching; '}"
         f"took {meta['elapsed_s'] / 60:.1f} min.\n",
         "| c | task | target | tok/s | tok/s p50 | TTFT p50 ms | TTFT p99 | ITL p50 ms | "
         "e2e p50 ms | e2e p99 | errors | specgate routed to |",

@@ -31,7 +31,9 @@
 # --relay, target relay-NAME).
 # ORDER_SEED (default 0): `bench`'s bench.speedup --order-seed, the targets' order in each
 # wave; twin-run.sh gives each repeat its own. WAVES (default mixed): its --waves, per-task
-# for one task a wave (PER_TASK at least the largest of CONCURRENCY).
+# for one task a wave (PER_TASK at least the largest of CONCURRENCY). NO_PREFIX_CACHE=1: `up`
+# starts the servers with --no-enable-prefix-caching (bench.adaptive_bench.without_prefix_cache),
+# and `bench` says so (give it to both).
 #
 # CONFIG defaults to config/gpu-single.yaml; CONFIG=config/gpu-twin.yaml TWIN=1 gives the cost
 # twin's stack (docs/benchmarks.md, section 7).
@@ -96,6 +98,17 @@ up)
     tail -3 "$ROOT/prepare.log"
     tail -1 "$ROOT/twin.log" 2>/dev/null || true
     [ "$(cat "$ROOT/models.rc" 2>/dev/null)" = 0 ] || { say "models not ready"; exit 1; }
+    if [ "${NO_PREFIX_CACHE:-0}" = 1 ]; then
+        # the servers without prefix caching: every target of a wave then pays the same
+        # prefill, whatever its place in the wave's order (with it, the first target to send
+        # a wave's rag prompts to a server paid for the others: adaptive-b ran rag at c=64 at
+        # 0.67x plain on plain itself, first in both repeats; docs/benchmarks.md section 7,
+        # "Eighteenth run")
+        CONFIG=$("$PY" -c 'import sys; from pathlib import Path
+from bench.adaptive_bench import without_prefix_cache
+print(without_prefix_cache(Path(sys.argv[1]), Path(sys.argv[2])))' "$CONFIG" "$ROOT")
+        say "servers without prefix caching ($CONFIG)"
+    fi
     sed 's/^  policy: adaptive/  policy: static/' "$CONFIG" > "$ROOT/gpu-static.yaml"
     rm -f "$ROOT/up.pid"
     # the process writes its own pid (setsid forks where it leads its process group, and then
@@ -174,6 +187,8 @@ bench)
     if [ -n "${VARIANT_ENV:-}${VARIANT_CONFIG:-}" ]; then
         variant=(--extra-gateway adaptive-b=http://127.0.0.1:8030)
     fi
+    cache=()
+    if [ "${NO_PREFIX_CACHE:-0}" = 1 ]; then cache=(--no-prefix-cache); fi  # as `up` started them
     for relay in ${RELAYS:-}; do
         if curl -sf "${relay#*=}/health" > /dev/null; then
             variant+=(--relay "$relay")
@@ -185,7 +200,7 @@ bench)
         --adaptive --adaptive-gateway http://127.0.0.1:8000 "${variant[@]}" --prompts .gpu/prompts \
         --per-task "${PER_TASK:-8}" --max-tokens 64 --concurrency "${CONCURRENCY:-1,8,32}" \
         --warmup 10 --settle 0.05 --order-seed "${ORDER_SEED:-0}" --waves "${WAVES:-mixed}" \
-        --out "$out/speedup" 2>&1 | grep -v -e '^bench: ' -e 'it/s' | tail -60
+        "${cache[@]}" --out "$out/speedup" 2>&1 | grep -v -e '^bench: ' -e 'it/s' | tail -60
     curl -s localhost:8000/routes > "$out/routes-adaptive.json" || true
     if [ -n "${VARIANT_ENV:-}${VARIANT_CONFIG:-}" ]; then
         curl -s localhost:8030/routes > "$out/routes-variant.json" || true

@@ -89,3 +89,18 @@ def test_failed_requests_are_counted_and_reported_never_fatal() -> None:
     meta |= {"max_prompt_chars": 3000, "elapsed_s": 60.0}
     text = speedup_report.markdown(rows, runs, meta)
     assert "- c1 specgate: 1 of 2 failed: 1x HTTP 500: backend died" in text
+
+
+def test_the_header_names_servers_without_prefix_caching() -> None:
+    """A run whose servers had no prefix cache (``--no-prefix-cache``, stack.sh's
+    NO_PREFIX_CACHE) says so where its dealing is named; one with the cache says nothing."""
+    from bench import speedup_report
+
+    runs = [run("plain", [outcome("a", None, 4.0)])]
+    rows = speedup_report.aggregate(runs)
+    meta = {"date": "d", "machine": "m", "config": "c", "per_task": 1, "max_tokens": 64}
+    meta |= {"max_prompt_chars": 3000, "elapsed_s": 60.0, "waves": "per-task"}
+    cached = speedup_report.markdown(rows, runs, meta | {"prefix_cache": True})
+    off = speedup_report.markdown(rows, runs, meta | {"prefix_cache": False})
+    assert "per-task waves; took 1.0 min" in cached
+    assert "per-task waves; servers without prefix caching; took 1.0 min" in off
