@@ -8,13 +8,18 @@
 # stack) with a second adaptive gateway beside main's (:8030, `adaptive-b` in bench.speedup's
 # tables, state not saved): config/gpu-twin.yaml with EAGLE-3's max_batch_for_speculation
 # at ${LIMIT:-16} instead of the config's (4 until session 30, 8 since), so that both limits
-# meet the same servers, waves interleaved, in one run.
+# meet the same servers, waves interleaved, in one run. LIMITS ("BACKEND=N ...", default
+# "eagle3=$LIMIT") sets several backends' limits, e.g. "eagle3=16 ngram=64".
 set -uo pipefail
 OUT=${1:?OUT}
 mkdir -p /root/sg "$OUT"
 variant=/root/sg/gpu-twin-limit.yaml
-sed "/^  eagle3:\$/,/^  [a-z]/ s/^    max_batch_for_speculation: [0-9]*\$/    max_batch_for_speculation: ${LIMIT:-16}/" \
-    config/gpu-twin.yaml > "$variant"
+cp config/gpu-twin.yaml "$variant"
+for limit in ${LIMITS:-eagle3=${LIMIT:-16}}; do
+    backend=${limit%%=*} n=${limit#*=}
+    sed -i "/^  $backend:\$/,/^  [a-z]/ s/^    max_batch_for_speculation: [0-9]*\$/    max_batch_for_speculation: $n/" \
+        "$variant"
+done
 diff config/gpu-twin.yaml "$variant" > "$OUT/variant.diff"
 [ -s "$OUT/variant.diff" ] || { echo "twin-ab: the variant equals the config" >&2; exit 1; }
 VARIANT_CONFIG=$variant PER_TASK=${PER_TASK:-12} CHECKS=0 SAMPLED=0 DRAFT_CONFIG= CONFIG=config/gpu-twin.yaml \
