@@ -2,7 +2,7 @@
 
     python -m bench.sim_fleet [--gpus 5] [--kinds plain,ngram,eagle3] [--scale 10] \
         [--concurrency 16,64,128,256] [--per-task 64] [--warmup 20] [--out bench/out/sim-fleet] \
-        [--profile bench/sim/twin-2026-12-01.json]
+        [--profile bench/sim/twin-2026-12-01.json] [--no-prefix-cache]
 
 Starts, in one subprocess, ``--gpus`` simulated GPUs each running one simulated vLLM server
 of each of ``--kinds`` (:mod:`bench.sim.server`, the cost twin's profile, or ``--profile``'s,
@@ -26,6 +26,12 @@ would reach it: what relaying alone costs at that load, measured in the same run
 report (``bench.speedup_report``: ``speedup.md``, ``results.json``, charts) gives per
 (task, c) each target's tokens/s and specgate's ratio to the best single kind (the oracle)
 and to plain.
+
+Each wave goes to the targets in a fixed order, specgate last, so with the servers' prefix
+caches on (the default) specgate's requests find their prompts cached by the targets before
+it on the same servers and skip their prefill (long rag prompts most);
+``--no-prefix-cache`` runs the servers without it, so every target of a wave pays the same
+prefill, as ``bench.speedup --no-prefix-cache`` does on GPUs (the report records which).
 
 Time: the simulated servers run ``--scale`` real seconds per simulated second (default 10,
 so 2 shared cores can relay and parse every chunk); the times reported are divided by it,
@@ -183,6 +189,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="add relay-vllm-router: vllm-router (PyPI, Rust, round robin) over the plain "
         "servers, what a plain fleet's clients reach them through",
     )
+    parser.add_argument(
+        "--no-prefix-cache",
+        action="store_true",
+        help="simulated servers without prefix caching: every request pays its whole prefill",
+    )
     parser.add_argument("--out", type=Path, default=Path("bench/out/sim-fleet"))
     args = parser.parse_args(argv)
     interrupt_on_sigterm()
@@ -204,7 +215,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     with (
         tempfile.TemporaryDirectory(prefix="specgate-sim-fleet-") as tmp,
         running_fleet(
-            args.gpus, kinds, args.scale, args.prompts, book_size, logs, args.profile
+            args.gpus,
+            kinds,
+            args.scale,
+            args.prompts,
+            book_size,
+            logs,
+            args.profile,
+            prefix_cache=not args.no_prefix_cache,
         ) as urls,
     ):
         names = {n: n.rsplit("-g", 1)[0] for n in urls}
@@ -256,6 +274,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "compute_groups": not args.no_compute_groups,
         "waves": args.waves,
         "limits": ("twin config " if args.twin_limits else "") + str(limits),
+        "prefix_cache": not args.no_prefix_cache,
         "elapsed_s": time.monotonic() - started,
         "interrupted": interrupted,
     }

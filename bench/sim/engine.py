@@ -5,7 +5,8 @@ on one GPU time-slice it and their steps never overlap, which is what the twin r
 (chat routed only to plain through the gateway ran at 7.2 ms a token while ngram and EAGLE-3
 had work, 3.9 ms with plain alone; docs/benchmarks.md section 7). :class:`Engine` is one
 server: requests pass a serial front end (``admit_ms`` each) and a fixed latency, wait, are
-prefilled in the next step (one token), then every step (its time from the profile by the
+prefilled in the next step (one token; a prompt the server's prefix cache holds costs no
+prefill), then every step (its time from the profile by the
 requests in the server) gives each running request ``1 + accepted`` tokens, accepted drawn
 from the profile's acceptance model for the request's task and temperature, and the
 speculative counters vLLM exports are kept.
@@ -37,7 +38,7 @@ from bench.sim.profile import KindProfile, SimProfile
 #: logical start time (below it, a late loop catches up: its steps end at their logical
 #: times, some already past, so their chunks leave in a burst, as after a stall).
 LATE_S = 1.0
-#: Prompts a server keeps in its prefix cache (LRU).
+#: Prompts a server keeps in its prefix cache (LRU; whole prompts, by :func:`prompt_key`).
 PREFIX_CACHE_PROMPTS = 4096
 
 
@@ -126,7 +127,11 @@ class Engine:
 
     ``k`` overrides the kind's speculative tokens (cost scaled, see
     :meth:`bench.sim.profile.StepCost.step`); ``max_num_seqs`` caps the running batch (vLLM's
-    flag of that name); ``seed`` seeds the acceptance draws.
+    flag of that name); ``seed`` seeds the acceptance draws. ``prefix_cache`` False runs it as
+    vLLM's ``--no-enable-prefix-caching`` does: every request pays its whole prefill
+    (``prefill_ms_per_token`` x its prompt tokens, simulated ms), a repeated prompt too; True
+    (the default) keeps the last :data:`PREFIX_CACHE_PROMPTS` prompts, whose repeats cost no
+    prefill.
     """
 
     def __init__(
@@ -139,11 +144,13 @@ class Engine:
         k: int | None = None,
         max_num_seqs: int = 256,
         seed: int = 0,
+        prefix_cache: bool = True,
     ) -> None:
         self.name, self.kind, self.gpu = name, kind, gpu
         self.k = kind.cost.k if k is None else k
         self._plain = plain
         self.max_num_seqs = max_num_seqs
+        self.prefix_cache = prefix_cache
         self.rng = random.Random(seed)
         self.waiting: deque[SimRequest] = deque()
         self.running: list[SimRequest] = []
@@ -207,6 +214,10 @@ class Engine:
             await self._step()
 
     def _cached(self, key: str) -> bool:
+        """Whether the prefix cache holds the prompt ``key`` (then it is the most recent);
+        always False with the cache off."""
+        if not self.prefix_cache:
+            return False
         hit = key in self._cache
         self._cache[key] = None
         self._cache.move_to_end(key)

@@ -76,15 +76,18 @@ def running_fleet(
     per_task: int,
     logs: Path,
     profile: Path = TWIN_PROFILE,
+    prefix_cache: bool = True,
 ) -> Iterator[dict[str, str]]:
-    """The simulated fleet in a subprocess (costs from ``profile``); yields backend name ->
-    URL."""
+    """The simulated fleet in a subprocess (costs from ``profile``, its servers' prefix
+    caches on or off by ``prefix_cache``); yields backend name -> URL."""
     port = free_port()
     names = [f"{k}-g{g}" for g in range(gpus) for k in kinds]
     argv = [sys.executable, "-m", "bench.sim.server", "--port", str(port), "--scale", str(scale)]
     argv += ["--prompts", str(prompts), "--per-task", str(per_task), "--profile", str(profile)]
     for _ in range(gpus):
         argv += ["--gpu", ",".join(kinds)]
+    if not prefix_cache:
+        argv.append("--no-prefix-cache")
     # ports are consecutive from --port: the last one answering means all are up
     ready = f"http://127.0.0.1:{port + len(names) - 1}/health"
     with Server("sim-fleet", argv, ready_url=ready, log_path=logs / "sim-fleet.log"):

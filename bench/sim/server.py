@@ -2,7 +2,8 @@
 a fleet of them (several GPUs, several servers each) served from one process.
 
     python -m bench.sim.server --gpu plain,ngram,eagle3 --gpu plain,eagle3 --port 9300 \
-        [--scale 1] [--version 0.32] [--prompts DIR] [--profile bench/sim/twin-2026-12-01.json]
+        [--scale 1] [--version 0.32] [--prompts DIR] [--profile bench/sim/twin-2026-12-01.json] \
+        [--no-prefix-cache]
 
 Each app answers like vLLM's OpenAI server, in the shape of ``--version`` (0.26 or 0.32):
 
@@ -29,7 +30,8 @@ Each app answers like vLLM's OpenAI server, in the shape of ``--version`` (0.26 
 
 Bad input gets vLLM's error envelope with a 400 (404 for an unknown model), never a 500.
 Times follow the fleet's :class:`~bench.sim.engine.Clock` (``--scale`` real seconds per
-simulated second).
+simulated second). ``--no-prefix-cache`` serves every engine without its prefix cache (vLLM's
+``--no-enable-prefix-caching``: a repeated prompt pays its whole prefill again).
 """
 
 from __future__ import annotations
@@ -333,17 +335,23 @@ def build_fleet(
     *,
     version: str = "0.32",
     per_request_metrics: bool = True,
+    prefix_cache: bool = True,
 ) -> list[SimServer]:
-    """Servers for ``layout`` (one list of kinds per GPU), named ``{kind}-g{gpu}``; their
-    asyncio primitives bind to the loop that first serves them. Raises KeyError for a kind
-    the profile does not have."""
+    """Servers for ``layout`` (one list of kinds per GPU), named ``{kind}-g{gpu}``, with
+    their prefix caches on or off by ``prefix_cache``; their asyncio primitives bind to the
+    loop that first serves them. Raises KeyError for a kind the profile does not have."""
     servers = []
     for g, kinds in enumerate(layout):
         gpu = Gpu(clock, f"gpu{g}")
         for i, kind in enumerate(kinds):
             name = f"{kind}-g{g}"
             engine = Engine(
-                name, profile.kinds[kind], gpu, plain=profile.kinds.get("plain"), seed=g * 100 + i
+                name,
+                profile.kinds[kind],
+                gpu,
+                plain=profile.kinds.get("plain"),
+                seed=g * 100 + i,
+                prefix_cache=prefix_cache,
             )
             app = create_sim_app(
                 engine, book, version=version, per_request_metrics=per_request_metrics
@@ -379,6 +387,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--prompts", type=Path, help="prompt datasets: tasks known by text")
     parser.add_argument("--per-task", type=int, default=64)
     parser.add_argument("--profile", type=Path, default=TWIN_PROFILE, help="fitted costs")
+    parser.add_argument(
+        "--no-prefix-cache", action="store_true", help="every request pays its whole prefill"
+    )
     args = parser.parse_args(argv)
     profile = load_profile(args.profile)
 
@@ -393,6 +404,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             Clock(args.scale),
             version=args.version,
             per_request_metrics=not args.no_per_request_metrics,
+            prefix_cache=not args.no_prefix_cache,
         )
         for i, s in enumerate(servers):
             s.port = args.port + i
