@@ -24,7 +24,8 @@ concurrency, not a kernel time; the report shows both.
 ``--against`` compares with another run's ``bench.speedup`` results (its repeats pooled,
 :func:`bench.sim.derive.pooled`; its prompts a task replayed) instead of the run the profile
 was fitted to: how the profile predicts a run it was not fitted to (docs/benchmarks.md
-section 7b, session 27), on the concurrencies that run measured (session 30's: 4, 8, 16).
+section 7b, session 27), on the concurrencies that run measured (session 30's: 4, 8, 16),
+its waves dealt as that run dealt them (``--waves per-task``, session 33: one task a wave).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from bench.sim.book import book_for, prompt_text
 from bench.sim.derive import derive, pooled
 from bench.sim.engine import Clock, Engine, Gpu, PromptBook, SimRequest
 from bench.sim.profile import TWIN_PROFILE, SimProfile, load_profile, parse_profile
-from bench.workloads import Item, default_prompts_dir, sample
+from bench.workloads import Item, default_prompts_dir, sample, waves
 
 CONCURRENCIES = (1, 4, 8, 16, 32, 64)
 TASKS = ("code", "rag", "chat", "creative")
@@ -77,18 +78,26 @@ Cells = dict[int, dict[str, float]]
 
 
 async def replay_kind(
-    profile: SimProfile, kind: str, items: Sequence[Item], book: PromptBook, clock: Clock
+    profile: SimProfile,
+    kind: str,
+    items: Sequence[Item],
+    book: PromptBook,
+    clock: Clock,
+    concurrencies: Sequence[int] = CONCURRENCIES,
+    dealing: str = "mixed",
 ) -> Cells:
-    """tokens/s per request by concurrency and task for ``kind`` alone on its own GPU."""
+    """tokens/s per request by concurrency and task for ``kind`` alone on its own GPU, the
+    items dealt into waves as ``bench.speedup --waves`` deals them
+    (:func:`bench.workloads.waves`: ``mixed`` or ``per-task``)."""
     engine = Engine(kind, profile.kinds[kind], Gpu(clock), plain=profile.kinds["plain"])
     for item in items[:2]:  # bench.speedup's warm-up
         await _one(engine, book, item)
     out: Cells = {}
     try:
-        for c in CONCURRENCIES:
+        for c in concurrencies:
             done: list[tuple[str, int, float]] = []
-            for i in range(0, len(items), c):
-                done += await asyncio.gather(*(_one(engine, book, it) for it in items[i : i + c]))
+            for wave in waves(items, c, dealing):
+                done += await asyncio.gather(*(_one(engine, book, it) for it in wave))
                 await clock.sleep_until(clock.now() + 0.05)  # --settle 0.05
             out[c] = {
                 t: sum(d[1] for d in done if d[0] == t) / sum(d[2] for d in done if d[0] == t)
@@ -99,12 +108,21 @@ async def replay_kind(
     return out
 
 
-async def replay(profile: SimProfile, items: Sequence[Item], scale: float) -> dict[str, Cells]:
-    """Every kind's cells, the kinds run side by side (each on its own simulated GPU)."""
+async def replay(
+    profile: SimProfile,
+    items: Sequence[Item],
+    scale: float,
+    concurrencies: Sequence[int] = CONCURRENCIES,
+    dealing: str = "mixed",
+) -> dict[str, Cells]:
+    """Every kind's cells at ``concurrencies``, the kinds run side by side (each on its own
+    simulated GPU), waves dealt by ``dealing`` (:func:`replay_kind`)."""
     clock = Clock(scale)
     book = book_for(profile, items)
     kinds = list(profile.kinds)
-    runs = await asyncio.gather(*(replay_kind(profile, k, items, book, clock) for k in kinds))
+    runs = await asyncio.gather(
+        *(replay_kind(profile, k, items, book, clock, concurrencies, dealing) for k in kinds)
+    )
     return dict(zip(kinds, runs, strict=True))
 
 
@@ -161,25 +179,26 @@ def fit_steps(profile: SimProfile, simulated: dict[str, Cells]) -> SimProfile:
     return replace(profile, kinds=kinds)
 
 
-def against(paths: Sequence[Path]) -> tuple[dict[str, Cells], int, list[int]]:
+def against(paths: Sequence[Path]) -> tuple[dict[str, Cells], int, list[int], str]:
     """The measured cells (``measured[kind][c][task]``, output tokens/s per request) of
     another run's ``bench.speedup`` results, its repeats pooled (total over total, as a
-    profile's own: :func:`bench.sim.derive.derive`), its prompts a task, and the
+    profile's own: :func:`bench.sim.derive.derive`), its prompts a task, the
     concurrencies of :data:`CONCURRENCIES` it measured (a run may leave some out, as
-    ``CONCURRENCY=4,8,16`` in session 30). Raises OSError, ValueError (not JSON, or none of
-    our concurrencies), KeyError, IndexError (no run) or ZeroDivisionError (a cell without an
-    answered request, a backend's cell at a measured concurrency missing included: ``derive``
-    computes every one) on what is not such results, and ValueError for a run of per-task
-    waves (``--waves per-task``: the replay deals mixed ones)."""
+    ``CONCURRENCY=4,8,16`` in session 30) and its dealing (``--waves``: ``mixed``, or
+    ``per-task`` since session 33). Raises OSError, ValueError (not JSON, none of our
+    concurrencies, or repeats dealt differently), KeyError, IndexError (no run) or
+    ZeroDivisionError (a cell without an answered request, a backend's cell at a measured
+    concurrency missing included: ``derive`` computes every one) on what is not such
+    results."""
     results = [json.loads(path.read_text()) for path in paths]
     dealt = {r.get("meta", {}).get("waves", "mixed") for r in results}
-    if dealt != {"mixed"}:
-        raise ValueError(f"waves {sorted(dealt)}: the replay deals mixed waves only")
+    if len(dealt) != 1:
+        raise ValueError(f"waves {sorted(dealt)}: repeats dealt alike only")
     run = parse_profile(derive(pooled(results)))
     measured = [c for c in CONCURRENCIES if c in run.measured["plain"]]
     if not measured:
         raise ValueError(f"no plain at any of c={', '.join(map(str, CONCURRENCIES))}")
-    return run.measured, run.per_task, measured
+    return run.measured, run.per_task, measured, dealt.pop()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -209,10 +228,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--fit fits the profile to its own run: not with --against")
     profile = load_profile(args.profile)
     measured, per_task, compared = profile.measured, profile.per_task, "the profile's own run"
-    concurrencies = list(CONCURRENCIES)
+    concurrencies, dealing = list(CONCURRENCIES), "mixed"
     if args.against:
         try:
-            measured, per_task, concurrencies = against(args.against)
+            measured, per_task, concurrencies, dealing = against(args.against)
         except (OSError, ValueError, LookupError, TypeError, ArithmeticError) as error:
             parser.error(
                 f"--against: not bench.speedup results of every cell at its concurrencies "
@@ -221,7 +240,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         compared = ", ".join(map(str, args.against))
     items = sample(args.prompts, args.per_task or per_task)
     started = time.monotonic()
-    simulated = asyncio.run(replay(profile, items, args.scale))
+    simulated = asyncio.run(replay(profile, items, args.scale, concurrencies, dealing))
     if args.fit:
         for _ in range(4):
             profile = fit_steps(profile, simulated)
@@ -233,7 +252,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"Speculative / plain, output tokens/s per request, simulated / measured "
         f"(**x**: off by more than 15%):\n\n{text}\n\n{within} of {total} cells within 15%; "
         f"largest error {worst:.0%}; {time.monotonic() - started:.0f} s at scale {args.scale}; "
-        f"measured: {compared}.\n"
+        f"{dealing} waves; measured: {compared}.\n"
     )
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "calibration.md").write_text(report)

@@ -108,6 +108,28 @@ async def test_a_client_that_leaves_aborts_its_request() -> None:
     await engine.close()
 
 
+@pytest.mark.parametrize("prefix_cache", [True, False])
+async def test_a_repeated_prompt_skips_its_prefill_only_with_the_prefix_cache(
+    prefix_cache: bool,
+) -> None:
+    """Prefill costs 0.5 ms (simulated) a prompt token on top of a 10 ms step: a 200-token
+    prompt's first token comes 110 ms after it arrives; the same prompt again, 10 ms with the
+    prefix cache (no prefill), 110 ms again without it (``--no-enable-prefix-caching``)."""
+    flat = flat_kind()
+    kind = replace(flat, cost=replace(flat.cost, prefill_ms_per_token=0.5))
+    engine = Engine("p", kind, Gpu(Clock(FAST)), prefix_cache=prefix_cache)
+    ttft_s = []
+    for _ in range(2):
+        req = SimRequest("rag", 0.0, 200, 3, prompt_key("one long rag prompt"))
+        assert await run(engine, req) == [1, 1, 1]
+        assert req.first_token_at is not None
+        ttft_s.append(req.first_token_at - req.arrival)
+    await engine.close()
+    assert ttft_s[0] == pytest.approx(0.110, abs=1e-6)
+    assert ttft_s[1] == pytest.approx(0.010 if prefix_cache else 0.110, abs=1e-6)
+    assert engine.prompt_tokens_total == 400  # vLLM counts cached prompt tokens too
+
+
 def test_twin_acceptance_falls_with_task_and_temperature() -> None:
     eagle = load_profile().kinds["eagle3"].acceptance
     assert eagle is not None
@@ -200,8 +222,8 @@ def test_calibration_compares_with_a_run_of_some_concurrencies_only(tmp_path: Pa
     at one of them is refused."""
     path = tmp_path / "results.json"
     path.write_text(json.dumps(_results((4, 8, 16))))
-    measured, per_task, concurrencies = sim_calibrate.against([path])
-    assert concurrencies == [4, 8, 16]
+    measured, per_task, concurrencies, dealing = sim_calibrate.against([path])
+    assert concurrencies == [4, 8, 16] and dealing == "mixed"
     assert per_task == 1
     assert measured["eagle3"][8]["code"] == pytest.approx(2 * measured["plain"][8]["code"])
     simulated = {
@@ -225,10 +247,13 @@ def test_calibration_compares_with_a_run_of_some_concurrencies_only(tmp_path: Pa
     with pytest.raises(ValueError, match="no plain at any of c=1, 4, 8, 16, 32, 64"):
         sim_calibrate.against([path])
     per_task = _results((4, 8))
-    per_task["meta"]["waves"] = "per-task"  # bench.speedup --waves per-task
+    per_task["meta"]["waves"] = "per-task"  # bench.speedup --waves per-task: replayed so
     path.write_text(json.dumps(per_task))
-    with pytest.raises(ValueError, match="mixed waves only"):
-        sim_calibrate.against([path])
+    assert sim_calibrate.against([path])[3] == "per-task"
+    mixed = tmp_path / "mixed.json"
+    mixed.write_text(json.dumps(_results((4, 8))))
+    with pytest.raises(ValueError, match="repeats dealt alike only"):
+        sim_calibrate.against([path, mixed])
 
 
 async def replay(kind: str, concurrency: int, task: str) -> float:
@@ -334,6 +359,34 @@ async def test_metrics_page_parses_as_vllms_and_counts_the_drafts(book: PromptBo
     assert "vllm:spec_decode_num_accepted_tokens_total{" in pages["eagle3-g0"]
 
 
+@pytest.mark.parametrize("prefix_cache", [True, False])
+async def test_a_fleet_built_without_prefix_cache_prefills_a_repeated_prompt_again(
+    book: PromptBook, prefix_cache: bool
+) -> None:
+    """Over HTTP (vLLM 0.26's per-request timing, simulated ms): the second of two identical
+    4,000-character (1,000-token) prompts sent one after the other waits for its first token
+    as long as the first did on a fleet built without the prefix cache, and the prompt's
+    prefill (1,000 x the twin's 0.025 ms = 25 ms) less on one built with it."""
+    profile = load_profile()
+    [server] = build_fleet(
+        profile, [["plain"]], book, Clock(FAST), version="0.26", prefix_cache=prefix_cache
+    )
+    assert server.engine.prefix_cache is prefix_cache
+    body = {"model": "smollm2-twin", "prompt": "x" * 4000, "max_tokens": 2}
+    ttft_ms = []
+    transport = httpx.ASGITransport(server.app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://s") as c:
+        for _ in range(2):
+            answer = (await c.post("/v1/completions", json=body)).json()
+            assert answer["usage"]["prompt_tokens"] == 1000
+            ttft_ms.append(answer["metrics"]["time_to_first_token_ms"])
+    await server.engine.close()
+    prefill_ms = 1000 * profile.kinds["plain"].cost.prefill_ms_per_token
+    assert prefill_ms == pytest.approx(25.0)
+    assert ttft_ms[0] > prefill_ms
+    assert ttft_ms[1] == pytest.approx(ttft_ms[0] - (prefill_ms if prefix_cache else 0.0), abs=1e-3)
+
+
 @pytest.mark.parametrize(
     ("body", "status"),
     [
@@ -423,3 +476,20 @@ def test_a_fleet_wave_arrives_in_an_order_that_does_not_cycle_through_the_tasks(
     assert order == arrival_order(wave, seed=0)  # every target gets the same order
     assert all(len({i.task for i in order[s::8]}) > 1 for s in range(8))
     assert all(len({i.task for i in wave[s::8]}) == 1 for s in range(8))  # as it was
+
+
+async def test_calibration_replays_a_per_task_run_at_its_concurrencies_only() -> None:
+    """``--against`` a per-task run (session 33) replays one task a wave, and only at that
+    run's concurrencies (a replay of every c took minutes for cells never compared)."""
+    from bench.workloads import Item
+
+    tasks = ("code", "rag", "chat", "creative")
+    items = [
+        Item(t, f"{t}-{i}", "/v1/chat/completions", {"messages": [{"content": f"{t} {i}"}]}, 400)
+        for t in tasks
+        for i in range(2)
+    ]
+    cells = await sim_calibrate.replay(load_profile(), items, FAST, [2], "per-task")
+    assert set(cells) == {"plain", "ngram", "eagle3"}
+    assert all(list(by) == [2] and set(by[2]) == set(tasks) for by in cells.values())
+    assert all(v > 0 for by in cells.values() for v in by[2].values())
