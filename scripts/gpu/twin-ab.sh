@@ -17,8 +17,12 @@ variant=/root/sg/gpu-twin-limit.yaml
 cp config/gpu-twin.yaml "$variant"
 for limit in ${LIMITS:-eagle3=${LIMIT:-16}}; do
     backend=${limit%%=*} n=${limit#*=}
+    [[ $n =~ ^[0-9]+$ ]] || { echo "twin-ab: $limit: expected BACKEND=N" >&2; exit 1; }
     sed -i "/^  $backend:\$/,/^  [a-z]/ s/^    max_batch_for_speculation: [0-9]*\$/    max_batch_for_speculation: $n/" \
         "$variant"
+    # a backend absent from the config, or without a limit there, would be left as it is
+    sed -n "/^  $backend:\$/,/^  [a-z]/p" "$variant" | grep -qx "    max_batch_for_speculation: $n" ||
+        { echo "twin-ab: $limit: no max_batch_for_speculation of $backend set" >&2; exit 1; }
 done
 diff config/gpu-twin.yaml "$variant" > "$OUT/variant.diff"
 [ -s "$OUT/variant.diff" ] || { echo "twin-ab: the variant equals the config" >&2; exit 1; }
