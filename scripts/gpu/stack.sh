@@ -32,8 +32,8 @@
 # ORDER_SEED (default 0): `bench`'s bench.speedup --order-seed, the targets' order in each
 # wave; twin-run.sh gives each repeat its own. WAVES (default mixed): its --waves, per-task
 # for one task a wave (PER_TASK at least the largest of CONCURRENCY). NO_PREFIX_CACHE=1: `up`
-# starts the servers with --no-enable-prefix-caching (bench.adaptive_bench.without_prefix_cache),
-# and `bench` says so (give it to both).
+# starts the servers with --no-enable-prefix-caching (bench.adaptive_bench.without_prefix_cache);
+# `bench` reads that from the config `up` wrote ($ROOT/gpu-static.yaml) and says so.
 #
 # CONFIG defaults to config/gpu-single.yaml; CONFIG=config/gpu-twin.yaml TWIN=1 gives the cost
 # twin's stack (docs/benchmarks.md, section 7).
@@ -101,9 +101,9 @@ up)
     if [ "${NO_PREFIX_CACHE:-0}" = 1 ]; then
         # the servers without prefix caching: every target of a wave then pays the same
         # prefill, whatever its place in the wave's order (with it, the first target to send
-        # a wave's rag prompts to a server paid for the others: adaptive-b ran rag at c=64 at
-        # 0.67x plain on plain itself, first in both repeats; docs/benchmarks.md section 7,
-        # "Eighteenth run")
+        # a wave's rag prompts to a server likely paid for the others: adaptive-b ran rag at
+        # c=64 at 0.67x plain on plain itself, the first target on that server in both
+        # repeats; docs/benchmarks.md section 7, "Eighteenth run")
         CONFIG=$("$PY" -c 'import sys; from pathlib import Path
 from bench.adaptive_bench import without_prefix_cache
 print(without_prefix_cache(Path(sys.argv[1]), Path(sys.argv[2])))' "$CONFIG" "$ROOT")
@@ -178,7 +178,7 @@ bench)
     out=${2:?bench OUT}
     mkdir -p "$out"
     nvidia-smi > "$out/nvidia-smi.txt"
-    "$PY" -m gateway backends plan --config "$CONFIG" > "$out/plan.txt" 2>&1 || true
+    "$PY" -m gateway backends plan --config "$ROOT/gpu-static.yaml" > "$out/plan.txt" 2>&1 || true
     if [ "${CHECKS:-1}" = 1 ]; then
         "$PY" -m bench.gpu_checks --config "$CONFIG" --gateway http://127.0.0.1:8010 \
             --prompts .gpu/prompts --out "$out" 2>&1 | tail -60
@@ -187,8 +187,8 @@ bench)
     if [ -n "${VARIANT_ENV:-}${VARIANT_CONFIG:-}" ]; then
         variant=(--extra-gateway adaptive-b=http://127.0.0.1:8030)
     fi
-    cache=()
-    if [ "${NO_PREFIX_CACHE:-0}" = 1 ]; then cache=(--no-prefix-cache); fi  # as `up` started them
+    cache=()  # as `up` started the servers: it wrote gpu-static.yaml from the config it used
+    if grep -q -- --no-enable-prefix-caching "$ROOT/gpu-static.yaml"; then cache=(--no-prefix-cache); fi
     for relay in ${RELAYS:-}; do
         if curl -sf "${relay#*=}/health" > /dev/null; then
             variant+=(--relay "$relay")
