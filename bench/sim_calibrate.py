@@ -39,6 +39,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import NamedTuple
 
 from bench.sim.book import book_for, prompt_text
 from bench.sim.derive import derive, pooled
@@ -85,11 +86,19 @@ async def replay_kind(
     clock: Clock,
     concurrencies: Sequence[int] = CONCURRENCIES,
     dealing: str = "mixed",
+    prefix_cache: bool = True,
 ) -> Cells:
     """tokens/s per request by concurrency and task for ``kind`` alone on its own GPU, the
     items dealt into waves as ``bench.speedup --waves`` deals them
-    (:func:`bench.workloads.waves`: ``mixed`` or ``per-task``)."""
-    engine = Engine(kind, profile.kinds[kind], Gpu(clock), plain=profile.kinds["plain"])
+    (:func:`bench.workloads.waves`: ``mixed`` or ``per-task``), the server's prefix cache on
+    or off (``bench.speedup --no-prefix-cache``)."""
+    engine = Engine(
+        kind,
+        profile.kinds[kind],
+        Gpu(clock),
+        plain=profile.kinds["plain"],
+        prefix_cache=prefix_cache,
+    )
     for item in items[:2]:  # bench.speedup's warm-up
         await _one(engine, book, item)
     out: Cells = {}
@@ -114,14 +123,18 @@ async def replay(
     scale: float,
     concurrencies: Sequence[int] = CONCURRENCIES,
     dealing: str = "mixed",
+    prefix_cache: bool = True,
 ) -> dict[str, Cells]:
     """Every kind's cells at ``concurrencies``, the kinds run side by side (each on its own
-    simulated GPU), waves dealt by ``dealing`` (:func:`replay_kind`)."""
+    simulated GPU), waves dealt by ``dealing``, prefix caches on or off (:func:`replay_kind`)."""
     clock = Clock(scale)
     book = book_for(profile, items)
     kinds = list(profile.kinds)
     runs = await asyncio.gather(
-        *(replay_kind(profile, k, items, book, clock, concurrencies, dealing) for k in kinds)
+        *(
+            replay_kind(profile, k, items, book, clock, concurrencies, dealing, prefix_cache)
+            for k in kinds
+        )
     )
     return dict(zip(kinds, runs, strict=True))
 
@@ -179,26 +192,39 @@ def fit_steps(profile: SimProfile, simulated: dict[str, Cells]) -> SimProfile:
     return replace(profile, kinds=kinds)
 
 
-def against(paths: Sequence[Path]) -> tuple[dict[str, Cells], int, list[int], str]:
-    """The measured cells (``measured[kind][c][task]``, output tokens/s per request) of
-    another run's ``bench.speedup`` results, its repeats pooled (total over total, as a
-    profile's own: :func:`bench.sim.derive.derive`), its prompts a task, the
-    concurrencies of :data:`CONCURRENCIES` it measured (a run may leave some out, as
-    ``CONCURRENCY=4,8,16`` in session 30) and its dealing (``--waves``: ``mixed``, or
-    ``per-task`` since session 33). Raises OSError, ValueError (not JSON, none of our
-    concurrencies, or repeats dealt differently), KeyError, IndexError (no run) or
-    ZeroDivisionError (a cell without an answered request, a backend's cell at a measured
+class Against(NamedTuple):
+    """Another run of ``bench.speedup`` to compare with: its measured cells
+    (``measured[kind][c][task]``, output tokens/s per request), its prompts a task, the
+    concurrencies of :data:`CONCURRENCIES` it measured, its dealing (``--waves``: ``mixed``,
+    or ``per-task`` since session 33) and whether its servers had prefix caching
+    (``--no-prefix-cache``)."""
+
+    measured: dict[str, Cells]
+    per_task: int
+    concurrencies: list[int]
+    dealing: str
+    prefix_cache: bool
+
+
+def against(paths: Sequence[Path]) -> Against:
+    """Another run's ``bench.speedup`` results, its repeats pooled (total over total, as a
+    profile's own: :func:`bench.sim.derive.derive`); a run may leave some concurrencies out,
+    as ``CONCURRENCY=4,8,16`` in session 30. Raises OSError, ValueError (not JSON, none of
+    our concurrencies, or repeats dealt or cached differently), KeyError, IndexError (no run)
+    or ZeroDivisionError (a cell without an answered request, a backend's cell at a measured
     concurrency missing included: ``derive`` computes every one) on what is not such
     results."""
     results = [json.loads(path.read_text()) for path in paths]
-    dealt = {r.get("meta", {}).get("waves", "mixed") for r in results}
-    if len(dealt) != 1:
-        raise ValueError(f"waves {sorted(dealt)}: repeats dealt alike only")
+    metas = [r.get("meta", {}) for r in results]
+    setups = {(m.get("waves", "mixed"), m.get("prefix_cache", True)) for m in metas}
+    if len(setups) != 1:
+        raise ValueError(f"(waves, prefix cache) {sorted(setups)}: repeats set up alike only")
     run = parse_profile(derive(pooled(results)))
     measured = [c for c in CONCURRENCIES if c in run.measured["plain"]]
     if not measured:
         raise ValueError(f"no plain at any of c={', '.join(map(str, CONCURRENCIES))}")
-    return run.measured, run.per_task, measured, dealt.pop()
+    dealing, prefix_cache = setups.pop()
+    return Against(run.measured, run.per_task, measured, dealing, bool(prefix_cache))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -228,10 +254,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--fit fits the profile to its own run: not with --against")
     profile = load_profile(args.profile)
     measured, per_task, compared = profile.measured, profile.per_task, "the profile's own run"
-    concurrencies, dealing = list(CONCURRENCIES), "mixed"
+    concurrencies, dealing, prefix_cache = list(CONCURRENCIES), "mixed", True
     if args.against:
         try:
-            measured, per_task, concurrencies, dealing = against(args.against)
+            measured, per_task, concurrencies, dealing, prefix_cache = against(args.against)
         except (OSError, ValueError, LookupError, TypeError, ArithmeticError) as error:
             parser.error(
                 f"--against: not bench.speedup results of every cell at its concurrencies "
@@ -240,7 +266,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         compared = ", ".join(map(str, args.against))
     items = sample(args.prompts, args.per_task or per_task)
     started = time.monotonic()
-    simulated = asyncio.run(replay(profile, items, args.scale, concurrencies, dealing))
+    simulated = asyncio.run(
+        replay(profile, items, args.scale, concurrencies, dealing, prefix_cache)
+    )
     if args.fit:
         for _ in range(4):
             profile = fit_steps(profile, simulated)
@@ -252,7 +280,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"Speculative / plain, output tokens/s per request, simulated / measured "
         f"(**x**: off by more than 15%):\n\n{text}\n\n{within} of {total} cells within 15%; "
         f"largest error {worst:.0%}; {time.monotonic() - started:.0f} s at scale {args.scale}; "
-        f"{dealing} waves; measured: {compared}.\n"
+        f"{dealing} waves{'' if prefix_cache else ', no prefix cache'}; measured: {compared}.\n"
     )
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "calibration.md").write_text(report)

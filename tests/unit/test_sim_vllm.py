@@ -222,8 +222,8 @@ def test_calibration_compares_with_a_run_of_some_concurrencies_only(tmp_path: Pa
     at one of them is refused."""
     path = tmp_path / "results.json"
     path.write_text(json.dumps(_results((4, 8, 16))))
-    measured, per_task, concurrencies, dealing = sim_calibrate.against([path])
-    assert concurrencies == [4, 8, 16] and dealing == "mixed"
+    measured, per_task, concurrencies, dealing, cached = sim_calibrate.against([path])
+    assert concurrencies == [4, 8, 16] and dealing == "mixed" and cached
     assert per_task == 1
     assert measured["eagle3"][8]["code"] == pytest.approx(2 * measured["plain"][8]["code"])
     simulated = {
@@ -249,11 +249,14 @@ def test_calibration_compares_with_a_run_of_some_concurrencies_only(tmp_path: Pa
     per_task = _results((4, 8))
     per_task["meta"]["waves"] = "per-task"  # bench.speedup --waves per-task: replayed so
     path.write_text(json.dumps(per_task))
-    assert sim_calibrate.against([path])[3] == "per-task"
+    assert sim_calibrate.against([path]).dealing == "per-task"
     mixed = tmp_path / "mixed.json"
     mixed.write_text(json.dumps(_results((4, 8))))
-    with pytest.raises(ValueError, match="repeats dealt alike only"):
+    with pytest.raises(ValueError, match="repeats set up alike only"):
         sim_calibrate.against([path, mixed])
+    per_task["meta"]["prefix_cache"] = False  # bench.speedup --no-prefix-cache: replayed so
+    path.write_text(json.dumps(per_task))
+    assert sim_calibrate.against([path]).prefix_cache is False
 
 
 async def replay(kind: str, concurrency: int, task: str) -> float:
