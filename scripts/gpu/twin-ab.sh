@@ -7,15 +7,16 @@
 # twin-run.sh's three repeats (PER_TASK, default 12; no checks, no sampled step, no draft-model
 # stack) with a second adaptive gateway beside main's (:8030, `adaptive-b` in bench.speedup's
 # tables, state not saved): config/gpu-twin.yaml with EAGLE-3's max_batch_for_speculation
-# at ${LIMIT:-16} instead of the config's (4 until session 30, 8 since), so that both limits
-# meet the same servers, waves interleaved, in one run. LIMITS ("BACKEND=N ...", default
-# "eagle3=$LIMIT") sets several backends' limits, e.g. "eagle3=16 ngram=64".
+# at ${LIMIT:-8} instead of the config's (4 until session 30, 8 until session 34, 16 since),
+# so that both limits meet the same servers, waves interleaved, in one run. LIMITS
+# ("BACKEND=N ...", default "eagle3=$LIMIT") sets several backends' limits, e.g.
+# "eagle3=32 ngram=64".
 set -uo pipefail
 OUT=${1:?OUT}
 mkdir -p /root/sg "$OUT"
 variant=/root/sg/gpu-twin-limit.yaml
 cp config/gpu-twin.yaml "$variant"
-for limit in ${LIMITS:-eagle3=${LIMIT:-16}}; do
+for limit in ${LIMITS:-eagle3=${LIMIT:-8}}; do
     backend=${limit%%=*} n=${limit#*=}
     [[ $n =~ ^[0-9]+$ ]] || { echo "twin-ab: $limit: expected BACKEND=N" >&2; exit 1; }
     sed -i "/^  $backend:\$/,/^  [a-z]/ s/^    max_batch_for_speculation: [0-9]*\$/    max_batch_for_speculation: $n/" \
