@@ -193,11 +193,11 @@ def fit_steps(profile: SimProfile, simulated: dict[str, Cells]) -> SimProfile:
 
 
 class Against(NamedTuple):
-    """Another run of ``bench.speedup`` to compare with: its measured cells
-    (``measured[kind][c][task]``, output tokens/s per request), its prompts a task, the
-    concurrencies of :data:`CONCURRENCIES` it measured, its dealing (``--waves``: ``mixed``,
-    or ``per-task`` since session 33) and whether its servers had prefix caching
-    (``--no-prefix-cache``)."""
+    """A run of ``bench.speedup`` to compare with (another run, or the one the profile was
+    fitted to): its measured cells (``measured[kind][c][task]``, output tokens/s per
+    request), its prompts a task, the concurrencies of :data:`CONCURRENCIES` it measured, its
+    dealing (``--waves``: ``mixed``, or ``per-task`` since session 33) and whether its
+    servers had prefix caching (``--no-prefix-cache``)."""
 
     measured: dict[str, Cells]
     per_task: int
@@ -253,34 +253,35 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.fit and args.against:
         parser.error("--fit fits the profile to its own run: not with --against")
     profile = load_profile(args.profile)
-    measured, per_task, compared = profile.measured, profile.per_task, "the profile's own run"
-    concurrencies, dealing, prefix_cache = list(CONCURRENCIES), "mixed", True
+    run = Against(profile.measured, profile.per_task, list(CONCURRENCIES), "mixed", True)
+    compared = "the profile's own run"
     if args.against:
         try:
-            measured, per_task, concurrencies, dealing, prefix_cache = against(args.against)
+            run = against(args.against)
         except (OSError, ValueError, LookupError, TypeError, ArithmeticError) as error:
             parser.error(
                 f"--against: not bench.speedup results of every cell at its concurrencies "
                 f"({error!r})"
             )
         compared = ", ".join(map(str, args.against))
-    items = sample(args.prompts, args.per_task or per_task)
+    items = sample(args.prompts, args.per_task or run.per_task)
     started = time.monotonic()
     simulated = asyncio.run(
-        replay(profile, items, args.scale, concurrencies, dealing, prefix_cache)
+        replay(profile, items, args.scale, run.concurrencies, run.dealing, run.prefix_cache)
     )
     if args.fit:
         for _ in range(4):
             profile = fit_steps(profile, simulated)
             simulated = asyncio.run(replay(profile, items, args.scale))
         args.profile.write_text(json.dumps(profile.to_json(), indent=1) + "\n")
-    text, worst, within = table(simulated, measured, concurrencies)
-    total = len(SPECULATIVE) * len(TASKS) * len(concurrencies)
+    text, worst, within = table(simulated, run.measured, run.concurrencies)
+    total = len(SPECULATIVE) * len(TASKS) * len(run.concurrencies)
     report = (
         f"Speculative / plain, output tokens/s per request, simulated / measured "
         f"(**x**: off by more than 15%):\n\n{text}\n\n{within} of {total} cells within 15%; "
         f"largest error {worst:.0%}; {time.monotonic() - started:.0f} s at scale {args.scale}; "
-        f"{dealing} waves{'' if prefix_cache else ', no prefix cache'}; measured: {compared}.\n"
+        f"{run.dealing} waves{'' if run.prefix_cache else ', no prefix cache'}; "
+        f"measured: {compared}.\n"
     )
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "calibration.md").write_text(report)
