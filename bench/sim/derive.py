@@ -69,6 +69,13 @@ def cells(results: dict[str, Any]) -> dict[tuple[str, int, str], list[dict[str, 
     return out
 
 
+def streamed(outcomes: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The outcomes that streamed some text (a first token time): a sampled request may end
+    at its first token with no text (one token, EOS; the twentieth GPU run had one, creative
+    on plain at c=32), which counts in tokens/s but has no step or first token to time."""
+    return [o for o in outcomes if o["ttft_s"] is not None]
+
+
 def derive(results: dict[str, Any]) -> dict[str, Any]:
     """The profile document (see the module docstring)."""
     by = cells(results)
@@ -79,6 +86,7 @@ def derive(results: dict[str, Any]) -> dict[str, Any]:
         return float(sum(o["output_tokens"] for o in os) / sum(o["e2e_s"] for o in os))
 
     def per_chunk(os: Sequence[dict[str, Any]]) -> tuple[float, float]:
+        os = streamed(os)
         steps = sum(o["chunks"] - 1 for o in os)
         decode = sum(o["e2e_s"] - o["ttft_s"] for o in os)
         return sum(o["output_tokens"] - 1 for o in os) / steps, 1000 * decode / steps
@@ -99,7 +107,7 @@ def derive(results: dict[str, Any]) -> dict[str, Any]:
                 tokens[t].append(tpc / plain_tpc)
             steps.append([c, round(statistics.mean(ms), 3)])
         chat = [by[(kind, c, "chat")] for c in concurrencies]
-        ttft = [statistics.median(o["ttft_s"] for o in os) for os in chat]
+        ttft = [statistics.median(o["ttft_s"] for o in streamed(os)) for os in chat]
         admit = 1000 * (ttft[-1] - ttft[0]) / (concurrencies[-1] / 2)  # the median waits c/2
         chat_tokens = statistics.mean(
             i["prompt_chars"] / 4 for i in results["meta"]["items"] if i["task"] == "chat"

@@ -216,6 +216,22 @@ def _results(concurrencies: tuple[int, ...]) -> dict[str, Any]:
     return {"meta": {"items": items, "per_task": 1, "date": "test"}, "runs": runs}
 
 
+def test_an_answer_without_text_counts_in_speed_not_in_step_times(tmp_path: Path) -> None:
+    """A sampled request that ends at its first token with no text (one token, EOS: one in
+    the twentieth GPU run) has no first token time: derive() counts its token and time in
+    the cell's tokens/s and leaves it out of step times and first tokens."""
+    results = _results((4, 8))
+    empty = {"task": "creative", "id": "creative-2", "ttft_s": None, "e2e_s": 0.5}
+    for run in results["runs"]:
+        if run["target"] == "plain":
+            run["outcomes"].append(empty | {"output_tokens": 1, "chunks": 0})
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps(results))
+    measured = sim_calibrate.against([path]).measured
+    assert measured["plain"][8]["creative"] == pytest.approx(65 / 1.0)
+    assert measured["plain"][8]["code"] == pytest.approx(64 / 0.5)
+
+
 def test_calibration_compares_with_a_run_of_some_concurrencies_only(tmp_path: Path) -> None:
     """A GPU run of ``CONCURRENCY=4,8,16`` (session 30) is compared on its own
     concurrencies, not refused for lacking c=1, 32 and 64; a run missing a backend's cell
