@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import random
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import httpx
@@ -24,13 +24,13 @@ from starlette.routing import BaseRoute
 
 from contracts.config import GatewayConfig
 from gateway.api import admin, health, metrics, openai, passthrough, quarantine, status
+from gateway.api.deps import with_request_id
 from gateway.api.slashes import redirect_slash
 from gateway.auth import build_auth, require_admin, require_client_key
 from gateway.errors import GatewayError, error_envelope, from_upstream
 from gateway.failures import UpstreamFailure
 from gateway.runtime import Parts, open_runtime
 from gateway.settings import Settings
-from gateway.trace import request_id_of
 
 logger = logging.getLogger(__name__)
 
@@ -130,14 +130,6 @@ class SpecgateApp(FastAPI):
             if await redirect_slash(self, scope, receive, send):
                 return
         await super().__call__(scope, receive, send)
-
-
-def with_request_id(request: Request, headers: Mapping[str, str] | None = None) -> dict[str, str]:
-    """``headers`` with ``x-request-id`` where they lack it (a relayed request's error has
-    the one its backend was sent): the client's (its bytes echoed), else a new one, as the
-    gateway's relayed answers carry it (the OpenAI SDK reads it into its errors'
-    ``request_id``)."""
-    return {"x-request-id": request_id_of(request.headers.get("x-request-id")), **(headers or {})}
 
 
 def install_error_handlers(app: FastAPI) -> None:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Annotated
 
 from fastapi import Depends, Request
@@ -10,6 +11,7 @@ from fastapi import Depends, Request
 from gateway.runtime import Runtime, runtime_of
 from gateway.service import Gateway
 from gateway.settings import Settings
+from gateway.trace import request_id_of
 
 
 async def get_runtime(request: Request) -> Runtime:
@@ -30,3 +32,11 @@ async def get_settings(request: Request) -> Settings:
 RuntimeDep = Annotated[Runtime, Depends(get_runtime)]
 GatewayDep = Annotated[Gateway, Depends(get_gateway)]
 SettingsDep = Annotated[Settings, Depends(get_settings)]
+
+
+def with_request_id(request: Request, headers: Mapping[str, str] | None = None) -> dict[str, str]:
+    """``headers`` with ``x-request-id`` where they lack it (a relayed request's error has
+    the one its backend was sent): the client's (its bytes echoed), else a new one, as the
+    gateway's relayed answers carry it (the OpenAI SDK reads it into its errors'
+    ``request_id``)."""
+    return {"x-request-id": request_id_of(request.headers.get("x-request-id")), **(headers or {})}

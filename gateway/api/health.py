@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from gateway.api.deps import GatewayDep
+from gateway.api.deps import GatewayDep, with_request_id
 from gateway.probe_port import readiness
 
 router = APIRouter(tags=["health"])
@@ -18,9 +18,10 @@ async def health() -> dict[str, str]:
 
 
 @router.get("/ready", response_model=None)
-async def ready(gateway: GatewayDep) -> JSONResponse:
+async def ready(request: Request, gateway: GatewayDep) -> JSONResponse:
     """200 when at least one backend's health lets it take traffic (``up``, or ``unknown``:
-    not probed yet, routed as routing does), else 503 (OpenAI envelope). Lists the backends
-    by health."""
+    not probed yet, routed as routing does), else 503 (OpenAI envelope, with
+    ``x-request-id`` as every error of the gateway's). Lists the backends by health."""
     answer = readiness(gateway.backends())
-    return JSONResponse(answer.body, status_code=answer.status, headers=answer.headers)
+    headers = answer.headers if answer.status == 200 else with_request_id(request, answer.headers)
+    return JSONResponse(answer.body, status_code=answer.status, headers=headers)

@@ -72,6 +72,9 @@ async def test_a_down_backend_is_down_everywhere(gw: InProcess) -> None:
     ready = await gw.client.get("/ready")
     assert ready.status_code == 503
     assert ready.json()["error"]["code"] == "no_healthy_backend"
+    assert len(ready.headers["x-request-id"]) == 32  # as every error of the gateway's
+    ready = await gw.client.get("/ready", headers={"x-request-id": "probe-7"})
+    assert ready.status_code == 503 and ready.headers["x-request-id"] == "probe-7"
     resp = await gw.client.post("/v1/chat/completions", json=CHAT)
     assert resp.status_code == 503
     routed = (await gw.client.get("/routes")).json()["backends"]
