@@ -2,7 +2,7 @@
 
     python -m bench.sim_fleet [--gpus 5] [--kinds plain,ngram,eagle3] [--scale 10] \
         [--concurrency 16,64,128,256] [--per-task 64] [--warmup 20] [--out bench/out/sim-fleet] \
-        [--profile bench/sim/twin-2026-12-01.json] [--no-prefix-cache]
+        [--profile bench/sim/twin-2026-12-01.json] [--no-prefix-cache] [--static]
 
 Starts, in one subprocess, ``--gpus`` simulated GPUs each running one simulated vLLM server
 of each of ``--kinds`` (:mod:`bench.sim.server`, the cost twin's profile, or ``--profile``'s,
@@ -22,7 +22,10 @@ kind only, the oracle's candidates), and ``specgate``, the gateway over all of t
 ``--warmup`` requests a task one at a time. ``--router`` adds ``relay-vllm-router``:
 vllm-router (round robin, installed from PyPI on first use as ``bench.overhead`` installs
 it) over the plain servers, the same dealing through a relay, as a plain fleet's clients
-would reach it: what relaying alone costs at that load, measured in the same run. The
+would reach it: what relaying alone costs at that load, measured in the same run.
+``--static`` adds ``static``: a second gateway on the same config with ``policy: static``
+(the rules' order and the batch limits, nothing learnt), as the GPU runs measure beside the
+adaptive one, each wave sent to it just before ``specgate``. The
 report (``bench.speedup_report``: ``speedup.md``, ``results.json``, charts) gives per
 (task, c) each target's tokens/s and specgate's ratio to the best single kind (the oracle)
 and to plain.
@@ -194,6 +197,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="simulated servers without prefix caching: every request pays its whole prefill",
     )
+    parser.add_argument(
+        "--static",
+        action="store_true",
+        help="add static: the same config with policy static, as the GPU runs' static gateway",
+    )
     parser.add_argument("--out", type=Path, default=Path("bench/out/sim-fleet"))
     args = parser.parse_args(argv)
     interrupt_on_sigterm()
@@ -226,32 +234,46 @@ def main(argv: Sequence[str] | None = None) -> int:
         ) as urls,
     ):
         names = {n: n.rsplit("-g", 1)[0] for n in urls}
-        config = fleet_config(names, urls, groups=not args.no_compute_groups, limits=limits)
-        parse_config(config, "sim-fleet")  # fail here, not in the gateway, on a bad config
-        path = Path(tmp) / "sim-fleet.yaml"
-        path.write_text(yaml.safe_dump(config, sort_keys=False))
-        port = free_port()
-        gateway = Server(
-            "specgate",
-            [sys.executable, "-m", "cli", "serve", "--config", str(path), "--port", str(port)],
-            ready_url=f"http://127.0.0.1:{port}/ready",
-            log_path=logs / "gateway.log",
-            env={
-                "SPECGATE_STATE_FILE": str(Path(tmp) / "state.json"),  # starts fresh
-                # a burst's peak is remembered for the same simulated time as on a GPU
-                "SPECGATE_PEAK_WINDOW_S": str(PEAK_WINDOW_S * args.scale),
-            },
-        )
         targets = {k: [u for n, u in urls.items() if names[n] == k] for k in kinds}
+        gateways: list[Server] = []
+        for name in ("static", "specgate") if args.static else ("specgate",):
+            config = fleet_config(
+                names,
+                urls,
+                groups=not args.no_compute_groups,
+                limits=limits,
+                policy="static" if name == "static" else "adaptive",
+            )
+            parse_config(config, "sim-fleet")  # fail here, not in the gateway, on a bad config
+            path = Path(tmp) / f"{name}.yaml"
+            path.write_text(yaml.safe_dump(config, sort_keys=False))
+            port = free_port()
+            argv = [sys.executable, "-m", "cli", "serve", "--config", str(path)]
+            gateways.append(
+                Server(
+                    name,
+                    [*argv, "--port", str(port)],
+                    ready_url=f"http://127.0.0.1:{port}/ready",
+                    log_path=logs / ("gateway.log" if name == "specgate" else f"{name}.log"),
+                    env={
+                        "SPECGATE_STATE_FILE": str(Path(tmp) / f"{name}-state.json"),  # fresh
+                        # a burst's peak is remembered for the same simulated time as on a GPU
+                        "SPECGATE_PEAK_WINDOW_S": str(PEAK_WINDOW_S * args.scale),
+                    },
+                )
+            )
+            targets[name] = [f"http://127.0.0.1:{port}"]
+        url = targets.pop("specgate")[0]
         router: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
         if args.router:
             spec = vllm_router_target(free_port(), targets["plain"], logs / "peers.log")
             ready = spec.url + spec.ready_path
             router = Server(spec.name, spec.argv, ready_url=ready, log_path=logs / "router.log")
             targets[f"{RELAY}vllm-router"] = [spec.url]
-        with gateway, router:
-            url = f"http://127.0.0.1:{port}"
-            targets["specgate"] = [url]
+        with contextlib.ExitStack() as started_servers:
+            for server in (*gateways, router):
+                started_servers.enter_context(server)
+            targets["specgate"] = [url]  # last: after the static gateway and the router
             warm = adaptive_bench.warm_up(
                 url, MODEL, more, args.warmup, args.max_tokens, tqdm.write, list(urls.values())
             )
@@ -275,6 +297,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "waves": args.waves,
         "limits": ("twin config " if args.twin_limits else "") + str(limits),
         "prefix_cache": not args.no_prefix_cache,
+        "static": args.static,
         "elapsed_s": time.monotonic() - started,
         "interrupted": interrupted,
     }

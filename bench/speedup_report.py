@@ -18,8 +18,9 @@ from contracts.tasks import TASKS
 #: slower than the plain backend overall.
 WITHIN_BEST = 0.95
 #: Targets that are gateways, not single backends (``adaptive``: bench.adaptive_bench;
-#: ``adaptive-...``: bench.speedup's ``--extra-gateway`` variants).
-GATEWAYS = ("specgate", "adaptive")
+#: ``adaptive-...``: bench.speedup's ``--extra-gateway`` variants; ``static``:
+#: bench.sim_fleet's ``--static``).
+GATEWAYS = ("specgate", "adaptive", "static")
 #: The prefix of bench.speedup's ``--relay`` targets: relays in front of one backend, neither
 #: a single backend (never the oracle) nor one of specgate's gateways.
 RELAY = "relay-"

@@ -34,12 +34,13 @@ def fleet_config(
     groups: bool,
     twin: Path = TWIN_CONFIG,
     limits: Mapping[str, int] = FLEET_LIMITS,
+    policy: str = "adaptive",
 ) -> dict[str, Any]:
-    """The gateway config: ``twin``'s defaults, routing (adaptive) and rules, with the
-    simulated backends ``names`` (backend -> kind) at ``urls``; each speculative backend keeps
-    the twin config's per-backend settings of its kind, but the batch limits of ``limits``
-    (per kind; default :data:`FLEET_LIMITS`, ``{}``: the twin config's own, as on the H100
-    the GPU runs get)."""
+    """The gateway config: ``twin``'s defaults, routing (``policy``: adaptive, or static as
+    the GPU runs' static gateway) and rules, with the simulated backends ``names`` (backend
+    -> kind) at ``urls``; each speculative backend keeps the twin config's per-backend
+    settings of its kind, but the batch limits of ``limits`` (per kind; default
+    :data:`FLEET_LIMITS`, ``{}``: the twin config's own, as on the H100 the GPU runs get)."""
     base = yaml.safe_load(twin.read_text())
     backends: dict[str, Any] = {}
     for name, kind in names.items():
@@ -54,7 +55,7 @@ def fleet_config(
         if groups:
             entry["compute_group"] = "gpu" + name.rsplit("-g", 1)[1]
         backends[name] = entry
-    routing = dict(base.get("routing", {})) | {"policy": "adaptive"}
+    routing = dict(base.get("routing", {})) | {"policy": policy}
     return {
         "defaults": base["defaults"],
         "routing": routing,

@@ -477,6 +477,11 @@ def test_the_fleet_config_is_the_twins_rules_over_every_simulated_backend() -> N
     assert config.backends["eagle3-g2"].max_batch_for_speculation == 4
     assert twin.backends["eagle3"].max_batch_for_speculation == 16
     assert [r.name for r in config.rules] == [r.name for r in twin.rules]  # the twin's rules
+    static = fleet_config(names, {n: "http://x" for n in names}, True, policy="static")
+    assert parse_config(static, "sim-fleet").routing.policy == "static"  # --static's gateway
+    assert static["rules"] == data["rules"] and static["backends"] == {
+        n: b | {"url": "http://x"} for n, b in data["backends"].items()
+    }
     without = fleet_config(names, {n: "http://x" for n in names}, False)
     assert all("compute_group" not in b for b in without["backends"].values())
 
