@@ -24,8 +24,8 @@ vllm-router (round robin, installed from PyPI on first use as ``bench.overhead``
 it) over the plain servers, the same dealing through a relay, as a plain fleet's clients
 would reach it: what relaying alone costs at that load, measured in the same run.
 ``--static`` adds ``static``: a second gateway on the same config with ``policy: static``
-(the rules' order and the batch limits, nothing learnt), as the GPU runs measure beside the
-adaptive one, each wave sent to it just before ``specgate``. The
+(the rules and the batch limits; in a pool the least loaded candidate, nothing learnt), as
+the GPU runs measure beside the adaptive one, each wave sent to it before ``specgate``. The
 report (``bench.speedup_report``: ``speedup.md``, ``results.json``, charts) gives per
 (task, c) each target's tokens/s and specgate's ratio to the best single kind (the oracle)
 and to plain.
