@@ -151,8 +151,16 @@ wait)
     # serve's default of 4 s, a wave comes after the other targets' turns (~5 s at c=64), so
     # its requests likely opened fresh connections: adaptive-b ran 0.87-0.93x plain at c=64,
     # its first token 30-40 ms later than main's, where main ran 0.92-1.01x on the same
-    # choices (docs/benchmarks.md section 7, "Seventeenth run"; not yet measured at 60 s)
-    keep=SPECGATE_BACKEND_KEEP_ALIVE_S=${GATEWAY_KEEP_ALIVE_S:-60}
+    # choices (docs/benchmarks.md section 7, "Seventeenth run"; at 60 s within 0.01 of main
+    # at c=32-64 in the nineteenth and twentieth). GATEWAY_KEEP_ALIVE_S sets theirs, at most
+    # up's own: up gives the servers its keep-alive + 5 s, so a longer one would send
+    # requests on connections the servers are closing
+    up_keep=${SPECGATE_BACKEND_KEEP_ALIVE_S:-60} keep_s=${GATEWAY_KEEP_ALIVE_S:-$up_keep}
+    if ! awk -v s="$keep_s" -v most="$up_keep" 'BEGIN { exit !(s > 0 && s <= most) }'; then
+        say "GATEWAY_KEEP_ALIVE_S=$keep_s: want more than 0 and at most up's $up_keep s"
+        exit 1
+    fi
+    keep=SPECGATE_BACKEND_KEEP_ALIVE_S=$keep_s
     if ! curl -sf localhost:8010/ready > /dev/null; then
         env "$keep" SPECGATE_PORT=8010 SPECGATE_SAMPLE_CANARY_INTERVAL_S=0 SPECGATE_STATE_PERSIST=false \
             setsid nohup "$PY" -m gateway serve \
