@@ -21,7 +21,7 @@ async def health() -> dict[str, str]:
 async def ready(request: Request, gateway: GatewayDep) -> JSONResponse:
     """200 when at least one backend's health lets it take traffic (``up``, or ``unknown``:
     not probed yet, routed as routing does), else 503 (OpenAI envelope, with
-    ``x-request-id`` as every error of the gateway's). Lists the backends by health."""
+    ``x-request-id`` as the main port's other errors). Lists the backends by health."""
     answer = readiness(gateway.backends())
     headers = answer.headers if answer.status == 200 else with_request_id(request, answer.headers)
     return JSONResponse(answer.body, status_code=answer.status, headers=headers)
