@@ -33,7 +33,7 @@ from gateway.routing.load import compute_peers
 from gateway.upstream.canary import CANARY_PROMPTS, plain_twin, post_completion
 from gateway.upstream.sample_stats import per_test_alpha, rate_upper_bound, tail_bound
 from gateway.upstream.sample_stream import Scored, Stream, parse_prompt_logprobs
-from gateway.upstream.state import Backends
+from gateway.upstream.state import RESERVE_S, Backends
 
 logger = logging.getLogger(__name__)
 HOUR_S = 3600.0
@@ -266,25 +266,33 @@ class SampleCanary:
 
     async def _quiet(self, run: Round, name: str) -> None:
         """Wait while another server of ``name``'s compute group has requests of this
-        gateway in flight (``run.peers``; other clients' are not counted, since a scrape
-        counts the canary's own too) and the round's :data:`QUIET_WAIT_S` lasts; woken by
-        :attr:`~gateway.upstream.state.BackendState.idle_listeners`. The wait is counted
-        in ``run.waited``."""
+        gateway in flight or routed there and not yet forwarded (its
+        :meth:`~gateway.upstream.state.BackendState.load`: a burst's decisions reserve their
+        server before their attempts begin; ``run.peers``; other clients' are not counted,
+        since a scrape counts the canary's own too) and the round's :data:`QUIET_WAIT_S`
+        lasts; woken by :attr:`~gateway.upstream.state.BackendState.idle_listeners`, and
+        at least every :data:`~gateway.upstream.state.RESERVE_S` (a reservation ends
+        without waking anyone). The wait is counted in ``run.waited``."""
         states = self.registry.states
         others = [states[n] for n in run.peers.get(name, ()) if n in states]
-        if not any(state.inflight > 0 for state in others):
+
+        def busy() -> bool:
+            now = time.monotonic()
+            return any(state.load(now) > 0 for state in others)
+
+        if not busy():
             return
         started, idle = time.monotonic(), asyncio.Event()
         for state in others:
             state.idle_listeners.add(idle.set)
         try:
-            while any(state.inflight > 0 for state in others):
+            while busy():
                 left = run.quiet_by - time.monotonic()
                 if left <= 0:
                     break
                 idle.clear()
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(idle.wait(), left)
+                    await asyncio.wait_for(idle.wait(), min(left, RESERVE_S))
         finally:
             for state in others:
                 state.idle_listeners.discard(idle.set)

@@ -9,6 +9,7 @@ import dataclasses
 import json
 import math
 import random
+import time
 from typing import Any
 
 import pytest
@@ -370,6 +371,27 @@ async def test_a_round_waits_while_another_server_of_the_gpu_has_requests(gw: In
     assert sent == {"plain": 5, "ngram": 1, "draft": 1, "eagle3": 1}
     cost = c.cost_last_hour()
     assert 0.3 <= cost["waited_s"] <= cost["seconds"]
+
+
+async def test_a_round_waits_for_a_request_routed_but_not_yet_forwarded(gw: InProcess) -> None:
+    """A burst's decisions reserve their server before their attempts begin (a guard or a
+    connection lies between): a reservation on eagle3 holds the round back as a request in
+    flight does, and once it is taken and its request ends, the round goes on."""
+    gw.app.state.runtime.gateway.reload(static_config())
+    c = sample_canary(gw, prompts=1)
+    eagle3 = gw.app.state.runtime.gateway.registry.states["eagle3"]
+    eagle3.reserve(time.monotonic())
+    task = asyncio.create_task(c.run_round())
+    await asyncio.sleep(0.3)
+    assert not task.done()
+    assert canary_requests(gw) == {"plain": 0, "ngram": 0, "draft": 0, "eagle3": 0}
+    eagle3.take(time.monotonic())  # the attempt begins: no reservation, one in flight
+    await asyncio.sleep(0.1)
+    assert not task.done()
+    eagle3.release()  # the request ends: the round is woken
+    await asyncio.wait_for(task, 1)
+    assert canary_requests(gw) == {"plain": 5, "ngram": 1, "draft": 1, "eagle3": 1}
+    assert 0.4 <= c.cost_last_hour()["waited_s"]
 
 
 async def test_a_round_waits_no_longer_than_its_quiet_budget(gw: InProcess) -> None:
