@@ -370,7 +370,9 @@ async def test_a_round_waits_while_another_server_of_the_gpu_has_requests(gw: In
     # plain: one sample + its scoring, then one scoring per speculative sample
     assert sent == {"plain": 5, "ngram": 1, "draft": 1, "eagle3": 1}
     cost = c.cost_last_hour()
-    assert 0.3 <= cost["waited_s"] <= cost["seconds"]
+    # the round's wait begins a moment after the test's 0.3 s sleep does (0.296 s seen on a
+    # loaded machine)
+    assert 0.25 <= cost["waited_s"] <= cost["seconds"]
 
 
 async def test_a_round_waits_for_a_request_routed_but_not_yet_forwarded(gw: InProcess) -> None:
@@ -391,7 +393,7 @@ async def test_a_round_waits_for_a_request_routed_but_not_yet_forwarded(gw: InPr
     eagle3.release()  # the request ends: the round is woken
     await asyncio.wait_for(task, 1)
     assert canary_requests(gw) == {"plain": 5, "ngram": 1, "draft": 1, "eagle3": 1}
-    assert 0.4 <= c.cost_last_hour()["waited_s"]
+    assert 0.35 <= c.cost_last_hour()["waited_s"]  # 0.4 s of sleeps, begun a moment earlier
 
 
 async def test_a_round_waits_no_longer_than_its_quiet_budget(gw: InProcess) -> None:
