@@ -2,8 +2,7 @@
 
     python -m bench.sim_fleet [--gpus 5] [--kinds plain,ngram,eagle3] [--scale 10] \
         [--concurrency 16,64,128,256] [--per-task 64] [--warmup 20] [--out bench/out/sim-fleet] \
-        [--profile bench/sim/twin-2026-12-01.json] [--no-prefix-cache] [--static] \
-        [--cohort-confidence 0.9]
+        [--profile bench/sim/twin-2026-12-01.json] [--no-prefix-cache] [--static]
 
 Starts, in one subprocess, ``--gpus`` simulated GPUs each running one simulated vLLM server
 of each of ``--kinds`` (:mod:`bench.sim.server`, the cost twin's profile, or ``--profile``'s,
@@ -26,8 +25,7 @@ it) over the plain servers, the same dealing through a relay, as a plain fleet's
 would reach it: what relaying alone costs at that load, measured in the same run.
 ``--static`` adds ``static``: a second gateway on the same config with ``policy: static``
 (the rules and the batch limits; in a pool the least loaded candidate, nothing learnt), as
-the GPU runs measure beside the adaptive one, each wave sent to it before ``specgate``.
-``--cohort-confidence`` sets specgate's ``routing.adaptive.cohort_confidence``. The
+the GPU runs measure beside the adaptive one, each wave sent to it before ``specgate``. The
 report (``bench.speedup_report``: ``speedup.md``, ``results.json``, charts) gives per
 (task, c) each target's tokens/s and specgate's ratio to the best single kind (the oracle)
 and to plain.
@@ -204,12 +202,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="add static: the same config with policy static, as the GPU runs' static gateway",
     )
-    parser.add_argument(
-        "--cohort-confidence",
-        type=float,
-        default=0.0,
-        help="specgate's routing.adaptive.cohort_confidence (0: off, the config's default)",
-    )
     parser.add_argument("--out", type=Path, default=Path("bench/out/sim-fleet"))
     args = parser.parse_args(argv)
     interrupt_on_sigterm()
@@ -252,9 +244,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                 limits=limits,
                 policy="static" if name == "static" else "adaptive",
             )
-            if name == "specgate" and args.cohort_confidence:
-                adaptive = {"cohort_confidence": args.cohort_confidence}
-                config["routing"] = config["routing"] | {"adaptive": adaptive}
             parse_config(config, "sim-fleet")  # fail here, not in the gateway, on a bad config
             path = Path(tmp) / f"{name}.yaml"
             path.write_text(yaml.safe_dump(config, sort_keys=False))
@@ -309,7 +298,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         "limits": ("twin config " if args.twin_limits else "") + str(limits),
         "prefix_cache": not args.no_prefix_cache,
         "static": args.static,
-        "cohort_confidence": args.cohort_confidence,
         "elapsed_s": time.monotonic() - started,
         "interrupted": interrupted,
     }

@@ -214,14 +214,8 @@ class AdaptiveSettings(_Strict):
     the overlap is computed on; ``min_load_weight``: decayed observations a speculative
     backend and a plain one both need in a load band (see
     :func:`gateway.routing.adaptive.bucket_of`) before their measured speeds there replace
-    the backend's ``max_batch_for_speculation``; ``cohort_confidence``: in [0, 1), how sure
-    the learner must be before a cohort (requests arriving together that run on one backend,
-    :mod:`gateway.arrivals`) leaves the rules' first eligible candidate: only for the
-    candidate with the largest expected summed speed, and only when the posterior
-    probability that it is faster is at least this (0: no such rule, the cohort is chosen by
-    Thompson sampling as one request is; see
-    :func:`gateway.routing.adaptive_choice.choose`). (Where the estimates are saved is a
-    process setting: ``SPECGATE_STATE_FILE``, see :class:`gateway.settings.Settings`.)
+    the backend's ``max_batch_for_speculation``. (Where the estimates are saved is a process
+    setting: ``SPECGATE_STATE_FILE``, see :class:`gateway.settings.Settings`.)
     """
 
     decay: float = Field(default=0.98, gt=0, le=1)
@@ -230,7 +224,6 @@ class AdaptiveSettings(_Strict):
     min_tokens: int = Field(default=8, ge=1)
     overlap_threshold: float = Field(default=0.05, ge=0, le=1)
     max_prompt_chars: int = Field(default=1000, ge=16)
-    cohort_confidence: float = Field(default=0.0, ge=0, lt=1)
 
 
 class RoutingSettings(_Strict):

@@ -31,7 +31,6 @@ import math
 import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from statistics import NormalDist
 from typing import Any, NamedTuple
 
 from gateway.routing.adaptive import (
@@ -124,10 +123,6 @@ class AdaptiveChoice:
     #: Requests of a cohort the choice was made for, by task (:func:`choose`'s ``cohort``;
     #: empty: for this request alone).
     cohort: Mapping[str, int] = field(default_factory=dict)
-    #: For a cohort judged under :func:`choose`'s ``confidence``: the posterior probability
-    #: that ``best`` is faster than the rules' first candidate (1.0 when it is that
-    #: candidate); None otherwise.
-    faster: float | None = None
 
     @property
     def estimates(self) -> tuple[Estimate, ...]:
@@ -148,8 +143,6 @@ class AdaptiveChoice:
         }
         if self.cohort:
             out["cohort"] = dict(self.cohort)
-        if self.faster is not None:
-            out["faster_than_first"] = round(self.faster, 4)
         return out
 
 
@@ -344,7 +337,6 @@ def choose(
     explore: float = 1.0,
     replicas: Mapping[str, Sequence[str]] | None = None,
     cohort: Sequence[tuple[str, Mapping[str, str]]] = (),
-    confidence: float = 0.0,
 ) -> AdaptiveChoice:
     """Pick one of ``candidates`` (non-empty, in try-list order: the rules' order) by
     Thompson sampling.
@@ -369,8 +361,7 @@ def choose(
     requests on EAGLE-3 were sent there by such a prior; docs/benchmarks.md section 7b).
     ``cohort``: the other requests of a cohort waiting for this one's choice, each as its
     task and bucket per candidate (:func:`_for_cohort`; read on an idle compute only, no
-    ``penalties``; empty: this request alone). ``confidence`` in [0, 1): a cohort's rule
-    (:func:`_for_cohort`; 0: none).
+    ``penalties``; empty: this request alone).
     """
     if cohort and len(candidates) > 1 and not penalties:
         own = (task, _per_candidate(bucket, candidates))
@@ -384,7 +375,6 @@ def choose(
             baseline=baseline,
             explore=explore,
             replicas=replicas,
-            confidence=confidence,
         )
     buckets = _per_candidate(bucket, candidates)
     first = buckets[candidates[0]]
@@ -470,7 +460,6 @@ def _for_cohort(
     baseline: str | None = None,
     explore: float = 1.0,
     replicas: Mapping[str, Sequence[str]] | None = None,
-    confidence: float = 0.0,
 ) -> AdaptiveChoice:
     """:func:`choose` for a cohort, requests arriving together that will run on one
     backend (:mod:`gateway.arrivals`; a wave follows its first request): the one
@@ -488,22 +477,6 @@ def _for_cohort(
     request came first (3-5 of 24 waves a run), where EAGLE-3 ran
     such waves at 237-242 tokens/s against plain's 206 (H200 profile; docs/benchmarks.md
     section 7b, session 28).
-
-    ``confidence`` > 0 replaces the draw: the cohort goes to the candidate with the largest
-    expected sum only when the posterior probability that it is faster than the rules'
-    first candidate (``candidates[0]``) is at least ``confidence``, else to that first one.
-    The probability is the normal approximation of the difference of the two sums, each
-    request kind's term ``count * exp(mean)`` with variance ``(count * exp(mean) * sd)**2``
-    (delta method). A cohort commits many requests at once and one wave's speed varies more
-    than the per-request posterior says (requests of a wave share its batch): on the GPU
-    cost twin's twentieth run a wave of 16 on EAGLE-3 ran at 141-167 tokens/s and on plain
-    at 134-147, EAGLE-3 led by 5% (the median of three repeats), and Thompson sampling on
-    3-4 requests a task split the waves (one, none and two of three on EAGLE-3), while the
-    static policy, which always takes the rules' first eligible candidate, sent all to
-    EAGLE-3 and was 1.04x plain against adaptive's 0.99 (docs/benchmarks.md section 7).
-    The rule is the conservative bandit's: leave the baseline policy's choice only where
-    the data say with confidence that another is better (Wu, Shariff, Lattimore and
-    Szepesvari, "Conservative Bandits", ICML 2016).
 
     Returns the cohort's choice (its ``estimates``, built when read, are the first
     request's own; ``bucket``: the first request's at the chosen backend; ``cohort``: the
@@ -533,11 +506,10 @@ def _for_cohort(
         key = (t, tuple(b[n] for n in candidates))
         if key in kinds or len(kinds) < COHORT_KINDS:
             kinds[key] = kinds.get(key, 0) + 1
-    if len(kinds) == 1 and not confidence:  # all alike: the sum ranks as one request's speed
+    if len(kinds) == 1:  # all alike: the sum ranks as the first request's own speed does
         return replace(alone(explore, rng), cohort={task: len(cohort)})
     names = list(candidates)
     mean = dict.fromkeys(names, 0.0)
-    var = dict.fromkeys(names, 0.0)
     drawn = dict.fromkeys(names, 0.0)
     counted: dict[str, int] = {}
     for (t, key_buckets), count in kinds.items():
@@ -548,36 +520,20 @@ def _for_cohort(
         counted[t] = counted.get(t, 0) + count
         for n in names:
             p = post[n]
-            speed = count * math.exp(p.mean)
-            mean[n] += speed
-            var[n] += (speed * p.sd) ** 2
-            if explore > 0 and not confidence:
+            mean[n] += count * math.exp(p.mean)
+            if explore > 0:
                 drawn[n] += count * math.exp(rng.normalvariate(p.mean, p.sd * explore))
     if not counted:  # the rules' choice, as the first request's own (untried) would be
         return alone(explore, rng)
     best = max(names, key=mean.__getitem__)
-    faster = None
-    if confidence:
-        first = names[0]
-        faster = _faster(mean[best] - mean[first], var[best] + var[first]) if best != first else 1.0
-        chosen = best if faster >= confidence else first
-    else:
-        chosen = max(names, key=drawn.__getitem__) if explore > 0 else best
+    chosen = max(names, key=drawn.__getitem__) if explore > 0 else best
 
     def rows() -> tuple[Estimate, ...]:
         return alone(0.0, random.Random(0)).estimates
 
-    explored = chosen != best and faster is None  # kept by the rule: not exploring
     return AdaptiveChoice(
-        task, buckets[chosen], chosen, best, explored, False, rows, cohort=counted, faster=faster
+        task, buckets[chosen], chosen, best, chosen != best, False, rows, cohort=counted
     )
-
-
-def _faster(difference: float, variance: float) -> float:
-    """P(X > 0) for X normal with mean ``difference`` and ``variance`` (>= 0; 0: a step)."""
-    if variance <= 0:
-        return 1.0 if difference > 0 else 0.0
-    return NormalDist().cdf(difference / math.sqrt(variance))
 
 
 def _round(value: float | None, digits: int = 4) -> float | None:

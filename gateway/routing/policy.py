@@ -413,7 +413,6 @@ class RoutingPolicy:
             explore=_exploration(penalties, load, eligible, arriving),
             replicas=self.alike if self.replicated else None,
             cohort=() if penalties or len(eligible) < 2 else self._mix(plan.cohort, load),
-            confidence=settings.cohort_confidence,
         )
         order.remove(choice.chosen)
         order.insert(0, choice.chosen)
@@ -421,11 +420,6 @@ class RoutingPolicy:
             _keep_together(load, plan, order, eligible)
             choice = replace(choice, chosen=order[0], best=order[0], bucket=buckets[order[0]])
         why = "exploring" if choice.explored else "best expected speed"
-        if choice.faster is not None and choice.chosen != choice.best:
-            why = (
-                f"the rules' first kept: {choice.best} faster with probability "
-                f"{choice.faster:.2f} < {settings.cohort_confidence:g}"
-            )
         if choice.cohort:
             mix = ", ".join(f"{t} {k}" for t, k in sorted(choice.cohort.items()))
             why += f" for the {sum(choice.cohort.values())} requests arriving together ({mix})"

@@ -10,15 +10,13 @@
 # at ${LIMIT:-8} instead of the config's (4 until session 30, 8 until session 34, 16 since),
 # so that both limits meet the same servers, waves interleaved, in one run. LIMITS
 # ("BACKEND=N ...", default "eagle3=$LIMIT") sets several backends' limits, e.g.
-# "eagle3=32 ngram=64"; LIMITS= (empty) changes none. COHORT_CONFIDENCE (e.g. 0.9) sets the
-# variant's routing.adaptive.cohort_confidence (session 36: main without the rule, adaptive-b
-# with it: `LIMITS= COHORT_CONFIDENCE=0.9`).
+# "eagle3=32 ngram=64".
 set -uo pipefail
 OUT=${1:?OUT}
 mkdir -p /root/sg "$OUT"
 variant=/root/sg/gpu-twin-limit.yaml
 cp config/gpu-twin.yaml "$variant"
-for limit in ${LIMITS-eagle3=${LIMIT:-8}}; do
+for limit in ${LIMITS:-eagle3=${LIMIT:-8}}; do
     backend=${limit%%=*} n=${limit#*=}
     [[ $n =~ ^[0-9]+$ ]] || { echo "twin-ab: $limit: expected BACKEND=N" >&2; exit 1; }
     sed -i "/^  $backend:\$/,/^  [a-z]/ s/^    max_batch_for_speculation: [0-9]*\$/    max_batch_for_speculation: $n/" \
@@ -27,13 +25,6 @@ for limit in ${LIMITS-eagle3=${LIMIT:-8}}; do
     sed -n "/^  $backend:\$/,/^  [a-z]/p" "$variant" | grep -qx "    max_batch_for_speculation: $n" ||
         { echo "twin-ab: $limit: no max_batch_for_speculation of $backend set" >&2; exit 1; }
 done
-if [ -n "${COHORT_CONFIDENCE:-}" ]; then
-    [[ $COHORT_CONFIDENCE =~ ^0?\.[0-9]+$ ]] ||
-        { echo "twin-ab: COHORT_CONFIDENCE=$COHORT_CONFIDENCE: expected a number in [0, 1)" >&2; exit 1; }
-    grep -q '^  adaptive:' "$variant" &&
-        { echo "twin-ab: the config has routing.adaptive already; set it there" >&2; exit 1; }
-    sed -i "/^routing:\$/a\\  adaptive: {cohort_confidence: $COHORT_CONFIDENCE}" "$variant"
-fi
 diff config/gpu-twin.yaml "$variant" > "$OUT/variant.diff"
 [ -s "$OUT/variant.diff" ] || { echo "twin-ab: the variant equals the config" >&2; exit 1; }
 VARIANT_CONFIG=$variant PER_TASK=${PER_TASK:-12} CHECKS=0 SAMPLED=0 DRAFT_CONFIG= CONFIG=config/gpu-twin.yaml \

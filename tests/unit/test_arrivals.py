@@ -12,7 +12,7 @@ import pytest
 
 from bench.sim.fleet import fleet_config
 from bench.sim.server import MODEL as SIM_MODEL
-from contracts.config import ConfigError, parse_config
+from contracts.config import parse_config
 from gateway import arrivals as arrivals_module
 from gateway.arrivals import QUIET_TURNS, Arrivals
 from gateway.classify.features import RequestFeatures
@@ -142,75 +142,6 @@ def test_a_cohort_goes_where_its_mix_of_tasks_is_fastest() -> None:
     # its own estimates are the first request's (code's): EAGLE-3 the faster for it alone
     own = {e.backend: e.speed_tps for e in wave.adaptive.estimates}
     assert own["eagle3-g0"] == pytest.approx(300.0) and own["plain-g0"] == pytest.approx(200.0)
-
-
-def confident_gpu(confidence: float) -> RoutingPolicy:
-    """:func:`one_gpu` with ``routing.adaptive.cohort_confidence``."""
-    names = {"plain-g0": "plain", "eagle3-g0": "eagle3"}
-    urls = {n: f"http://127.0.0.1:{9000 + i}" for i, n in enumerate(names)}
-    raw = fleet_config(names, urls, groups=True)
-    raw["routing"] = raw["routing"] | {"adaptive": {"cohort_confidence": confidence}}
-    return RoutingPolicy(parse_config(raw))
-
-
-def noisy_learner(requests: int) -> Learner:
-    """:data:`WAVE_SPEEDS` learnt from ``requests`` (even) requests of each task on each
-    backend, at 0.8x and 1.25x their speed in turn (about +-22%, as one request varies)."""
-    learner = Learner()
-    for i in range(requests):
-        for (task, bucket), speeds in WAVE_SPEEDS.items():
-            for backend, speed in speeds.items():
-                factor = 0.8 if i % 2 else 1.25
-                learner.observe(Observation(task, bucket, backend, speed * factor, 64))
-    return learner
-
-
-def test_a_cohort_leaves_the_rules_first_candidate_only_when_sure() -> None:
-    """With ``cohort_confidence`` 0.9, a mixed wave whose sum favours plain by 8% goes there
-    after 10 requests of each task on each (sure: 0.93), but stays on EAGLE-3, the rules'
-    first, after 4 (0.87: the posterior cannot tell the 8% from one request's spread).
-    Deterministic: no draw."""
-    policy = confident_gpu(0.9)
-    state = {n: BackendSnapshot(True) for n in ("plain-g0", "eagle3-g0")}
-    code = member("code").features
-    mixed = [member(t) for t in ("rag", "chat", "creative")]
-    sure = policy.decide(code, state, random.Random(0), noisy_learner(10).view(), None, 3, mixed)
-    assert sure.backends[0] == "plain-g0"
-    assert sure.adaptive is not None and sure.adaptive.faster is not None
-    assert sure.adaptive.faster == pytest.approx(0.925, abs=0.005)
-    assert not sure.adaptive.explored
-    assert sure.adaptive.to_json()["faster_than_first"] == round(sure.adaptive.faster, 4)
-    few = noisy_learner(4)
-    for seed in range(10):
-        kept = policy.decide(code, state, random.Random(seed), few.view(), None, 3, mixed)
-        assert kept.backends[0] == "eagle3-g0", seed
-        assert kept.adaptive is not None and kept.adaptive.best == "plain-g0"
-        assert kept.adaptive.faster == pytest.approx(0.872, abs=0.005)
-        assert not kept.adaptive.explored
-    why = " / ".join(kept.reasons)
-    assert "the rules' first kept: plain-g0 faster with probability 0." in why
-    assert "< 0.9 for the 4 requests arriving together" in why
-    # the rules' first is the faster: kept, sure of it; a lone request still draws (Thompson)
-    coders = [member("code")] * 3
-    same = policy.decide(code, state, random.Random(0), few.view(), None, 3, coders)
-    assert same.backends[0] == "eagle3-g0" and same.adaptive is not None
-    assert same.adaptive.faster == 1.0 and same.adaptive.cohort == {"code": 4}
-    lone = policy.decide(code, state, random.Random(0), few.view())
-    assert lone.adaptive is not None and lone.adaptive.faster is None
-    # without the setting (0) the same few observations are drawn on: plain wins some waves
-    drawn = [
-        confident_gpu(0.0)
-        .decide(code, state, random.Random(seed), few.view(), None, 3, mixed)
-        .backends[0]
-        for seed in range(20)
-    ]
-    assert "plain-g0" in drawn
-
-
-def test_cohort_confidence_is_a_probability_below_one() -> None:
-    for bad in (1.0, -0.1):
-        with pytest.raises(ConfigError, match="cohort_confidence"):
-            confident_gpu(bad)
 
 
 def test_a_cohort_reads_only_tasks_something_was_measured_for() -> None:
