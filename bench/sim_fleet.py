@@ -64,7 +64,7 @@ from bench.procs import Server, free_port, interrupt_on_sigterm
 from bench.sim.fleet import FLEET_LIMITS, SPECULATION, fleet_config, running_fleet
 from bench.sim.profile import TWIN_PROFILE
 from bench.sim.server import MODEL
-from bench.speedup import _Run, acceptance
+from bench.speedup import _Run, acceptance, wait_quiet
 from bench.speedup_report import RELAY
 from bench.targets import vllm_router_target
 from bench.workloads import WAVES, Item, default_prompts_dir, sample, unseeded, waves
@@ -114,11 +114,14 @@ def measure(
     scale: float,
     runs: list[dict[str, Any]],
     dealing: str = "mixed",
+    quiet_s: float = 0.0,
 ) -> None:
     """Every (concurrency, target) run into ``runs`` (bench.speedup's shape): waves of c
     items (:func:`~bench.workloads.waves`, ``dealing`` mixed or per-task, the same for every
     target), each wave to every target in turn (fixed order: simulated servers have no
-    spinning threads to favour one)."""
+    spinning threads to favour one); ``quiet_s`` > 0: before a gateway's wave, wait for its
+    quiet as ``bench.speedup --quiet-gateways`` does (:func:`bench.speedup.wait_quiet`, real
+    seconds)."""
     total = len(concurrencies) * len(targets) * len(items)
     with tqdm(total=total, desc="sim-fleet", unit="req") as bar:
         for c in concurrencies:
@@ -127,6 +130,8 @@ def measure(
                 for name, bases in targets.items():
                     bar.set_postfix_str(f"c{c} {name}")
                     time.sleep(0.05 * scale)  # the twin run's --settle 0.05
+                    if quiet_s > 0 and name in ("specgate", "static"):
+                        acc[name].quiet_wait_s += wait_quiet(bases[0], quiet_s) / scale
                     before = scrape(urls)
                     if len(bases) == 1:
                         out, wall = run_items(
@@ -201,6 +206,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--static",
         action="store_true",
         help="add static: the same config with policy static, as the GPU runs' static gateway",
+    )
+    parser.add_argument(
+        "--quiet-gateways",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="as bench.speedup's: before a gateway's wave, wait up to S real s until it "
+        "counts no other clients' request on any backend",
     )
     parser.add_argument("--out", type=Path, default=Path("bench/out/sim-fleet"))
     args = parser.parse_args(argv)
@@ -281,7 +294,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             try:
                 measure(
                     targets, urls, items, concurrencies, args.max_tokens, args.scale, runs,
-                    args.waves,
+                    args.waves, args.quiet_gateways,
                 )  # fmt: skip
             except KeyboardInterrupt:
                 interrupted = True
@@ -298,6 +311,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "limits": ("twin config " if args.twin_limits else "") + str(limits),
         "prefix_cache": not args.no_prefix_cache,
         "static": args.static,
+        "quiet_gateways_s": args.quiet_gateways,
         "elapsed_s": time.monotonic() - started,
         "interrupted": interrupted,
     }

@@ -18,7 +18,11 @@ warmed up first (see :mod:`bench.adaptive_bench`; use ``--concurrency 1``).
 ``--extra-gateway adaptive-NAME=URL`` adds a running variant of it, warmed up alike;
 ``--relay NAME=URL`` a running relay in front of one backend (``bench.bare_proxy``,
 vllm-router), not warmed up, as ``relay-NAME``: the reference a gateway's own cost is read
-against (docs/benchmarks.md section 7, "Ninth run").
+against (docs/benchmarks.md section 7, "Ninth run"). ``--quiet-gateways S`` has each
+gateway's wave wait, up to S s, until that gateway counts no other clients' request on any
+backend (:func:`wait_quiet`): the single backends and the other gateways load the same
+servers just before it, and a gateway counts their requests as load until a scrape shows
+them gone.
 
 ``--launch`` starts the config's ``local: true`` backends itself (on free ports, so a stack
 already running on 8001-8004 is left alone), the gateway in a subprocess, and stops them all
@@ -45,7 +49,7 @@ from tqdm import tqdm
 from bench import adaptive_bench, speedup_report
 from bench.llm_client import run_items
 from bench.procs import Server, free_port, interrupt_on_sigterm
-from bench.speedup_report import RELAY
+from bench.speedup_report import RELAY, is_gateway
 from bench.workloads import WAVES, Item, default_prompts_dir, sample, unseeded, waves
 from contracts.config import GatewayConfig, load_config, parse_config
 from contracts.vllm_metrics import parse_vllm_metrics
@@ -131,6 +135,36 @@ def scrape(config: GatewayConfig) -> dict[str, tuple[float, float] | None]:
     return out
 
 
+def wait_quiet(gateway_url: str, timeout_s: float, poll_s: float = 0.05) -> float:
+    """Wait until specgate at ``gateway_url`` counts no other clients' request on any
+    backend (``/routes``: every ``load.other_clients`` under 0.5, what its policy rounds to
+    0), at most ``timeout_s``; returns the seconds waited. A target without specgate's
+    ``/routes`` (a relay) is not waited for.
+
+    The bench's single backends and its other gateways load the same servers just before
+    a gateway's wave, and a gateway counts such requests as another client's until a scrape
+    shows them gone (``gateway.upstream.state.BackendState.foreign_load``: what two scrapes
+    in a row saw counts as steady traffic). On the simulator (docs/benchmarks.md section
+    7b, session 36) two of four waves of 16 reached the static gateway with 2 and 7 of them
+    still counted, past EAGLE-3's ``max_batch_for_speculation`` of 16, and went to plain.
+    Waiting measures each gateway as it is deployed, the servers' only client, as each
+    single backend is measured."""
+    start = time.monotonic()
+    while True:
+        try:
+            answer = httpx.get(gateway_url + "/routes", timeout=5)
+            backends = answer.json()["backends"] if answer.status_code == 200 else None
+        except (httpx.HTTPError, ValueError, KeyError, TypeError):
+            backends = None
+        if not isinstance(backends, list):
+            return time.monotonic() - start  # not specgate: nothing to wait for
+        others = [b.get("load", {}).get("other_clients") or 0.0 for b in backends]
+        waited = time.monotonic() - start
+        if max(others, default=0.0) < 0.5 or waited >= timeout_s:
+            return waited
+        time.sleep(poll_s)
+
+
 def acceptance(before: dict[str, Any], after: dict[str, Any]) -> dict[str, dict[str, float]]:
     """Per speculative backend: drafted and accepted token deltas and their ratio."""
     out = {}
@@ -156,9 +190,13 @@ def measure(
     runs: list[dict[str, Any]] | None = None,
     order_seed: int = 0,
     dealing: str = "mixed",
+    quiet_s: float = 0.0,
 ) -> list[dict[str, Any]]:
     """Every (concurrency, target) run: outcomes, wall time, acceptance deltas; the items
     dealt into waves by :func:`~bench.workloads.waves` (``dealing``: mixed or per-task).
+    ``quiet_s`` > 0: before each wave to a gateway (specgate, ``adaptive*``; not a relay),
+    :func:`wait_quiet` for it, at most that long (the seconds waited are each run's
+    ``quiet_wait_s``, outside its wall time).
 
     Targets are interleaved: the items go in waves of ``concurrency`` requests, each in
     :func:`~bench.workloads.arrival_order` (the same for every target), and every target
@@ -186,6 +224,8 @@ def measure(
                 for name, url in rng.sample(targets, len(targets)):
                     bar.set_postfix_str(f"c{concurrency} {name}")
                     time.sleep(settle_s)
+                    if quiet_s > 0 and is_gateway(name) and not name.startswith(RELAY):
+                        acc[name].quiet_wait_s += wait_quiet(url, quiet_s)
                     before = scrape(config)
                     outcomes, wall = run_items(
                         url,
@@ -210,6 +250,7 @@ class _Run:
         self.name, self.concurrency = name, concurrency
         self.outcomes: list[dict[str, Any]] = []
         self.wall_s = 0.0
+        self.quiet_wait_s = 0.0  # waited for the gateway's quiet before its waves (measure)
         self.acceptance: dict[str, dict[str, float]] = {}
         self.failed = 0
 
@@ -230,6 +271,7 @@ class _Run:
             "target": self.name,
             "concurrency": self.concurrency,
             "wall_s": self.wall_s,
+            "quiet_wait_s": self.quiet_wait_s,
             "acceptance": self.acceptance,
             "outcomes": self.outcomes,
         }
@@ -268,6 +310,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--max-prompt-chars", type=int, default=3000)
     parser.add_argument("--concurrency", default="1,8")
     parser.add_argument("--settle", type=float, default=0.5, help="seconds between targets")
+    parser.add_argument(
+        "--quiet-gateways",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="before a gateway's wave, wait up to S s until it counts no other clients' "
+        "request on any backend (0: no wait)",
+    )
     parser.add_argument(
         "--waves",
         choices=WAVES,
@@ -360,6 +410,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     runs=runs,
                     order_seed=args.order_seed,
                     dealing=args.waves,
+                    quiet_s=args.quiet_gateways,
                 )
             except KeyboardInterrupt:
                 interrupted = True
@@ -371,6 +422,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "max_tokens": args.max_tokens,
         "max_prompt_chars": args.max_prompt_chars,
         "settle_s": args.settle,
+        "quiet_gateways_s": args.quiet_gateways,
         "order_seed": args.order_seed,
         "waves": args.waves,
         "prefix_cache": not args.no_prefix_cache,

@@ -34,6 +34,8 @@
 # for one task a wave (PER_TASK at least the largest of CONCURRENCY). NO_PREFIX_CACHE=1: `up`
 # starts the servers with --no-enable-prefix-caching (bench.adaptive_bench.without_prefix_cache);
 # `bench` reads that from the config `up` wrote ($ROOT/gpu-static.yaml) and says so.
+# QUIET_GATEWAYS=S (default 0): `bench`'s --quiet-gateways, each gateway's wave waits up to
+# S s until that gateway counts no other clients' request (docs/benchmarks.md 7b, session 36).
 #
 # CONFIG defaults to config/gpu-single.yaml; CONFIG=config/gpu-twin.yaml TWIN=1 gives the cost
 # twin's stack (docs/benchmarks.md, section 7).
@@ -208,6 +210,7 @@ bench)
         --adaptive --adaptive-gateway http://127.0.0.1:8000 "${variant[@]}" --prompts .gpu/prompts \
         --per-task "${PER_TASK:-8}" --max-tokens 64 --concurrency "${CONCURRENCY:-1,8,32}" \
         --warmup 10 --settle 0.05 --order-seed "${ORDER_SEED:-0}" --waves "${WAVES:-mixed}" \
+        --quiet-gateways "${QUIET_GATEWAYS:-0}" \
         "${cache[@]}" --out "$out/speedup" 2>&1 | grep -v -e '^bench: ' -e 'it/s' | tail -60
     curl -s localhost:8000/routes > "$out/routes-adaptive.json" || true
     if [ -n "${VARIANT_ENV:-}${VARIANT_CONFIG:-}" ]; then

@@ -1,0 +1,108 @@
+"""bench.speedup --quiet-gateways: a gateway's wave waits until the gateway counts no other
+clients' request (the bench's single backends and other gateways just loaded the servers;
+docs/benchmarks.md section 7b, session 36)."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench import speedup
+from bench.workloads import Item
+from contracts.config import load_config
+
+CONFIG = Path(__file__).resolve().parents[2] / "config" / "local.yaml"
+
+
+class _Routes:
+    """A local HTTP server whose ``/routes`` answers, in turn, one backend list per value of
+    ``others`` (its ``load.other_clients``; the last repeats); ``status`` for every other
+    answer (404: not specgate)."""
+
+    def __init__(self, others: list[float], status: int = 200) -> None:
+        self.others, self.status, self.calls = others, status, 0
+        routes = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+                value = routes.others[min(routes.calls, len(routes.others) - 1)]
+                routes.calls += 1
+                body = json.dumps(
+                    {"backends": [{"name": "plain", "load": {"other_clients": 0.0}},
+                                  {"name": "eagle3", "load": {"other_clients": value}}]}
+                ).encode()  # fmt: skip
+                ok = self.path == "/routes" and routes.status == 200
+                self.send_response(200 if ok else routes.status)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *_: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+@pytest.fixture
+def routes() -> Iterator[list[_Routes]]:
+    started: list[_Routes] = []
+    yield started
+    for r in started:
+        r.server.shutdown()
+        r.server.server_close()
+
+
+def test_a_gateway_is_waited_for_until_it_counts_no_other_client(
+    routes: list[_Routes],
+) -> None:
+    """3, then 0.6 (rounds to 1), then 0.4 (rounds to 0: quiet): three reads, two polls."""
+    gateway = _Routes([3.0, 0.6, 0.4])
+    routes.append(gateway)
+    waited = speedup.wait_quiet(gateway.url, timeout_s=5.0, poll_s=0.05)
+    assert gateway.calls == 3
+    assert 0.1 <= waited < 1.0
+
+
+def test_the_wait_ends_at_its_bound_and_a_relay_is_not_waited_for(
+    routes: list[_Routes],
+) -> None:
+    busy, relay = _Routes([2.0]), _Routes([2.0], status=404)
+    routes.extend([busy, relay])
+    assert 0.3 <= speedup.wait_quiet(busy.url, timeout_s=0.3, poll_s=0.05) < 1.0
+    assert speedup.wait_quiet(relay.url, timeout_s=5.0) < 0.5 and relay.calls == 1
+    assert speedup.wait_quiet("http://127.0.0.1:9", timeout_s=5.0) < 0.5  # nothing there
+
+
+def test_measure_waits_before_each_gateway_wave_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Single backends and relays are sent to at once; each gateway's wave waits, and its
+    run reports the seconds waited (``quiet_wait_s``)."""
+    config = load_config(CONFIG)
+    waited: list[str] = []
+
+    def wait_quiet(url: str, timeout_s: float) -> float:
+        assert timeout_s == 3.0
+        waited.append(url)
+        return 0.25
+
+    monkeypatch.setattr(speedup, "wait_quiet", wait_quiet)
+    monkeypatch.setattr(speedup, "run_items", lambda *_a, **_k: ([], 0.0))
+    monkeypatch.setattr(speedup, "scrape", lambda _config: {})
+    monkeypatch.setattr(speedup.time, "sleep", lambda _s: None)
+    items = [Item("chat", str(i), "/v1/chat/completions", {"messages": []}, 10) for i in range(8)]
+    extra = [("adaptive", "http://adaptive"), ("relay-bare", "http://relay")]
+    runs = speedup.measure(
+        config, "http://gateway", items, [4], 64, list(config.backends), extra, 0.0, quiet_s=3.0
+    )
+    assert sorted(waited) == sorted(["http://gateway", "http://adaptive"] * 2)  # two waves
+    by_target = {r["target"]: r["quiet_wait_s"] for r in runs}
+    assert by_target["specgate"] == by_target["adaptive"] == 0.5
+    assert by_target["relay-bare"] == by_target["plain"] == 0.0
