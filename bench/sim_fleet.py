@@ -2,7 +2,8 @@
 
     python -m bench.sim_fleet [--gpus 5] [--kinds plain,ngram,eagle3] [--scale 10] \
         [--concurrency 16,64,128,256] [--per-task 64] [--warmup 20] [--out bench/out/sim-fleet] \
-        [--profile bench/sim/twin-2026-12-01.json] [--no-prefix-cache] [--static]
+        [--profile bench/sim/twin-2026-12-01.json] [--no-prefix-cache] [--static] \
+        [--quiet-gateways 5]
 
 Starts, in one subprocess, ``--gpus`` simulated GPUs each running one simulated vLLM server
 of each of ``--kinds`` (:mod:`bench.sim.server`, the cost twin's profile, or ``--profile``'s,
@@ -25,7 +26,10 @@ it) over the plain servers, the same dealing through a relay, as a plain fleet's
 would reach it: what relaying alone costs at that load, measured in the same run.
 ``--static`` adds ``static``: a second gateway on the same config with ``policy: static``
 (the rules and the batch limits; in a pool the least loaded candidate, nothing learnt), as
-the GPU runs measure beside the adaptive one, each wave sent to it before ``specgate``. The
+the GPU runs measure beside the adaptive one, each wave sent to it before ``specgate``.
+``--quiet-gateways S`` has each gateway's wave wait, up to S real seconds, until it counts
+no other clients' request (:func:`bench.speedup.wait_quiet`; each run's ``quiet_wait_s`` in
+simulated seconds). The
 report (``bench.speedup_report``: ``speedup.md``, ``results.json``, charts) gives per
 (task, c) each target's tokens/s and specgate's ratio to the best single kind (the oracle)
 and to plain.
@@ -212,8 +216,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         type=float,
         default=0.0,
         metavar="S",
-        help="as bench.speedup's: before a gateway's wave, wait up to S real s until it "
-        "counts no other clients' request on any backend",
+        help="as bench.speedup's: before a gateway's wave, wait up to S real (not simulated) "
+        "s until it counts no other clients' request on any backend",
     )
     parser.add_argument("--out", type=Path, default=Path("bench/out/sim-fleet"))
     args = parser.parse_args(argv)
@@ -311,7 +315,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "limits": ("twin config " if args.twin_limits else "") + str(limits),
         "prefix_cache": not args.no_prefix_cache,
         "static": args.static,
-        "quiet_gateways_s": args.quiet_gateways,
+        "quiet_gateways_real_s": args.quiet_gateways,
         "elapsed_s": time.monotonic() - started,
         "interrupted": interrupted,
     }

@@ -137,9 +137,11 @@ def scrape(config: GatewayConfig) -> dict[str, tuple[float, float] | None]:
 
 def wait_quiet(gateway_url: str, timeout_s: float, poll_s: float = 0.05) -> float:
     """Wait until specgate at ``gateway_url`` counts no other clients' request on any
-    backend (``/routes``: every ``load.other_clients`` under 0.5, what its policy rounds to
-    0), at most ``timeout_s``; returns the seconds waited. A target without specgate's
-    ``/routes`` (a relay) is not waited for.
+    backend (``/routes``: every ``load.other_clients`` under 0.5), at most ``timeout_s``;
+    returns the seconds waited. A target whose first answer is not specgate's ``/routes``
+    (a relay, an admin API turned off or behind a token) is not waited for; a failed read
+    later in the wait is read again until ``timeout_s``. Each read is bounded by the time
+    left (at least 0.1 s).
 
     The bench's single backends and its other gateways load the same servers just before
     a gateway's wave, and a gateway counts such requests as another client's until a scrape
@@ -149,20 +151,33 @@ def wait_quiet(gateway_url: str, timeout_s: float, poll_s: float = 0.05) -> floa
     still counted, past EAGLE-3's ``max_batch_for_speculation`` of 16, and went to plain.
     Waiting measures each gateway as it is deployed, the servers' only client, as each
     single backend is measured."""
+    url = gateway_url.rstrip("/") + "/routes"
     start = time.monotonic()
-    while True:
-        try:
-            answer = httpx.get(gateway_url + "/routes", timeout=5)
-            backends = answer.json()["backends"] if answer.status_code == 200 else None
-        except (httpx.HTTPError, ValueError, KeyError, TypeError):
-            backends = None
+    first = True
+    with httpx.Client() as client:
+        while True:
+            left = timeout_s - (time.monotonic() - start)
+            busy = _others(client, url, max(left, 0.1))
+            waited = time.monotonic() - start
+            if busy is None and first:
+                return waited  # not specgate's /routes: nothing to wait for
+            first = False
+            if (busy is not None and busy < 0.5) or waited >= timeout_s:
+                return waited
+            time.sleep(poll_s)
+
+
+def _others(client: httpx.Client, url: str, timeout_s: float) -> float | None:
+    """The most other clients' requests specgate's ``/routes`` at ``url`` counts on one
+    backend; None when the answer is not that (an error, another server)."""
+    try:
+        answer = client.get(url, timeout=timeout_s)
+        backends = answer.json()["backends"] if answer.status_code == 200 else None
         if not isinstance(backends, list):
-            return time.monotonic() - start  # not specgate: nothing to wait for
-        others = [b.get("load", {}).get("other_clients") or 0.0 for b in backends]
-        waited = time.monotonic() - start
-        if max(others, default=0.0) < 0.5 or waited >= timeout_s:
-            return waited
-        time.sleep(poll_s)
+            return None
+        return max((float(b["load"]["other_clients"] or 0.0) for b in backends), default=0.0)
+    except (httpx.HTTPError, ValueError, KeyError, TypeError):
+        return None
 
 
 def acceptance(before: dict[str, Any], after: dict[str, Any]) -> dict[str, dict[str, float]]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import http.server
 import json
+import socket
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,10 +23,10 @@ CONFIG = Path(__file__).resolve().parents[2] / "config" / "local.yaml"
 
 class _Routes:
     """A local HTTP server whose ``/routes`` answers, in turn, one backend list per value of
-    ``others`` (its ``load.other_clients``; the last repeats); ``status`` for every other
-    answer (404: not specgate)."""
+    ``others`` (its ``load.other_clients``; the last repeats), or, for a value of None, a
+    500; ``status`` for every answer when not 200 (404: not specgate)."""
 
-    def __init__(self, others: list[float], status: int = 200) -> None:
+    def __init__(self, others: list[float | None], status: int = 200) -> None:
         self.others, self.status, self.calls = others, status, 0
         routes = self
 
@@ -33,6 +34,9 @@ class _Routes:
             def do_GET(self) -> None:  # noqa: N802 (http.server's name)
                 value = routes.others[min(routes.calls, len(routes.others) - 1)]
                 routes.calls += 1
+                if value is None:
+                    self.send_error(500)
+                    return
                 body = json.dumps(
                     {"backends": [{"name": "plain", "load": {"other_clients": 0.0}},
                                   {"name": "eagle3", "load": {"other_clients": value}}]}
@@ -67,9 +71,17 @@ def test_a_gateway_is_waited_for_until_it_counts_no_other_client(
     """3, then 0.6 (rounds to 1), then 0.4 (rounds to 0: quiet): three reads, two polls."""
     gateway = _Routes([3.0, 0.6, 0.4])
     routes.append(gateway)
-    waited = speedup.wait_quiet(gateway.url, timeout_s=5.0, poll_s=0.05)
+    waited = speedup.wait_quiet(gateway.url + "/", timeout_s=5.0, poll_s=0.05)
     assert gateway.calls == 3
-    assert 0.1 <= waited < 1.0
+    assert 0.1 <= waited < 3.0
+
+
+def test_a_failed_read_during_the_wait_is_read_again(routes: list[_Routes]) -> None:
+    """A 500 after the gateway answered once is not taken for "not specgate"."""
+    gateway = _Routes([2.0, None, 0.0])
+    routes.append(gateway)
+    speedup.wait_quiet(gateway.url, timeout_s=5.0, poll_s=0.05)
+    assert gateway.calls == 3
 
 
 def test_the_wait_ends_at_its_bound_and_a_relay_is_not_waited_for(
@@ -77,9 +89,13 @@ def test_the_wait_ends_at_its_bound_and_a_relay_is_not_waited_for(
 ) -> None:
     busy, relay = _Routes([2.0]), _Routes([2.0], status=404)
     routes.extend([busy, relay])
-    assert 0.3 <= speedup.wait_quiet(busy.url, timeout_s=0.3, poll_s=0.05) < 1.0
-    assert speedup.wait_quiet(relay.url, timeout_s=5.0) < 0.5 and relay.calls == 1
-    assert speedup.wait_quiet("http://127.0.0.1:9", timeout_s=5.0) < 0.5  # nothing there
+    assert 0.3 <= speedup.wait_quiet(busy.url, timeout_s=0.3, poll_s=0.05) < 3.0
+    assert speedup.wait_quiet(relay.url, timeout_s=5.0) < 3.0 and relay.calls == 1
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    port = closed.getsockname()[1]
+    closed.close()  # nothing listens there now
+    assert speedup.wait_quiet(f"http://127.0.0.1:{port}", timeout_s=5.0) < 3.0
 
 
 def test_measure_waits_before_each_gateway_wave_only(monkeypatch: pytest.MonkeyPatch) -> None:
