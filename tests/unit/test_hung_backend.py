@@ -15,6 +15,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import httpx
@@ -93,15 +94,31 @@ def test_a_backend_only_slow_to_probe_keeps_its_requests(stack: Stack) -> None:
     waiting there is not given up (its work would be thrown away and done again on the
     next backend); it gets its answer from ``a`` when ``a`` has it."""
     stack.fakes["a"].health_delay_s = 3600.0  # every probe times out
-    # marked down first: two slow rounds (0.4 s each) and a loaded machine's slack (a 2 s wait
-    # here failed once beside a bundle build and the unit suite)
+    # marked down while the request waits: two slow rounds (0.4 s each) and a loaded
+    # machine's slack (a 2 s wait here failed once beside a bundle build and the unit suite)
     stack.fakes["a"].first_delay_s = PROMPT_S
-    resp = httpx.post(f"{stack.url}/v1/completions", json=BODY, timeout=3 * PATIENCE_S)
+    with ThreadPoolExecutor(1) as pool:
+        sent = pool.submit(
+            httpx.post, f"{stack.url}/v1/completions", json=BODY, timeout=3 * PATIENCE_S
+        )
+        # read while it waits: once answered, a is alive again by its answer (the poller
+        # counts a slow probe right after one as up), so a read after it races the poller
+        assert _down_while_waiting(stack.url, "a", sent), "a was not marked down in time"
+        resp = sent.result()
     assert resp.status_code == 200, resp.text
     assert resp.headers["x-specgate-backend"] == "a"
     assert [len(f.received) for f in stack.fakes.values()] == [1, 0]
-    routes = httpx.get(f"{stack.url}/routes").json()
-    assert next(v for v in routes["backends"] if v["name"] == "a")["healthy"] is False
+
+
+def _down_while_waiting(url: str, name: str, sent: Future[httpx.Response]) -> bool:
+    """Whether the gateway at ``url`` shows backend ``name`` unhealthy before ``sent`` is
+    answered (``/routes``, read every 50 ms)."""
+    while not sent.done():
+        routes = httpx.get(f"{url}/routes").json()
+        if next(v for v in routes["backends"] if v["name"] == name)["healthy"] is False:
+            return not sent.done()
+        time.sleep(0.05)
+    return False
 
 
 async def _post_both(url: str, body: dict[str, object]) -> list[httpx.Response]:

@@ -34,10 +34,13 @@ def runtime(gw: InProcess) -> Any:
 
 async def test_a_relayed_request_takes_an_admission_slot_and_a_lease() -> None:
     async with in_process(gateway_settings(max_inflight=1)) as gw:
-        gw.fakes["plain"].first_delay_s = 0.3
+        gw.fakes["plain"].first_delay_s = 2.0  # the checks below run while it waits
         gateway = runtime(gw).gateway
         first = asyncio.ensure_future(gw.client.post("/invocations", json=CHAT))
-        await asyncio.sleep(0.1)
+        for _ in range(500):  # forwarded once the backend holds it (a fixed 0.1 s was
+            if gateway.registry.states["plain"].inflight:  # not always enough, loaded)
+                break
+            await asyncio.sleep(0.01)
         assert gateway.inflight == 1  # the admission slot
         assert gateway.registry.states["plain"].inflight == 1  # the backend lease
         refused = await gw.client.post("/tokenize", json={"model": MODEL, "prompt": "x"})
