@@ -30,6 +30,7 @@ from typing import Any, Protocol
 
 from gateway.background import BackgroundTasks
 from gateway.errors import error_envelope, no_backend
+from gateway.trace import request_id_of
 
 logger = logging.getLogger(__name__)
 
@@ -127,12 +128,17 @@ class ProbeHandler(BaseHTTPRequestHandler):
     server: ProbeServer
 
     def _reply(self) -> None:
+        """Send the server's answer; an error (4xx, 5xx) carries ``x-request-id`` (the
+        client's, else a new one), as every error of the main port does."""
         answer = self.server.answer(self.command, self.path)
         body = json.dumps(answer.body).encode()
+        headers = dict(answer.headers)
+        if answer.status >= 400 and "x-request-id" not in headers:
+            headers["x-request-id"] = request_id_of(self.headers.get("x-request-id"))
         self.send_response(answer.status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
-        for name, value in answer.headers.items():
+        for name, value in headers.items():
             self.send_header(name, value)
         self.end_headers()
         if self.command != "HEAD":

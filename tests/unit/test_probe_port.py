@@ -10,6 +10,7 @@ import threading
 import time
 from typing import Any
 
+from gateway.errors import no_backend
 from gateway.probe_port import Answer, ProbeServer, Snapshot, heartbeat
 from tests.unit.conftest import gateway_settings, in_process
 
@@ -99,6 +100,39 @@ def test_unknown_path_is_404_in_the_openai_envelope_and_clock_is_injectable() ->
         now[0] = 105.5  # 5.5 s without a heartbeat
         status, body, _ = get(server.port, "/health")
         assert status == 503 and "5.5 s" in body["error"]["message"]
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+def test_an_error_carries_the_request_id_as_on_the_main_port() -> None:
+    """404, a stale heartbeat's 503 and ``/ready``'s 503: the client's ``x-request-id``
+    echoed, else a new one; a 200 carries none (as the main port's ``/health``)."""
+    down = no_backend("No backend is healthy.")
+    now = [100.0]
+    server = ProbeServer(("127.0.0.1", 0), Snapshot(100.0, Answer(503, down.envelope())),
+                         stale_after_s=5.0, clock=lambda: now[0])  # fmt: skip
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05})
+    thread.start()
+
+    def request_id(path: str, given: str | None = None) -> tuple[int, str | None]:
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=5)
+        try:
+            conn.request("GET", path, headers={"x-request-id": given} if given else {})
+            response = conn.getresponse()
+            response.read()
+            return response.status, response.getheader("x-request-id")
+        finally:
+            conn.close()
+
+    try:
+        assert request_id("/ready", "probe-7") == (503, "probe-7")
+        status, new = request_id("/v1/models")
+        assert status == 404 and new is not None and len(new) == 32
+        assert request_id("/health") == (200, None)
+        now[0] = 106.0  # stale
+        assert request_id("/health", "k8s-1") == (503, "k8s-1")
     finally:
         server.shutdown()
         server.server_close()
