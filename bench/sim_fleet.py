@@ -68,7 +68,7 @@ from bench.procs import Server, free_port, interrupt_on_sigterm
 from bench.sim.fleet import FLEET_LIMITS, SPECULATION, fleet_config, running_fleet
 from bench.sim.profile import TWIN_PROFILE
 from bench.sim.server import MODEL
-from bench.speedup import _Run, acceptance, wait_quiet
+from bench.speedup import _Run, acceptance, wait_quiet, waits_for_quiet
 from bench.speedup_report import RELAY
 from bench.targets import vllm_router_target
 from bench.workloads import WAVES, Item, default_prompts_dir, sample, unseeded, waves
@@ -134,7 +134,7 @@ def measure(
                 for name, bases in targets.items():
                     bar.set_postfix_str(f"c{c} {name}")
                     time.sleep(0.05 * scale)  # the twin run's --settle 0.05
-                    if quiet_s > 0 and name in ("specgate", "static"):
+                    if quiet_s > 0 and waits_for_quiet(name):
                         acc[name].quiet_wait_s += wait_quiet(bases[0], quiet_s) / scale
                     before = scrape(urls)
                     if len(bases) == 1:

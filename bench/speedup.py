@@ -167,6 +167,12 @@ def wait_quiet(gateway_url: str, timeout_s: float, poll_s: float = 0.05) -> floa
             time.sleep(poll_s)
 
 
+def waits_for_quiet(target: str) -> bool:
+    """Whether ``--quiet-gateways`` waits before ``target``'s waves: a gateway
+    (:func:`bench.speedup_report.is_gateway`), not a relay (nothing to ask)."""
+    return is_gateway(target) and not target.startswith(RELAY)
+
+
 def _others(client: httpx.Client, url: str, timeout_s: float) -> float | None:
     """The most other clients' requests specgate's ``/routes`` at ``url`` counts on one
     backend; None when the answer is not that (an error, another server)."""
@@ -239,7 +245,7 @@ def measure(
                 for name, url in rng.sample(targets, len(targets)):
                     bar.set_postfix_str(f"c{concurrency} {name}")
                     time.sleep(settle_s)
-                    if quiet_s > 0 and is_gateway(name) and not name.startswith(RELAY):
+                    if quiet_s > 0 and waits_for_quiet(name):
                         acc[name].quiet_wait_s += wait_quiet(url, quiet_s)
                     before = scrape(config)
                     outcomes, wall = run_items(

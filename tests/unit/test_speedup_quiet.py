@@ -4,98 +4,64 @@ docs/benchmarks.md section 7b, session 36)."""
 
 from __future__ import annotations
 
-import http.server
-import json
-import socket
-import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse
 
 from bench import speedup
 from bench.workloads import Item
 from contracts.config import load_config
+from tests.fakes.servers import free_port, running_server
 
 CONFIG = Path(__file__).resolve().parents[2] / "config" / "local.yaml"
 
 
 class _Routes:
-    """A local HTTP server whose ``/routes`` answers, in turn, one backend list per value of
-    ``others`` (its ``load.other_clients``; the last repeats), or, for a value of None, a
-    500; ``status`` for every answer when not 200 (404: not specgate)."""
+    """An app whose ``/routes`` answers, in turn, one backend list per value of ``others``
+    (its ``load.other_clients``; the last repeats), or, for a value of None, a 500;
+    ``status`` for every answer when not 200 (404: not specgate). ``calls``: reads so far."""
 
     def __init__(self, others: list[float | None], status: int = 200) -> None:
-        self.others, self.status, self.calls = others, status, 0
-        routes = self
+        self.calls = 0
+        self.app = FastAPI()
 
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 (http.server's name)
-                value = routes.others[min(routes.calls, len(routes.others) - 1)]
-                routes.calls += 1
-                if value is None:
-                    self.send_error(500)
-                    return
-                body = json.dumps(
-                    {"backends": [{"name": "plain", "load": {"other_clients": 0.0}},
-                                  {"name": "eagle3", "load": {"other_clients": value}}]}
-                ).encode()  # fmt: skip
-                ok = self.path == "/routes" and routes.status == 200
-                self.send_response(200 if ok else routes.status)
-                self.send_header("content-type", "application/json")
-                self.send_header("content-length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *_: Any) -> None:
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        @self.app.get("/routes")
+        def routes() -> Any:
+            value = others[min(self.calls, len(others) - 1)]
+            self.calls += 1
+            if value is None or status != 200:
+                return JSONResponse({}, status_code=500 if value is None else status)
+            return {"backends": [{"name": "plain", "load": {"other_clients": 0.0}},
+                                 {"name": "eagle3", "load": {"other_clients": value}}]}  # fmt: skip
 
 
-@pytest.fixture
-def routes() -> Iterator[list[_Routes]]:
-    started: list[_Routes] = []
-    yield started
-    for r in started:
-        r.server.shutdown()
-        r.server.server_close()
-
-
-def test_a_gateway_is_waited_for_until_it_counts_no_other_client(
-    routes: list[_Routes],
-) -> None:
+def test_a_gateway_is_waited_for_until_it_counts_no_other_client() -> None:
     """3, then 0.6 (rounds to 1), then 0.4 (rounds to 0: quiet): three reads, two polls."""
     gateway = _Routes([3.0, 0.6, 0.4])
-    routes.append(gateway)
-    waited = speedup.wait_quiet(gateway.url + "/", timeout_s=5.0, poll_s=0.05)
+    with running_server(gateway.app) as url:
+        waited = speedup.wait_quiet(url + "/", timeout_s=5.0, poll_s=0.05)
     assert gateway.calls == 3
     assert 0.1 <= waited < 3.0
 
 
-def test_a_failed_read_during_the_wait_is_read_again(routes: list[_Routes]) -> None:
+def test_a_failed_read_during_the_wait_is_read_again() -> None:
     """A 500 after the gateway answered once is not taken for "not specgate"."""
     gateway = _Routes([2.0, None, 0.0])
-    routes.append(gateway)
-    speedup.wait_quiet(gateway.url, timeout_s=5.0, poll_s=0.05)
+    with running_server(gateway.app) as url:
+        speedup.wait_quiet(url, timeout_s=5.0, poll_s=0.05)
     assert gateway.calls == 3
 
 
-def test_the_wait_ends_at_its_bound_and_a_relay_is_not_waited_for(
-    routes: list[_Routes],
-) -> None:
+def test_the_wait_ends_at_its_bound_and_a_relay_is_not_waited_for() -> None:
     busy, relay = _Routes([2.0]), _Routes([2.0], status=404)
-    routes.extend([busy, relay])
-    assert 0.3 <= speedup.wait_quiet(busy.url, timeout_s=0.3, poll_s=0.05) < 3.0
-    assert speedup.wait_quiet(relay.url, timeout_s=5.0) < 3.0 and relay.calls == 1
-    closed = socket.socket()
-    closed.bind(("127.0.0.1", 0))
-    port = closed.getsockname()[1]
-    closed.close()  # nothing listens there now
-    assert speedup.wait_quiet(f"http://127.0.0.1:{port}", timeout_s=5.0) < 3.0
+    with running_server(busy.app) as busy_url, running_server(relay.app) as relay_url:
+        assert 0.3 <= speedup.wait_quiet(busy_url, timeout_s=0.3, poll_s=0.05) < 3.0
+        assert speedup.wait_quiet(relay_url, timeout_s=5.0) < 3.0 and relay.calls == 1
+    nothing = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    assert speedup.wait_quiet(nothing, timeout_s=5.0) < 3.0
 
 
 def test_measure_waits_before_each_gateway_wave_only(monkeypatch: pytest.MonkeyPatch) -> None:
