@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import random
+import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -100,3 +102,12 @@ def _no_shared_state_file(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> No
     """Gateways built by tests keep their adaptive state under the test's tmp_path, never
     in the real cache directory."""
     monkeypatch.setenv("SPECGATE_STATE_FILE", str(tmp_path / "state" / "adaptive-routing.json"))
+
+
+async def eventually(check: Any, within_s: float, step_s: float = 0.1) -> float:
+    """Seconds until the async ``check()`` is true; fails past ``within_s``."""
+    start = time.monotonic()
+    while not await check():
+        assert time.monotonic() - start < within_s, f"not true within {within_s} s"
+        await asyncio.sleep(step_s)
+    return time.monotonic() - start

@@ -18,6 +18,7 @@ from tests.unit.conftest import (
     MODEL,
     ROOT,
     InProcess,
+    eventually,
     gateway_settings,
     in_process,
     local_config,
@@ -37,10 +38,11 @@ async def test_a_relayed_request_takes_an_admission_slot_and_a_lease() -> None:
         gw.fakes["plain"].first_delay_s = 2.0  # the checks below run while it waits
         gateway = runtime(gw).gateway
         first = asyncio.ensure_future(gw.client.post("/invocations", json=CHAT))
-        for _ in range(500):  # forwarded once the backend holds it (a fixed 0.1 s was
-            if gateway.registry.states["plain"].inflight:  # not always enough, loaded)
-                break
-            await asyncio.sleep(0.01)
+
+        async def forwarded() -> bool:  # a fixed 0.1 s was not always enough, loaded
+            return gateway.registry.states["plain"].inflight > 0
+
+        await eventually(forwarded, within_s=5.0, step_s=0.01)
         assert gateway.inflight == 1  # the admission slot
         assert gateway.registry.states["plain"].inflight == 1  # the backend lease
         refused = await gw.client.post("/tokenize", json={"model": MODEL, "prompt": "x"})

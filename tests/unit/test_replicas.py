@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,7 +16,7 @@ from redis.asyncio import Redis
 from gateway.speculation.spec_params import SpecParams
 from gateway.state.refusals import RefusalMirror
 from tests.fakes.fleet import Fleet, RedisProcess, redis_config, running_fleet, running_redis
-from tests.unit.conftest import MODEL, local_config
+from tests.unit.conftest import MODEL, eventually, local_config
 
 CODE = {"model": MODEL, "prompt": "def f(x):", "max_tokens": 16, "temperature": 0}
 CODE_TASK = {"x-task-type": "code"}
@@ -62,15 +61,6 @@ def measured(adaptive: dict[str, Any], backend: str) -> bool:
 async def routes(client: httpx.AsyncClient, url: str) -> dict[str, Any]:
     body: dict[str, Any] = (await client.get(f"{url}/routes")).json()
     return body
-
-
-async def eventually(check: Any, within_s: float, step_s: float = 0.1) -> float:
-    """Seconds until the async ``check()`` is true; fails past ``within_s``."""
-    start = time.monotonic()
-    while not await check():
-        assert time.monotonic() - start < within_s, f"not true within {within_s} s"
-        await asyncio.sleep(step_s)
-    return time.monotonic() - start
 
 
 async def test_a_backend_learnt_slow_by_one_replica_is_ordered_last_by_all(fleet: Fleet) -> None:
