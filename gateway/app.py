@@ -79,7 +79,8 @@ def create_app(
     if settings.admin_enabled:
         app.include_router(passthrough.admin_router, dependencies=[admin_only])
     # last: every other path a backend serves (after the gateway's own routes)
-    app.include_router(passthrough.router, dependencies=[client_key])
+    keyless = Depends(require_client_key(auth, passthrough.KEYLESS_PATHS))
+    app.include_router(passthrough.router, dependencies=[keyless])
     app.catch_all = app.router.routes[-1]
     install_error_handlers(app)
     document_proxy_routes(app)

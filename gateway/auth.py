@@ -117,11 +117,17 @@ def check_client_key(auth: Auth, authorization: str | None) -> None:
         )
 
 
-def require_client_key(auth: Auth) -> Callable[[Request], Awaitable[None]]:
-    """Dependency for ``/v1/*``: 401 in OpenAI's envelope without a valid client key."""
+def require_client_key(
+    auth: Auth, open_paths: frozenset[str] = frozenset()
+) -> Callable[[Request], Awaitable[None]]:
+    """Dependency for ``/v1/*`` and the relayed paths: 401 in OpenAI's envelope without a
+    valid client key, except on ``open_paths`` (exact paths, the app's ``root_path``
+    removed, as vLLM's ``AuthenticationMiddleware`` compares them)."""
 
     async def check(request: Request) -> None:
-        check_client_key(auth, _authorization(request))
+        path = request.scope["path"].removeprefix(request.scope.get("root_path", ""))
+        if path not in open_paths:
+            check_client_key(auth, _authorization(request))
 
     return check
 

@@ -62,9 +62,12 @@ class GatewayError(Exception):
         """The JSON body for a client of ``path``: :meth:`envelope`, or on Anthropic's
         Messages paths (:func:`anthropic_path`) Anthropic's ``{"type": "error", "error":
         {"type", "message"}}``, as vLLM's Messages router words its errors
-        (``vllm/entrypoints/anthropic/api_router.py``, ``translate_error_response``)."""
+        (``vllm/entrypoints/anthropic/api_router.py``, ``translate_error_response``), its
+        ``type`` Anthropic's for :attr:`status` (:func:`anthropic_error_type`: 404
+        ``not_found_error``, 413 ``request_too_large``, 503 ``overloaded_error`` ...)."""
         if anthropic_path(path):
-            return {"type": "error", "error": {"type": self.type, "message": self.message}}
+            kind = anthropic_error_type(self.status)
+            return {"type": "error", "error": {"type": kind, "message": self.message}}
         return self.envelope()
 
 

@@ -7,8 +7,10 @@ listing it, serving the body's ``model`` when it names one: plain backends first
 least loaded (a stored Response's paths go to the backend that created it, see
 :mod:`gateway.upstream.affinity`, else to each backend in turn). Operator paths answer 404
 here and are relayed only at ``/routes/backends/{backend}{path}``, behind the admin token
-(:data:`admin_router`). Unknown paths are 404, known paths with another method 405, in
-OpenAI's envelope (the gateway's own errors under ``/v1/messages/`` in Anthropic's).
+(:data:`admin_router`). Unknown paths are 404 (503 while no backend has answered its
+``/openapi.json`` yet), known paths with another method 405, in OpenAI's envelope (the
+gateway's own errors under ``/v1/messages/`` in Anthropic's). A client key is needed as on
+``/v1/*`` except on :data:`KEYLESS_PATHS`.
 
 A relayed request is a request: the header limit (431), an admission slot (429) once its
 body is in, the quarantine (422) and, for bodies that generate (``/invocations`` wrapping a
@@ -35,7 +37,7 @@ from gateway.api.openai import ClientGone, read_body_within
 from gateway.api.relay import Receive, Send, send_answer, until_disconnect
 from gateway.auth import header_text
 from gateway.classify.features import RequestFeatures
-from gateway.errors import GatewayError, from_upstream, model_not_found, too_busy
+from gateway.errors import GatewayError, from_upstream, model_not_found, no_backend, too_busy
 from gateway.failures import UpstreamFailure
 from gateway.pipeline import guard_decision, refuse_quarantined, too_deep
 from gateway.routing.policy import RouteDecision
@@ -54,6 +56,13 @@ from gateway.upstream.peek import is_event_stream
 router = APIRouter(tags=["passthrough"])
 admin_router = APIRouter(tags=["admin"])
 METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE"]
+#: Relayed paths answered without a client key when keys are set, as vLLM's server answers
+#: them with ``--api-key`` (its ``AuthenticationMiddleware`` guards only paths under
+#: ``/v1``, ``/v2``, ``/inference`` and ``/cohere``): the liveness and version probes that
+#: monitors and SageMaker's ``/ping`` send without one. vLLM's other unguarded paths
+#: (``/tokenize``, ``/invocations``, ``/pooling``, ...) run the model or its tokenizer and
+#: keep needing a key here.
+KEYLESS_PATHS = frozenset({"/ping", "/version"})
 #: Response headers the gateway sets itself on a relayed answer.
 _OWN_HEADERS = frozenset({b"x-specgate-backend", b"x-request-id"})
 
@@ -111,9 +120,7 @@ async def listed(runtime: Runtime, path: str) -> PathTemplate | None:
     backend's when none is available), their catalog refreshed first (for a path none
     lists, the re-reads in flight are waited for)."""
     gateway, catalog = runtime.gateway, runtime.catalog
-    names = [n for n, s in gateway.registry.states.items() if s.available] or list(
-        gateway.config.backends
-    )
+    names = _listing(runtime)
     await catalog.refresh(gateway.config.backends, names)
     found = match([t for n in names for t in catalog.paths(n)], path)
     if found is None:  # not listed: wait for the re-reads in flight, a backend may list it now
@@ -122,10 +129,22 @@ async def listed(runtime: Runtime, path: str) -> PathTemplate | None:
     return found
 
 
+def _listing(runtime: Runtime) -> list[str]:
+    """The backends whose lists a path is looked up in: the available ones, else all."""
+    gateway = runtime.gateway
+    available = [n for n, s in gateway.registry.states.items() if s.available]
+    return available or list(gateway.config.backends)
+
+
 async def _client_path(runtime: Runtime, method: str, path: str) -> PathTemplate:
     """The client path template ``path`` matches (:func:`listed`); raises 404 for an
-    unknown or operator path, 405 for a method it lacks."""
+    unknown or operator path, 405 for a method it lacks, and 503 ``no_healthy_backend``
+    (with ``Retry-After``) for a path none lists while none of them has ever answered its
+    ``/openapi.json`` (a gateway started before its backends: the path may well be served
+    once one is up, so the answer is one a client retries, not a 404)."""
     found = await listed(runtime, path)
+    if found is None and not any(runtime.catalog.answered(n) for n in _listing(runtime)):
+        raise no_backend("No backend has answered yet with the paths it serves.")
     if found is None:
         raise _not_found(path)
     if not is_client_path(found.template):

@@ -32,6 +32,7 @@ logger = logging.getLogger(__name__)
 class _Entry:
     expires: float = 0.0
     tried: bool = False  # a read ended (answered or failed): callers no longer wait for one
+    answered: bool = False  # a read ever succeeded
     paths: list[PathTemplate] = field(default_factory=list)
     cards: list[dict[str, Any]] = field(default_factory=list)
 
@@ -106,7 +107,7 @@ class BackendCatalog:
         data = models.get("data") if isinstance(models, dict) else None
         if isinstance(data, list):
             entry.cards = [card for card in data if isinstance(card, dict)]
-        entry.tried = True
+        entry.tried = entry.answered = True
         entry.expires = self.clock() + self.ttl_s
 
     async def _get(self, url: str, headers: dict[str, str]) -> Any:
@@ -117,6 +118,10 @@ class BackendCatalog:
     def paths(self, name: str) -> list[PathTemplate]:
         """The paths backend ``name`` listed last (empty before its first answer)."""
         return self._entries.get(name, _Entry()).paths
+
+    def answered(self, name: str) -> bool:
+        """Whether backend ``name`` ever answered a read (its paths may still be empty)."""
+        return self._entries.get(name, _Entry()).answered
 
     def cards(self, name: str) -> list[dict[str, Any]]:
         """The model cards backend ``name`` listed last."""

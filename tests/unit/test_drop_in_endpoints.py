@@ -45,19 +45,23 @@ async def test_messages_is_routed(gw: InProcess) -> None:
 async def test_messages_errors_of_the_gateway_are_in_anthropics_shape(
     gw: InProcess, path: str
 ) -> None:
-    """As vLLM's Messages router answers (``{"type": "error", "error": {"type", "message"}}``):
-    what an Anthropic SDK client parses; the other paths keep OpenAI's envelope. (A body
+    """As vLLM's Messages router answers (``{"type": "error", "error": {"type", "message"}}``,
+    with Anthropic's type for the status): what an Anthropic SDK client parses; the other
+    paths keep OpenAI's envelope. (A body
     that is no JSON is the backend's to answer on the relayed count_tokens.)"""
-    cases: list[tuple[dict | bytes, int]] = [(MESSAGES | {"model": "nope"}, 404)]
+    cases: list[tuple[dict | bytes, int, str]] = [
+        (MESSAGES | {"model": "nope"}, 404, "not_found_error")
+    ]
     if path == "/v1/messages":
-        cases.append((b"{not json", 400))
-    for body, status in cases:
+        cases.append((b"{not json", 400, "invalid_request_error"))
+        cases.append((json.dumps(MESSAGES).encode() + b" " * 9 * 2**20, 413, "request_too_large"))
+    for body, status, kind in cases:
         content = body if isinstance(body, bytes) else json.dumps(body).encode()
         resp = await gw.client.post(path, content=content)
         assert resp.status_code == status, resp.text
         error = resp.json()
         assert error["type"] == "error" and set(error["error"]) == {"type", "message"}
-        assert error["error"]["type"] == "invalid_request_error" and error["error"]["message"]
+        assert error["error"]["type"] == kind and error["error"]["message"]
     resp = await gw.client.post("/v1/chat/completions", json={"model": "nope", "messages": []})
     assert resp.status_code == 404 and resp.json()["error"]["code"] == "model_not_found"
 

@@ -78,6 +78,12 @@ async def test_client_keys(secured: tuple[httpx.AsyncClient, dict]) -> None:
         "/tokenize", json={"prompt": "x"}, headers={"authorization": "Bearer key-one"}
     )
     assert ok.status_code == 200
+    # except the probes vLLM with --api-key answers without one (its middleware guards only
+    # /v1, /v2, /inference, /cohere): /version relayed, /ping not 401 (this fake lacks it)
+    version = await client.get("/version")
+    assert version.status_code == 200 and version.json()["version"]
+    assert (await client.get("/ping")).status_code == 404
+    assert (await client.post("/invocations", json=BODY)).status_code == 401  # it generates
 
 
 async def test_admin_endpoints_need_the_admin_token(
