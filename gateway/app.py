@@ -27,7 +27,7 @@ from gateway.api import admin, health, metrics, openai, passthrough, quarantine,
 from gateway.api.deps import with_request_id
 from gateway.api.slashes import redirect_slash
 from gateway.auth import build_auth, require_admin, require_client_key
-from gateway.errors import GatewayError, error_envelope, from_upstream
+from gateway.errors import GatewayError, from_upstream
 from gateway.failures import UpstreamFailure
 from gateway.runtime import Parts, open_runtime
 from gateway.settings import Settings
@@ -134,8 +134,8 @@ class SpecgateApp(FastAPI):
 
 
 def install_error_handlers(app: FastAPI) -> None:
-    """Answer every error in OpenAI's envelope (gateway errors on Anthropic's Messages paths
-    in Anthropic's: :meth:`GatewayError.body_for`), with ``x-request-id``
+    """Answer every error in OpenAI's envelope (on Anthropic's Messages paths in Anthropic's:
+    :meth:`GatewayError.body_for`), with ``x-request-id``
     (:func:`with_request_id`): gateway errors, unknown routes and methods, and (never
     expected) unhandled exceptions as a 500 without a traceback."""
 
@@ -151,18 +151,17 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
-        body = error_envelope(str(exc.detail), kind, None, str(exc.status_code))
-        headers = with_request_id(request, exc.headers)
-        return JSONResponse(body, status_code=exc.status_code, headers=headers)
+        error = GatewayError(exc.status_code, str(exc.detail), code=str(exc.status_code))
+        error.headers = dict(exc.headers or {})
+        return await _gateway_error(request, error)
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-        body = error_envelope(str(exc.errors()[:1]), "invalid_request_error", None, "invalid")
-        return JSONResponse(body, status_code=400, headers=with_request_id(request))
+        error = GatewayError(400, str(exc.errors()[:1]), code="invalid")
+        return await _gateway_error(request, error)
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         logger.exception("unhandled error")
-        body = error_envelope("Internal gateway error.", "server_error", None, "internal_error")
-        return JSONResponse(body, status_code=500, headers=with_request_id(request))
+        error = GatewayError(500, "Internal gateway error.", code="internal_error")
+        return await _gateway_error(request, error)

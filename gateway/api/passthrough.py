@@ -7,10 +7,10 @@ listing it, serving the body's ``model`` when it names one: plain backends first
 least loaded (a stored Response's paths go to the backend that created it, see
 :mod:`gateway.upstream.affinity`, else to each backend in turn). Operator paths answer 404
 here and are relayed only at ``/routes/backends/{backend}{path}``, behind the admin token
-(:data:`admin_router`). Unknown paths are 404 (503 while no backend has answered its
-``/openapi.json`` yet), known paths with another method 405, in OpenAI's envelope (the
+(:data:`admin_router`). Unknown paths are 404 (503 while a configured backend has never
+been reached), known paths with another method 405, in OpenAI's envelope (the
 gateway's own errors under ``/v1/messages/`` in Anthropic's). A client key is needed as on
-``/v1/*`` except on :data:`KEYLESS_PATHS`.
+``/v1/*`` except on :data:`KEYLESS_PATHS`, whose bodies are relayed unparsed.
 
 A relayed request is a request: the header limit (431), an admission slot (429) once its
 body is in, the quarantine (422) and, for bodies that generate (``/invocations`` wrapping a
@@ -63,6 +63,10 @@ METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE"]
 #: (``/tokenize``, ``/invocations``, ``/pooling``, ...) run the model or its tokenizer and
 #: keep needing a key here.
 KEYLESS_PATHS = frozenset({"/ping", "/version"})
+#: The most body bytes a request to a :data:`KEYLESS_PATHS` path may carry (413 past it);
+#: its body is relayed unparsed (vLLM ignores it there), so no caller without a key gets
+#: the gateway to parse a large body or to say whether a ``model`` is served.
+KEYLESS_BODY_BYTES = 64 * 1024
 #: Response headers the gateway sets itself on a relayed answer.
 _OWN_HEADERS = frozenset({b"x-specgate-backend", b"x-request-id"})
 
@@ -94,7 +98,8 @@ async def passthrough(
     admission = gateway.admission(settings.max_inflight)
     admission.check()  # refused before reading the body
     relayed = Relayed(runtime, request, path, admission)
-    if not await relayed.read():
+    keyless = path in KEYLESS_PATHS
+    if not await relayed.read(parse=not keyless, limit=KEYLESS_BODY_BYTES if keyless else None):
         return Response(status_code=499)  # nobody is left to read it
     if relayed.parsed is not None and runtime.deaths.table.blocking:
         refuse_quarantined(runtime.deaths.table, relayed.target, relayed.parsed)
@@ -139,12 +144,14 @@ def _listing(runtime: Runtime) -> list[str]:
 async def _client_path(runtime: Runtime, method: str, path: str) -> PathTemplate:
     """The client path template ``path`` matches (:func:`listed`); raises 404 for an
     unknown or operator path, 405 for a method it lacks, and 503 ``no_healthy_backend``
-    (with ``Retry-After``) for a path none lists while none of them has ever answered its
-    ``/openapi.json`` (a gateway started before its backends: the path may well be served
-    once one is up, so the answer is one a client retries, not a 404)."""
+    (with ``Retry-After``) for a path none lists while some configured backend has never
+    been reached (:meth:`~gateway.upstream.catalog.BackendCatalog.answered`: a gateway
+    started before its backends, or a backend still loading: the path may well be served
+    once it is up, so the answer is one a client retries, not a 404)."""
     found = await listed(runtime, path)
-    if found is None and not any(runtime.catalog.answered(n) for n in _listing(runtime)):
-        raise no_backend("No backend has answered yet with the paths it serves.")
+    backends = runtime.gateway.config.backends
+    if found is None and not all(runtime.catalog.answered(n) for n in backends):
+        raise no_backend("A backend that may serve this path has not been reached yet.")
     if found is None:
         raise _not_found(path)
     if not is_client_path(found.template):
@@ -197,10 +204,11 @@ class Relayed(Response):
         #: The path and query sent upstream (what a fingerprint is of).
         self.target = path + (f"?{query}" if query else "")
 
-    async def read(self) -> bool:
-        """Read the body (413 past the limit, 408 past the body timeout) and parse a JSON
-        object body (any other body, malformed JSON included, is relayed as it is for the
-        backend to judge, and not watched). False when the client left meanwhile. Raises
+    async def read(self, parse: bool = True, limit: int | None = None) -> bool:
+        """Read the body (413 past ``limit`` bytes, default ``SPECGATE_MAX_BODY_BYTES``;
+        408 past the body timeout) and, with ``parse``, parse a JSON object body (any other
+        body, malformed JSON included, is relayed as it is for the backend to judge, and
+        not watched). False when the client left meanwhile. Raises
         :class:`~gateway.errors.GatewayError` 400 for a JSON body nested too deeply to parse
         (:func:`~gateway.pipeline.too_deep`: the backend would answer it with a 500)."""
         settings = self.runtime.settings
@@ -208,12 +216,12 @@ class Relayed(Response):
             self.body_in = await read_body_within(
                 self.request.receive,
                 self.headers_in,
-                settings.max_body_bytes,
+                settings.max_body_bytes if limit is None else min(limit, settings.max_body_bytes),
                 settings.body_timeout_s,
             )
         except ClientGone:
             return False
-        if self.body_in.lstrip()[:1] in (b"{", b"["):
+        if parse and self.body_in.lstrip()[:1] in (b"{", b"["):
             try:
                 parsed = json.loads(self.body_in)
             except ValueError:

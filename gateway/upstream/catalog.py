@@ -32,7 +32,7 @@ logger = logging.getLogger(__name__)
 class _Entry:
     expires: float = 0.0
     tried: bool = False  # a read ended (answered or failed): callers no longer wait for one
-    answered: bool = False  # a read ever succeeded
+    answered: bool = False  # a read ever got an HTTP answer (2xx or not)
     paths: list[PathTemplate] = field(default_factory=list)
     cards: list[dict[str, Any]] = field(default_factory=list)
 
@@ -95,6 +95,9 @@ class BackendCatalog:
             )
         except (httpx.HTTPError, ValueError) as exc:
             entry.tried = True
+            # an answer, even an error or no JSON (vLLM's --disable-fastapi-docs has no
+            # /openapi.json), is a backend reached; a refused or timed-out read is not
+            entry.answered |= not isinstance(exc, httpx.TransportError)
             logger.info("catalog: %s unreadable (%r); keeping its last answer", name, exc)
             entry.expires = self.clock() + min(self.retry_s, self.ttl_s)
             return
@@ -120,7 +123,8 @@ class BackendCatalog:
         return self._entries.get(name, _Entry()).paths
 
     def answered(self, name: str) -> bool:
-        """Whether backend ``name`` ever answered a read (its paths may still be empty)."""
+        """Whether backend ``name`` was ever reached: a read got an HTTP answer, 2xx or
+        not (its paths may still be empty); False while every read was refused or timed out."""
         return self._entries.get(name, _Entry()).answered
 
     def cards(self, name: str) -> list[dict[str, Any]]:

@@ -148,3 +148,33 @@ async def test_a_backend_whose_first_read_failed_delays_nobody_after() -> None:
         await asyncio.sleep(0.05)
         assert catalog.cards("draft") == MODELS["data"]
         await catalog.aclose()
+
+
+@pytest.mark.parametrize(
+    ("answer", "reached"),
+    [
+        (httpx.Response(404, json={"detail": "Not Found"}), True),  # --disable-fastapi-docs
+        (httpx.Response(401, json={"error": "Unauthorized"}), True),
+        (httpx.Response(200, text="<html>"), True),  # not JSON: another server, reached
+        (httpx.ConnectError("refused"), False),
+        (httpx.ReadTimeout("slow"), False),
+    ],
+)
+async def test_a_backend_counts_as_reached_once_it_answers_anything(
+    answer: httpx.Response | Exception, reached: bool
+) -> None:
+    """``answered`` (what turns a relayed path nobody lists from a 503 into a 404): any HTTP
+    answer, an error status or no JSON included, is a backend reached; a refused or
+    timed-out read is not."""
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+        catalog = BackendCatalog(client, ttl_s=60, retry_s=10)
+        assert not catalog.answered("plain")
+        await catalog.refresh(BACKENDS, ["plain"])
+        assert catalog.answered("plain") is reached
+        assert catalog.paths("plain") == []

@@ -62,6 +62,11 @@ async def test_messages_errors_of_the_gateway_are_in_anthropics_shape(
         error = resp.json()
         assert error["type"] == "error" and set(error["error"]) == {"type", "message"}
         assert error["error"]["type"] == kind and error["error"]["message"]
+    # Starlette's own errors too (a method no route of the path takes)
+    resp = await gw.client.options(path)
+    assert resp.status_code == 405
+    assert resp.json() == {"type": "error", "error": {"type": "invalid_request_error",
+                                                      "message": "Method Not Allowed"}}  # fmt: skip
     resp = await gw.client.post("/v1/chat/completions", json={"model": "nope", "messages": []})
     assert resp.status_code == 404 and resp.json()["error"]["code"] == "model_not_found"
 

@@ -84,6 +84,11 @@ async def test_client_keys(secured: tuple[httpx.AsyncClient, dict]) -> None:
     assert version.status_code == 200 and version.json()["version"]
     assert (await client.get("/ping")).status_code == 404
     assert (await client.post("/invocations", json=BODY)).status_code == 401  # it generates
+    # their bodies are relayed unparsed and small: no model check, no large parse, keyless
+    guess = await client.request("GET", "/version", json={"model": "guess"})
+    assert guess.status_code == 200
+    big = await client.request("GET", "/version", content=b"[" + b"0," * 40_000 + b"0]")
+    assert big.status_code == 413
 
 
 async def test_admin_endpoints_need_the_admin_token(
