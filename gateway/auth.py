@@ -2,9 +2,10 @@
 
 Client keys (``Authorization: Bearer KEY`` on ``/v1/*`` and the relayed backend paths but
 ``/ping`` and ``/version``) come from ``SPECGATE_API_KEYS`` (comma-separated) and
-``SPECGATE_API_KEYS_FILE`` (one per line, ``#`` comments); with none, those are open. The admin token guards ``/routes*`` and ``/status``; without one, those
-answer only on a loopback listener, and :func:`build_auth` refuses a non-loopback gateway
-with admin endpoints enabled and no token. Keys are compared in constant time
+``SPECGATE_API_KEYS_FILE`` (one per line, ``#`` comments); with none, those are open. The
+admin token guards ``/routes*`` and ``/status``; without one, those answer only on a
+loopback listener, and :func:`build_auth` refuses a non-loopback gateway with admin
+endpoints enabled and no token. Keys are compared in constant time
 (``hmac.compare_digest``) and never logged.
 """
 
@@ -120,9 +121,10 @@ def check_client_key(auth: Auth, authorization: str | None) -> None:
 def require_client_key(
     auth: Auth, open_paths: frozenset[str] = frozenset()
 ) -> Callable[[Request], Awaitable[None]]:
-    """Dependency for ``/v1/*`` and the relayed paths: 401 in OpenAI's envelope without a
-    valid client key (Anthropic's on its Messages paths), except on ``open_paths`` (exact paths, the app's ``root_path``
-    removed, as vLLM's ``AuthenticationMiddleware`` compares them)."""
+    """Dependency for ``/v1/*`` and the relayed paths: 401 in OpenAI's envelope (Anthropic's
+    on its Messages paths) without a valid client key, except on ``open_paths`` (exact
+    paths, the app's ``root_path`` removed, as vLLM's ``AuthenticationMiddleware`` compares
+    them)."""
 
     async def check(request: Request) -> None:
         path = request.scope["path"].removeprefix(request.scope.get("root_path", ""))
