@@ -151,8 +151,8 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        error = GatewayError(exc.status_code, str(exc.detail), code=str(exc.status_code))
-        error.headers = dict(exc.headers or {})
+        code, headers = str(exc.status_code), dict(exc.headers or {})
+        error = GatewayError(exc.status_code, str(exc.detail), code=code, headers=headers)
         return await _gateway_error(request, error)
 
     @app.exception_handler(RequestValidationError)

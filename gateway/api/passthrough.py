@@ -125,20 +125,15 @@ async def listed(runtime: Runtime, path: str) -> PathTemplate | None:
     backend's when none is available), their catalog refreshed first (for a path none
     lists, the re-reads in flight are waited for)."""
     gateway, catalog = runtime.gateway, runtime.catalog
-    names = _listing(runtime)
+    names = [n for n, s in gateway.registry.states.items() if s.available] or list(
+        gateway.config.backends
+    )
     await catalog.refresh(gateway.config.backends, names)
     found = match([t for n in names for t in catalog.paths(n)], path)
     if found is None:  # not listed: wait for the re-reads in flight, a backend may list it now
         await catalog.refresh(gateway.config.backends, names, wait=True)
         found = match([t for n in names for t in catalog.paths(n)], path)
     return found
-
-
-def _listing(runtime: Runtime) -> list[str]:
-    """The backends whose lists a path is looked up in: the available ones, else all."""
-    gateway = runtime.gateway
-    available = [n for n, s in gateway.registry.states.items() if s.available]
-    return available or list(gateway.config.backends)
 
 
 async def _client_path(runtime: Runtime, method: str, path: str) -> PathTemplate:

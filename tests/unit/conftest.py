@@ -27,12 +27,14 @@ MODEL = "smollm2-135m-instruct"
 
 @dataclass
 class InProcess:
-    """A gateway app with its fake backends, and a client talking to it."""
+    """A gateway app with its fake backends, and a client talking to it; ``backends`` routes
+    the gateway's upstream requests to the fakes (empty its ``transports`` to refuse them)."""
 
     client: httpx.AsyncClient
     fakes: dict[str, FakeBehaviour]
     config: GatewayConfig
     app: FastAPI
+    backends: BackendsTransport
 
     async def poll(self) -> None:
         """Run one health and metrics poll now."""
@@ -72,13 +74,12 @@ async def in_process(
         b.base_url.removeprefix("http://"): create_fake_vllm(fakes[name])
         for name, b in config.backends.items()
     }
-    app = create_app(
-        settings, config=config, transport=BackendsTransport(apps), rng=random.Random(1)
-    )
+    backends = BackendsTransport(apps)
+    app = create_app(settings, config=config, transport=backends, rng=random.Random(1))
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://gw") as client:
-            yield InProcess(client, fakes, config, app)
+            yield InProcess(client, fakes, config, app, backends)
 
 
 @pytest.fixture

@@ -47,8 +47,8 @@ async def test_messages_errors_of_the_gateway_are_in_anthropics_shape(
 ) -> None:
     """As vLLM's Messages router answers (``{"type": "error", "error": {"type", "message"}}``,
     with Anthropic's type for the status): what an Anthropic SDK client parses; the other
-    paths keep OpenAI's envelope. (A body
-    that is no JSON is the backend's to answer on the relayed count_tokens.)"""
+    paths keep OpenAI's envelope. (A body that is no JSON is the backend's to answer on the
+    relayed count_tokens.)"""
     cases: list[tuple[dict | bytes, int, str]] = [
         (MESSAGES | {"model": "nope"}, 404, "not_found_error")
     ]

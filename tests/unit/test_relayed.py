@@ -5,10 +5,8 @@ generate, and headers that never cause a 5xx, whatever path they come in on."""
 from __future__ import annotations
 
 import asyncio
-import random
 from typing import Any
 
-import httpx
 import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
@@ -16,9 +14,6 @@ from hypothesis import strategies as st
 
 from contracts.config import parse_config
 from gateway.api.passthrough import generation_views
-from gateway.app import create_app
-from tests.fakes.fake_vllm import FakeBehaviour, create_fake_vllm
-from tests.fakes.transport import BackendsTransport
 from tests.unit.conftest import (
     MODEL,
     ROOT,
@@ -283,28 +278,18 @@ async def test_a_relayed_path_before_any_backend_answered_is_a_503_to_retry() ->
     ``no_healthy_backend`` with ``Retry-After`` (the OpenAI SDK retries it), not a 404 that
     reads as permanent; once a backend answers, its paths are relayed and a path none
     lists is 404."""
-    config = local_config()
-    fakes = {name: FakeBehaviour(name=name) for name in config.backends}
-    apps = {
-        b.base_url.removeprefix("http://"): create_fake_vllm(fakes[name])
-        for name, b in config.backends.items()
-    }
-    backends = BackendsTransport({})  # every backend refuses the connection
-    settings = gateway_settings(backend_catalog_ttl_s=0.05)
-    app = create_app(settings, config=config, transport=backends, rng=random.Random(1))
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://gw") as client:
-            for method, path in [("POST", "/tokenize"), ("GET", "/version"), ("GET", "/nope")]:
-                resp = await client.request(method, path, json={"model": MODEL, "prompt": "x"})
-                assert resp.status_code == 503, (path, resp.text)
-                assert resp.json()["error"]["code"] == "no_healthy_backend"
-                assert resp.headers["retry-after"] == "2"
-            backends.transports = {a: httpx.ASGITransport(app=s) for a, s in apps.items()}
-            await asyncio.sleep(0.1)  # past the catalog's retry of a failed read
-            await app.state.runtime.poller.check_all()  # the backends found up
-            ok = await client.post("/tokenize", json={"model": MODEL, "prompt": "x"})
-            assert ok.status_code == 200, ok.text
-            missing = await client.get("/nope")
-            assert missing.status_code == 404
-            assert missing.json()["error"]["code"] == "not_found"
+    async with in_process(gateway_settings(backend_catalog_ttl_s=0.05)) as gw:
+        fakes, gw.backends.transports = gw.backends.transports, {}  # every backend refuses
+        for method, path in [("POST", "/tokenize"), ("GET", "/version"), ("GET", "/nope")]:
+            resp = await gw.client.request(method, path, json={"model": MODEL, "prompt": "x"})
+            assert resp.status_code == 503, (path, resp.text)
+            assert resp.json()["error"]["code"] == "no_healthy_backend"
+            assert resp.headers["retry-after"] == "2"
+        gw.backends.transports = fakes
+        await asyncio.sleep(0.1)  # past the catalog's retry of a failed read
+        await gw.poll()  # the backends found up
+        ok = await gw.client.post("/tokenize", json={"model": MODEL, "prompt": "x"})
+        assert ok.status_code == 200, ok.text
+        missing = await gw.client.get("/nope")
+        assert missing.status_code == 404
+        assert missing.json()["error"]["code"] == "not_found"
