@@ -81,7 +81,8 @@ class BackendConfig(_Strict):
 
     Speculation policy (speculative backends only): above ``max_batch_for_speculation``
     running + waiting requests the backend is passed over for a plain one (speculation loses
-    at large batch); below ``min_acceptance_rate`` (default ``routing.min_acceptance_rate``)
+    at large batch; under the adaptive policy, speeds learnt at that load decide instead, up
+    to twice the limit); below ``min_acceptance_rate`` (default ``routing.min_acceptance_rate``)
     over the acceptance window it is demoted. ``max_inflight`` caps this gateway's
     requests in flight to the backend (backpressure: past every candidate's cap, 429).
     ``guards`` names the config's :class:`Guard` entries (known engine bugs) this backend has.
@@ -214,8 +215,9 @@ class AdaptiveSettings(_Strict):
     the overlap is computed on; ``min_load_weight``: decayed observations a speculative
     backend and a plain one both need in a load band (see
     :func:`gateway.routing.adaptive.bucket_of`) before their measured speeds there replace
-    the backend's ``max_batch_for_speculation``. (Where the estimates are saved is a process
-    setting: ``SPECGATE_STATE_FILE``, see :class:`gateway.settings.Settings`.)
+    the backend's ``max_batch_for_speculation`` (up to twice it). (Where the estimates are
+    saved is a process setting: ``SPECGATE_STATE_FILE``, see
+    :class:`gateway.settings.Settings`.)
     """
 
     decay: float = Field(default=0.98, gt=0, le=1)

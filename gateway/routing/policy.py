@@ -179,7 +179,8 @@ class RoutingPolicy:
        with the best expected speed goes first (Thompson sampling, see
        :mod:`gateway.routing.adaptive_choice`); the rest keep their order for failover.
        Once a speculative backend and a plain one were both measured at this request's load
-       band, their learnt speeds replace ``max_batch_for_speculation`` in step 3.
+       band, their learnt speeds replace ``max_batch_for_speculation`` in step 3, up to
+       :data:`LEADER_SLACK` times it (past that it is passed over whatever was learnt).
        Replicas (one served model, the same speculation settings) enter the choice as
        one: the least loaded of them (:meth:`_least_loaded_replicas`), judged, until it was
        observed for the task, on the replica observed most for it
@@ -594,13 +595,26 @@ class RoutingPolicy:
         batch: float,
         leads: bool = False,
     ) -> str | None:
-        """Why a speculative backend is passed over now (None: kept). ``measured(name)``:
-        its speed and a plain backend's were learnt at this load, so the configured batch
-        limit gives way to them. ``batch``: the requests on its compute before this one (its
-        compute group's batch, or the group's recent peak less one: the batch it would run
-        if it took the group's load, as a busy group's requests join one backend).
-        ``leads``: it holds most of this gateway's requests in flight on its compute group
-        (a burst of ours runs there); its limit is then :data:`LEADER_SLACK` times larger."""
+        """Why a speculative backend is passed over now (None: kept). ``batch``: the
+        requests on its compute before this one (its compute group's batch, or the group's
+        recent peak less one: the batch it would run if it took the group's load, as a busy
+        group's requests join one backend). Up to ``max_batch_for_speculation`` it is kept;
+        past :data:`LEADER_SLACK` times it, passed over. In between it is kept when it
+        ``leads`` (holds most of this gateway's requests in flight on its compute group: a
+        burst of ours runs there) or ``measured(name)`` (its speed and a plain backend's
+        were learnt at this load, so they decide instead of the limit).
+
+        Learnt speeds lift the limit no further than :data:`LEADER_SLACK` times: a load
+        band spans a factor of two (:func:`~gateway.routing.adaptive.load_band`), so a band
+        measured at its bottom says little about its top. On the GPU cost twin (EAGLE-3's
+        limit 16, docs/benchmarks.md section 7, "Twenty-second run") waves of 32 on EAGLE-3
+        taught the 32-63 band that it ran level with plain or faster, and waves of 48 then
+        went there as a cohort; requests of the wave's tail whose own bucket had not been
+        measured met the limit and went to plain, so the GPU was split, every request of the
+        wave counted as shared and taught nothing, and each later wave of 48 went the same
+        way at 0.58-0.61x plain, where EAGLE-3 alone ran 0.86-0.98x. Past
+        twice the limit every request of a burst is now passed over alike, which is what
+        :meth:`cohort_cap` assumes."""
         if name not in self.speculative:
             return None
         refused = features.spec_refused.get(backend.spec.method or "")
@@ -609,13 +623,15 @@ class RoutingPolicy:
         if features.speculation == SPECULATION_ON:
             return None  # the client's call: speed judgements give way
         limit = backend.max_batch_for_speculation
-        if limit is not None and leads:
-            limit *= LEADER_SLACK
-        if limit is not None and batch > limit and (measured is None or not measured(name)):
-            why = f"batch {batch:g} > max_batch_for_speculation {backend.max_batch_for_speculation}"
-            if leads:
-                why += f" x{LEADER_SLACK} (our burst runs there)"
-            return f"{why}: speculation loses"
+        if limit is not None and batch > limit:
+            over = batch > limit * LEADER_SLACK  # learnt speeds decide up to there
+            if leads and over:
+                return (
+                    f"batch {batch:g} > max_batch_for_speculation {limit} x{LEADER_SLACK} "
+                    "(our burst runs there): speculation loses"
+                )
+            if not leads and (over or measured is None or not measured(name)):
+                return f"batch {batch:g} > max_batch_for_speculation {limit}: speculation loses"
         if snap.demoted and rng.random() >= self.config.routing.probe_share:
             floor = backend.acceptance_floor(self.config.routing.min_acceptance_rate)
             rate = "unknown" if snap.acceptance_rate is None else f"{snap.acceptance_rate:.2f}"

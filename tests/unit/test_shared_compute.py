@@ -13,7 +13,7 @@ from contracts.config import parse_config
 from gateway.classify.features import RequestFeatures
 from gateway.routing.adaptive import Learner, Observation
 from gateway.routing.load import break_even, load_view, measured_at_load
-from gateway.routing.policy import BackendSnapshot, RoutingPolicy
+from gateway.routing.policy import BackendSnapshot, RouteDecision, RoutingPolicy
 from gateway.service import Gateway
 from gateway.settings import Settings
 from gateway.trace import RequestTrace
@@ -284,10 +284,18 @@ def test_a_split_wave_reads_as_its_whole_size() -> None:
     assert set(view.concurrency.values()) == {15}
 
 
+def with_limit(name: str, limit: int) -> RoutingPolicy:
+    """The local config's policy with ``name``'s ``max_batch_for_speculation`` at ``limit``."""
+    config = local_config()
+    backend = config.backends[name].model_copy(update={"max_batch_for_speculation": limit})
+    return RoutingPolicy(config.model_copy(update={"backends": config.backends | {name: backend}}))
+
+
 def test_a_burst_explores_less_than_a_lone_request() -> None:
     """After a wave of 16 the group is idle again: the next wave's first request is chosen
-    with a quarter of the draw's spread (the wave follows it), a lone request with all of it."""
-    policy = RoutingPolicy(local_config())
+    with a quarter of the draw's spread (the wave follows it), a lone request with all of it.
+    (ngram's limit at 8: a wave of 16 is then within twice it, where learnt speeds decide.)"""
+    policy = with_limit("ngram", 8)
     learner = learnt("greedy/norep/c16", {"plain": 15.0, "ngram": 16.0}, n=4)
     learnt("greedy/norep", {"plain": 15.0, "ngram": 16.0}, n=2, learner=learner)
     lone = {
@@ -497,3 +505,34 @@ def test_the_peak_window_is_a_setting() -> None:
     assert slow.recent_peak(1150.0) == 32 and slow.recent_peak(1201.0) == 0
     assert BackendState().recent_peak(0.0) == 0  # a fresh state remembers no burst
     assert Settings(peak_window_s=100.0).peak_window_s == 100.0
+
+
+def test_learnt_speeds_lift_the_batch_limit_at_most_twofold() -> None:
+    """A load band spans a factor of two, so what it learnt at its bottom decides up to
+    LEADER_SLACK times the limit, not past it: a wave of 48 arriving at an idle group goes
+    to plain even where EAGLE-3 was learnt faster in the 32-63 band (the GPU twin's waves of
+    32 taught that band; its waves of 48 then split over EAGLE-3 and plain at 0.58-0.61x
+    plain, docs/benchmarks.md section 7, "Twenty-second run"), and so does every request
+    that follows it, whatever its own bucket learnt."""
+    policy = with_limit("eagle3", 16)
+    code = RequestFeatures(MODEL, 0.0, True, "code", 1.0, "header")
+    learner = Learner()
+    for _ in range(20):
+        for backend, speed in {"plain": 100.0, "eagle3": 130.0}.items():
+            learner.observe(Observation("code", "greedy/norep/c32", backend, speed, 64))
+
+    def first(state: dict[str, BackendSnapshot], arriving: int = 0) -> RouteDecision:
+        return policy.decide(code, state, random.Random(0), learner.view(), arriving=arriving)
+
+    wave_of_32 = first(busy(), arriving=31)  # 32 on the GPU: within twice the limit
+    assert wave_of_32.backends[0] == "eagle3"
+    wave_of_48 = first(busy(), arriving=47)
+    assert wave_of_48.backends[0] == "plain"
+    assert "eagle3: batch 47 > max_batch_for_speculation 16: speculation loses" in (
+        wave_of_48.reasons
+    )
+    assert first(busy(eagle3=40)).backends[0] == "plain"  # its tail, behind a burst there
+    assert (
+        "eagle3: batch 40 > max_batch_for_speculation 16 x2 (our burst runs there)"
+        ": speculation loses" in first(busy(eagle3=40)).reasons
+    )
