@@ -27,7 +27,7 @@ from gateway.api import admin, health, metrics, openai, passthrough, quarantine,
 from gateway.api.deps import with_request_id
 from gateway.api.slashes import redirect_slash
 from gateway.auth import build_auth, require_admin, require_client_key
-from gateway.errors import GatewayError, from_upstream
+from gateway.errors import GatewayError, from_upstream, status_code_name
 from gateway.failures import UpstreamFailure
 from gateway.runtime import Parts, open_runtime
 from gateway.settings import Settings
@@ -151,7 +151,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        code, headers = str(exc.status_code), dict(exc.headers or {})
+        code, headers = status_code_name(exc.status_code), dict(exc.headers or {})
         error = GatewayError(exc.status_code, str(exc.detail), code=code, headers=headers)
         return await _gateway_error(request, error)
 

@@ -13,6 +13,7 @@ The upstream layer raises its own failures (:mod:`gateway.failures`):
 from __future__ import annotations
 
 import json
+from http import HTTPStatus
 from typing import Any
 
 from gateway.failures import (
@@ -93,6 +94,18 @@ _ANTHROPIC_TYPES = {
     504: "timeout_error",
     529: "overloaded_error",
 }
+
+
+def status_code_name(status: int) -> str:
+    """The envelope ``code`` for an HTTP ``status`` the gateway has no reason of its own for
+    (Starlette's 404 and 405): its phrase in snake case, as the gateway's own codes
+    (``not_found``, ``method_not_allowed``); the number as a string for a status without a
+    standard phrase."""
+    try:
+        phrase = HTTPStatus(status).phrase
+    except ValueError:
+        return str(status)
+    return phrase.lower().replace(" ", "_").replace("-", "_")
 
 
 def anthropic_error_type(status: int) -> str:

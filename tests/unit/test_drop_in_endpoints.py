@@ -230,6 +230,18 @@ async def test_the_gateways_own_paths_answer_405_for_other_methods(
     assert not any(r["path"] == path for f in gw.fakes.values() for r in f.received)
 
 
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions", "/v1/models"])
+async def test_options_is_405_with_the_code_every_other_method_gets(
+    gw: InProcess, path: str
+) -> None:
+    """Starlette answers OPTIONS on the gateway's own routes itself; its 405 carries the same
+    envelope ``code`` as the gateway's other 405s, not the status number."""
+    resp = await gw.client.options(path)
+    assert resp.status_code == 405 and "allow" in resp.headers
+    assert resp.json()["error"]["code"] == "method_not_allowed"
+    assert resp.json()["error"]["type"] == "invalid_request_error"
+
+
 async def test_model_cards_are_the_backends(gw: InProcess) -> None:
     """The issue's example: clients size their context from max_model_len."""
     gw.fakes["ngram"].max_model_len = 4096
