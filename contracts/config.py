@@ -82,8 +82,9 @@ class BackendConfig(_Strict):
     Speculation policy (speculative backends only): above ``max_batch_for_speculation``
     running + waiting requests the backend is passed over for a plain one (speculation loses
     at large batch; under the adaptive policy, speeds learnt at that load decide instead, up
-    to twice the limit); below ``min_acceptance_rate`` (default ``routing.min_acceptance_rate``)
-    over the acceptance window it is demoted. ``max_inflight`` caps this gateway's
+    to twice the limit for a backend not already holding a burst of the gateway's); below
+    ``min_acceptance_rate`` (default ``routing.min_acceptance_rate``) over the acceptance
+    window it is demoted. ``max_inflight`` caps this gateway's
     requests in flight to the backend (backpressure: past every candidate's cap, 429).
     ``guards`` names the config's :class:`Guard` entries (known engine bugs) this backend has.
     ``compute_group`` names the compute the backend shares with others (the same GPU, or
@@ -215,7 +216,8 @@ class AdaptiveSettings(_Strict):
     the overlap is computed on; ``min_load_weight``: decayed observations a speculative
     backend and a plain one both need in a load band (see
     :func:`gateway.routing.adaptive.bucket_of`) before their measured speeds there replace
-    the backend's ``max_batch_for_speculation`` (up to twice it). (Where the estimates are
+    the backend's ``max_batch_for_speculation`` (up to twice it where no burst of the
+    gateway's runs). (Where the estimates are
     saved is a process setting: ``SPECGATE_STATE_FILE``, see
     :class:`gateway.settings.Settings`.)
     """

@@ -13,7 +13,6 @@ The upstream layer raises its own failures (:mod:`gateway.failures`):
 from __future__ import annotations
 
 import json
-from http import HTTPStatus
 from typing import Any
 
 from gateway.failures import (
@@ -96,16 +95,18 @@ _ANTHROPIC_TYPES = {
 }
 
 
+#: Envelope codes for the statuses Starlette answers itself, as the gateway's own errors name
+#: them (``GatewayError``'s ``code``).
+_STATUS_CODES = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}
+
+
 def status_code_name(status: int) -> str:
     """The envelope ``code`` for an HTTP ``status`` the gateway has no reason of its own for
-    (Starlette's 404 and 405): its phrase in snake case, as the gateway's own codes
-    (``not_found``, ``method_not_allowed``); the number as a string for a status without a
-    standard phrase."""
-    try:
-        phrase = HTTPStatus(status).phrase
-    except ValueError:
-        return str(status)
-    return phrase.lower().replace(" ", "_").replace("-", "_")
+    (Starlette's 404 and 405, e.g. ``OPTIONS`` on a route of its own): the name its own
+    errors use for that status, else the number as a string. A fixed table rather than
+    ``http.HTTPStatus`` phrases, which differ between Python versions (413 is "Request Entity
+    Too Large" on 3.11, "Content Too Large" from 3.13)."""
+    return _STATUS_CODES.get(status, str(status))
 
 
 def anthropic_error_type(status: int) -> str:

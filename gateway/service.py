@@ -249,7 +249,8 @@ class Gateway:
         """Per speculative backend and task, its learnt speed relative to the first plain
         backend per load band and the band where it stopped paying (see
         :func:`gateway.routing.load.break_even`; ``{}`` without a plain backend), with the
-        configured ``max_batch_for_speculation`` it falls back to until measured."""
+        configured ``max_batch_for_speculation`` it falls back to until measured (learnt
+        speeds start a burst there at most twice past it)."""
         if not self.policy.plain:
             return {}
         settings = self.config.routing.adaptive

@@ -14,8 +14,10 @@ added) plus the request; speed is learnt per band of it (see
 :func:`gateway.routing.adaptive.bucket_of`).
 :func:`measured_at_load` says when both a speculative backend and a plain one have been
 measured in a band, so their speeds decide instead of the configured
-``max_batch_for_speculation``; :func:`break_even` reads, per speculative backend and task,
-the lowest measured band at which it stopped paying.
+``max_batch_for_speculation`` (up to twice it for a backend not holding a burst of this
+gateway's: :meth:`gateway.routing.policy.RoutingPolicy._pass_over`); :func:`break_even`
+reads, per speculative backend and task, the lowest measured band at which it stopped
+paying.
 
 Pure code: no I/O, no clock.
 """

@@ -179,8 +179,8 @@ class RoutingPolicy:
        with the best expected speed goes first (Thompson sampling, see
        :mod:`gateway.routing.adaptive_choice`); the rest keep their order for failover.
        Once a speculative backend and a plain one were both measured at this request's load
-       band, their learnt speeds replace ``max_batch_for_speculation`` in step 3, up to
-       :data:`LEADER_SLACK` times it (past that it is passed over whatever was learnt).
+       band, their learnt speeds replace ``max_batch_for_speculation`` in step 3 (for a
+       backend not holding a burst of ours, up to :data:`LEADER_SLACK` times it).
        Replicas (one served model, the same speculation settings) enter the choice as
        one: the least loaded of them (:meth:`_least_loaded_replicas`), judged, until it was
        observed for the task, on the replica observed most for it
@@ -239,10 +239,14 @@ class RoutingPolicy:
 
     def cohort_cap(self, model: str) -> int:
         """Requests of ``model`` arriving together past which a larger burst routes alike:
-        each compute unit serving it past the highest ``max_batch_for_speculation`` x
-        :data:`LEADER_SLACK` of its speculative backends (every speculative backend passed
-        over), plus the first; 2 when none has a limit (learnt speeds per load band decide);
-        1 (no cohort) when no speculative backend serves it, or it is not served."""
+        enough that the cohort's first request sees each compute unit serving the model take
+        more than the highest ``max_batch_for_speculation`` x :data:`LEADER_SLACK` of its
+        speculative backends beside it (every speculative backend passed over, learnt speeds
+        or not: :meth:`_pass_over`), plus the first itself; 2 when none has a limit (learnt
+        speeds per load band decide); 1 (no cohort) when no speculative backend serves it,
+        or it is not served. (Until session 39 it was one less: a wave of 48 on the GPU
+        twin formed cohorts of 33, whose first saw 32 beside it, within twice EAGLE-3's
+        limit of 16.)"""
         return self.caps.get(model, 1)
 
     def _cohort_cap(self, model: str) -> int:
@@ -255,7 +259,7 @@ class RoutingPolicy:
         ]
         if not limits:
             return 2
-        return self.units.get(model, 1) * max(limits) * LEADER_SLACK + 1
+        return self.units.get(model, 1) * max(limits) * LEADER_SLACK + 2
 
     def decide(
         self,
@@ -598,23 +602,24 @@ class RoutingPolicy:
         """Why a speculative backend is passed over now (None: kept). ``batch``: the
         requests on its compute before this one (its compute group's batch, or the group's
         recent peak less one: the batch it would run if it took the group's load, as a busy
-        group's requests join one backend). Up to ``max_batch_for_speculation`` it is kept;
-        past :data:`LEADER_SLACK` times it, passed over. In between it is kept when it
-        ``leads`` (holds most of this gateway's requests in flight on its compute group: a
-        burst of ours runs there) or ``measured(name)`` (its speed and a plain backend's
-        were learnt at this load, so they decide instead of the limit).
+        group's requests join one backend). Up to ``max_batch_for_speculation`` it is kept.
+        When it ``leads`` (holds most of this gateway's requests in flight on its compute
+        group: a burst of ours runs there) it keeps the burst up to :data:`LEADER_SLACK`
+        times the limit, and past that while ``measured(name)`` (its speed and a plain
+        backend's were learnt at this load, so they decide instead of the limit). Otherwise
+        it is kept up to :data:`LEADER_SLACK` times the limit when measured, and passed over
+        past that whatever was learnt.
 
-        Learnt speeds lift the limit no further than :data:`LEADER_SLACK` times: a load
-        band spans a factor of two (:func:`~gateway.routing.adaptive.load_band`), so a band
-        measured at its bottom says little about its top. On the GPU cost twin (EAGLE-3's
-        limit 16, docs/benchmarks.md section 7, "Twenty-second run") waves of 32 on EAGLE-3
-        taught the 32-63 band that it ran level with plain or faster, and waves of 48 then
-        went there as a cohort; requests of the wave's tail whose own bucket had not been
-        measured met the limit and went to plain, so the GPU was split, every request of the
-        wave counted as shared and taught nothing, and each later wave of 48 went the same
-        way at 0.58-0.61x plain, where EAGLE-3 alone ran 0.86-0.98x. Past
-        twice the limit every request of a burst is now passed over alike, which is what
-        :meth:`cohort_cap` assumes."""
+        Learnt speeds start a burst on it no further than :data:`LEADER_SLACK` times the
+        limit: a load band spans a factor of two (:func:`~gateway.routing.adaptive.load_band`),
+        so a band measured at its bottom says little about its top. On the GPU cost twin
+        (EAGLE-3's limit 16, docs/benchmarks.md section 7, "Twenty-second run") waves of 32 on
+        EAGLE-3 taught the 32-63 band that it ran level with plain or faster, and waves of 48
+        then went there as a cohort; requests of the wave's tail whose own bucket had not
+        been measured met the limit and went to plain, so the GPU was split, every request of
+        the wave counted as shared and taught nothing, and each later wave of 48 went the
+        same way at 0.58-0.61x plain, where EAGLE-3 alone ran 0.86-0.98x. A burst already
+        running there keeps the rule it had: moving its tail elsewhere would split it."""
         if name not in self.speculative:
             return None
         refused = features.spec_refused.get(backend.spec.method or "")
@@ -623,14 +628,20 @@ class RoutingPolicy:
         if features.speculation == SPECULATION_ON:
             return None  # the client's call: speed judgements give way
         limit = backend.max_batch_for_speculation
-        if limit is not None and batch > limit:
-            over = batch > limit * LEADER_SLACK  # learnt speeds decide up to there
-            if leads and over:
+        if limit is not None and leads:
+            if batch > limit * LEADER_SLACK and (measured is None or not measured(name)):
                 return (
                     f"batch {batch:g} > max_batch_for_speculation {limit} x{LEADER_SLACK} "
                     "(our burst runs there): speculation loses"
                 )
-            if not leads and (over or measured is None or not measured(name)):
+        elif limit is not None and batch > limit:
+            learnt = measured is not None and measured(name)
+            if learnt and batch > limit * LEADER_SLACK:
+                return (
+                    f"batch {batch:g} > max_batch_for_speculation {limit} x{LEADER_SLACK} "
+                    "(learnt speeds decide only up to there): speculation loses"
+                )
+            if not learnt:
                 return f"batch {batch:g} > max_batch_for_speculation {limit}: speculation loses"
         if snap.demoted and rng.random() >= self.config.routing.probe_share:
             floor = backend.acceptance_floor(self.config.routing.min_acceptance_rate)

@@ -62,7 +62,7 @@ def test_arrivals_are_shared_over_the_compute_units_serving_the_model() -> None:
     config = parse_config(fleet_config(names, urls, groups=True))
     policy = RoutingPolicy(config)
     assert policy.units[SIM_MODEL] == 8
-    assert policy.cohort_cap(SIM_MODEL) == 8 * 4 * 2 + 1
+    assert policy.cohort_cap(SIM_MODEL) == 8 * 4 * 2 + 2
     features = RequestFeatures(SIM_MODEL, 0.0, True, "code", 1.0, "header")
     state = {n: BackendSnapshot(True) for n in config.backends}
     decision = policy.decide(features, state, random.Random(0), arriving=40)
@@ -75,8 +75,15 @@ def test_arrivals_are_shared_over_the_compute_units_serving_the_model() -> None:
 
 
 def test_the_cap_of_a_cohort_is_where_every_speculative_backend_is_passed_over() -> None:
+    """A cohort of the cap's size has its first request see more than twice every limit
+    beside it: every speculative backend passed over, whatever was learnt (one fewer, and
+    learnt speeds could still send the cohort to one while its tail went elsewhere)."""
     policy = RoutingPolicy(local_config())  # one compute group, limits of 4
-    assert policy.cohort_cap(MODEL) == 4 * 2 + 1
+    assert policy.cohort_cap(MODEL) == 4 * 2 + 2
+    code = RequestFeatures(MODEL, 0.0, True, "code", 1.0, "header")
+    state = {n: BackendSnapshot(True) for n in policy.config.backends}
+    capped = policy.decide(code, state, random.Random(0), arriving=policy.cohort_cap(MODEL) - 1)
+    assert capped.backends[0] == "plain" and capped.concurrency == 10
     assert policy.cohort_cap("another-model") == 1  # not served: no cohort
     plain_only = local_config().model_copy(
         update={"backends": {"plain": local_config().backends["plain"]}}
@@ -407,8 +414,8 @@ async def test_a_wave_after_a_quiet_spell_is_not_split(config) -> None:  # type:
     servers on one compute group, speculative ones limited to a batch of 4): each lands on
     plain. Routed one at a time, the first met idle servers and went to a speculative one,
     and the next eight followed it (its limit x LEADER_SLACK): a wave split over two
-    servers sharing the same cores. The first nine form the cohort (its cap: past 4 x 2 the
-    burst is known to be large); the last three go at once."""
+    servers sharing the same cores. The first ten form the cohort (its cap: the first sees
+    9 beside it, past 4 x 2, so the burst is known to be large); the last two go at once."""
     async with in_process(gateway_settings(), config()) as gw:
         for fake in gw.fakes.values():
             fake.first_delay_s = 0.05  # the wave is in flight together
@@ -422,13 +429,13 @@ async def test_a_wave_after_a_quiet_spell_is_not_split(config) -> None:  # type:
 
         assert await wave() == {"plain"}
         cohorts = (await gw.client.get("/routes")).json()["decisions"]["cohorts"]
-        assert cohorts == {"formed": 1, "requests": 9}
+        assert cohorts == {"formed": 1, "requests": 10}
         # the next wave, within the peak window: its recent peak routes it, no cohort forms
         await asyncio.sleep(0.06)
         assert not gw.app.state.runtime.gateway.quiet(MODEL)
         assert await wave() == {"plain"}
         cohorts = (await gw.client.get("/routes")).json()["decisions"]["cohorts"]
-        assert cohorts == {"formed": 1, "requests": 9}
+        assert cohorts == {"formed": 1, "requests": 10}
 
 
 async def test_a_lone_request_after_a_wave_is_learnt_at_its_own_load() -> None:
