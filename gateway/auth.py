@@ -127,9 +127,10 @@ def require_client_key(
     them)."""
 
     async def check(request: Request) -> None:
-        path = request.scope["path"].removeprefix(request.scope.get("root_path", ""))
-        if path not in open_paths:
-            check_client_key(auth, _authorization(request))
+        scope = request.scope
+        if open_paths and scope["path"].removeprefix(scope.get("root_path", "")) in open_paths:
+            return
+        check_client_key(auth, _authorization(request))
 
     return check
 
