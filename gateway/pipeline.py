@@ -136,6 +136,7 @@ async def prepare_routed(runtime: Runtime, request: RoutedRequest) -> None:
     if routed.error is not None:
         raise routed.error
     decision = routed.decision
+    gateway.probed(decision)
     trace.task, trace.rule = prepared.features.task, decision.rule
     trace.features, trace.prompt = prepared.features, prepared.prompt
     trace.concurrency = decision.concurrency

@@ -213,6 +213,15 @@ class Gateway:
             trace.shared = self.shares_compute(trace.backend)
         self.feedback.observe(trace)
 
+    def probed(self, decision: RouteDecision) -> None:
+        """Mark ``decision``'s probe (:attr:`~gateway.routing.policy.RouteDecision.probe`)
+        in what was learnt when the request is routed there, its final decision leading with
+        the probed backend (a guard or a pin may have moved it), so that bucket is not
+        probed again (:meth:`gateway.routing.adaptive.Learner.mark_probed`)."""
+        probe = decision.probe
+        if probe is not None and decision.backend == probe[0]:
+            self.feedback.learner.mark_probed(decision.features.task, probe[1], probe[0])
+
     def shares_compute(self, name: str) -> bool:
         """Whether another server of ``name``'s compute group holds requests of this
         gateway now (in flight or routed there and not yet sent); False without a group."""

@@ -2,7 +2,7 @@
 
 Shape (:class:`LearnedState`, validated with pydantic on load)::
 
-    {"kind": "specgate.adaptive-routing", "version": 3, "saved_at": 1764540000.0,
+    {"kind": "specgate.adaptive-routing", "version": 4, "saved_at": 1764540000.0,
      "decay": 0.98, "observations": 412,
      "groups": [{"task": "code", "bucket": "greedy/norep", "count": 37,
                  "backends": {"plain": {"at": 37, "weight": 12.1, "mean": 3.4, "m2": 0.8,
@@ -12,14 +12,18 @@ Shape (:class:`LearnedState`, validated with pydantic on load)::
 ``mean``/``m2`` are the weighted mean and sum of squared deviations of ln(tokens/s); see
 :class:`gateway.routing.adaptive.BackendStats` for every field. Version 3: speeds over the
 whole request, time to first token included (version 2 held a stream's speed after its
-first token, on another scale: such a file is set aside, not mixed in).
+first token, on another scale: such a file is set aside, not mixed in). Version 4: load
+bands half as wide from 16 on (:data:`gateway.routing.adaptive.BANDS`); a version-3 state
+is read without the groups of its 16, 32 and 64 bands, whose names now mean narrower
+ranges (:func:`restore_state`). A probe's mark (a record of no request:
+:meth:`gateway.routing.adaptive.Learner.mark_probed`) is kept like any record.
 
 Writing goes to a temporary file in the same directory, flushed and fsynced, then
 ``os.replace``d over the old one (atomic on POSIX), so a crash mid-write leaves the old file
 or the new one, never half of one. Loading a file that is unreadable, not JSON, of another
-``kind`` or ``version``, or malformed sets it aside (renamed ``NAME.unreadable-<unix time>``)
-with a warning and starts fresh: learning again costs some exploration; refusing to start
-would cost the service.
+``kind`` or a ``version`` other than 3 and 4, or malformed sets it aside (renamed
+``NAME.unreadable-<unix time>``) with a warning and starts fresh: learning again costs
+some exploration; refusing to start would cost the service.
 
 Replicas: each gateway process keeps its own state. Two replicas must not share one file
 (the last writer wins, and each would overwrite what the other learnt); see the README.
@@ -37,12 +41,16 @@ from typing import Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from gateway.routing.adaptive import BackendStats, GroupStats, Learner
+from gateway.routing.adaptive import BackendStats, GroupStats, Learner, bucket_load
 
 logger = logging.getLogger(__name__)
 
 KIND: Final = "specgate.adaptive-routing"
-VERSION: Final = 3
+VERSION: Final = 4
+#: Load bands whose range version 3 read wider (16-31, 32-63, 64-127; now 16-23, 32-47 and
+#: 64-95: :data:`gateway.routing.adaptive.BANDS`): their groups are dropped on restoring a
+#: version-3 state, as they mix loads the narrower bands keep apart.
+_WIDER_IN_V3: Final = frozenset({16, 32, 64})
 
 
 class _Frozen(BaseModel):
@@ -75,7 +83,7 @@ class LearnedState(_Frozen):
     """The whole file. ``saved_at``: Unix seconds; ``decay``: the learner's at save time."""
 
     kind: Literal["specgate.adaptive-routing"]
-    version: Literal[3]
+    version: Literal[3, 4]
     saved_at: float
     decay: float = Field(gt=0, le=1)
     observations: int = Field(ge=0)
@@ -102,12 +110,14 @@ def dump_state(learner: Learner, now: float | None = None) -> LearnedState:
 
 def restore_state(learner: Learner, state: LearnedState) -> None:
     """Replace ``learner``'s estimates with ``state``'s (its own ``decay`` is kept: the
-    config's knob applies from now on)."""
+    config's knob applies from now on). From a version-3 state (a file, or a peer not yet
+    upgraded) the groups of the load bands since narrowed are left out."""
     learner.groups = {
         (g.task, g.bucket): GroupStats(
             g.count, {name: BackendStats(**s.model_dump()) for name, s in g.backends.items()}
         )
         for g in state.groups
+        if state.version > 3 or bucket_load(g.bucket) not in _WIDER_IN_V3
     }
     learner.observations = state.observations
 
@@ -117,7 +127,7 @@ class LearningStore:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.saved_observations: int | None = None  # learner.observations at the last save
+        self.saved_observations: int | None = None  # learner.changes at the last save
 
     def load(self, learner: Learner) -> bool:
         """Fill ``learner`` from the file; False (learner untouched) when there is none or it
@@ -146,7 +156,7 @@ class LearningStore:
             )
             return False
         restore_state(learner, state)
-        self.saved_observations = learner.observations
+        self.saved_observations = learner.changes
         logger.info(
             "adaptive routing state loaded from %s (%d observations, %d groups)",
             self.path,
@@ -167,11 +177,11 @@ class LearningStore:
     def snapshot(self, learner: Learner) -> bytes | None:
         """The bytes to write now, or None when nothing was learnt since the last save (or
         ever: a gateway that served nothing leaves no file)."""
-        if self.saved_observations == learner.observations:
+        if self.saved_observations == learner.changes:
             return None
-        if self.saved_observations is None and learner.observations == 0:
+        if self.saved_observations is None and learner.changes == 0:
             return None
-        self.saved_observations = learner.observations
+        self.saved_observations = learner.changes
         return dump_state(learner).model_dump_json().encode()
 
     def write(self, data: bytes) -> None:

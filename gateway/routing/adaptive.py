@@ -22,6 +22,7 @@ are never mutated, so a routing decision reads one consistent state.
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -33,18 +34,24 @@ ALL = "*"
 GREEDY_MAX_T = 0.1
 
 
-#: Lower bounds of the concurrency bands (powers of two): c1, c2 (2-3), c4 (4-7), c8 (8-15),
-#: c16 (16-31), c32, c64, c128 (128 and more): a GPU server's batch runs to hundreds, and
-#: "16 and more" lumped loads that answer at different speeds (plain alone on 8 simulated
-#: H200s: first token after 62 ms at 16 requests a GPU, 100 ms at 32; docs/benchmarks.md,
-#: section 7, "Session 11").
-BANDS = (1, 2, 4, 8, 16, 32, 64, 128)
+#: Lower bounds of the concurrency bands: powers of two up to 16, then half as wide (a
+#: factor of 1.5, then 4/3): c1, c2 (2-3), c4 (4-7), c8 (8-15), c16 (16-23), c24 (24-31),
+#: c32 (32-47), c48 (48-63), c64 (64-95), c96 (96-127), c128 (128 and more). A GPU
+#: server's batch runs to hundreds, and "16 and more" lumped loads that answer at different
+#: speeds (plain alone on 8 simulated H200s: first token after 62 ms at 16 requests a GPU,
+#: 100 ms at 32; docs/benchmarks.md, section 7, "Session 11"). From 16 on a band twice as
+#: wide mixed loads that route differently: on the GPU cost twin plain ran a request at
+#: 123 tokens/s in waves of 32 and at 96 in waves of 48, so with EAGLE-3's figures of that
+#: band from waves of 32 and plain's from both, the band compared them at different loads
+#: (section 7, "Twenty-second run" and "Twenty-third run").
+BANDS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128)
 
 
 def load_band(concurrency: float) -> int:
-    """The band (a power of two in :data:`BANDS`) of ``concurrency`` requests sharing the
-    compute a request runs on, itself included (values under 1 count as 1)."""
-    return 1 << min(max(int(concurrency), 1).bit_length() - 1, len(BANDS) - 1)
+    """The band (the largest of :data:`BANDS` not above it) of ``concurrency`` requests
+    sharing the compute a request runs on, itself included (values under 1 count as 1)."""
+    c = max(int(concurrency), 1)
+    return BANDS[bisect_right(BANDS, c) - 1]
 
 
 def bucket_of(
@@ -65,8 +72,8 @@ def bucket_of(
 
 
 def with_load(base: str, band: int) -> str:
-    """The bucket of ``base`` (a bucket without its load band) at load ``band`` (a power of
-    two in :data:`BANDS`): ``base`` itself at 1, else ``"{base}/c{band}"``; the inverse of
+    """The bucket of ``base`` (a bucket without its load band) at load ``band`` (one of
+    :data:`BANDS`): ``base`` itself at 1, else ``"{base}/c{band}"``; the inverse of
     :func:`base_bucket` and :func:`bucket_load`."""
     return base if band == 1 else f"{base}/c{band}"
 
@@ -201,6 +208,9 @@ class Learner:
         self.decay = decay
         self.groups: dict[tuple[str, str], GroupStats] = {}
         self.observations = 0
+        #: probes marked (:meth:`mark_probed`): with ``observations``, what changed since
+        #: a save or a publication (:attr:`changes`)
+        self.marks = 0
 
     def observe(self, obs: Observation) -> None:
         """Learn from one request: in its (task, bucket) group and its task's prior group."""
@@ -211,6 +221,23 @@ class Learner:
             new = old.added(count, self.decay, obs)
             self.groups[key] = GroupStats(count, {**group.backends, obs.backend: new})
         self.observations += 1
+
+    def mark_probed(self, task: str, bucket: str, backend: str) -> None:
+        """Record that a decision sent ``backend`` a probe for ``task`` in ``bucket``
+        (:meth:`gateway.routing.policy.RoutingPolicy._probes`): an empty record (no
+        request, no weight) where it has none, which routing's estimates skip
+        (``requests`` 0) and :func:`gateway.routing.load.observed_at_load` counts, so the
+        bucket is not probed again even when the probe's answers teach nothing."""
+        group = self.groups.get((task, bucket)) or _NEW_GROUP
+        if backend not in group.backends:
+            stats = BackendStats(group.count)
+            self.groups[task, bucket] = GroupStats(group.count, {**group.backends, backend: stats})
+            self.marks += 1
+
+    @property
+    def changes(self) -> int:
+        """Observations and probe marks so far: the state changed when this did."""
+        return self.observations + self.marks
 
     def view(self) -> Estimates:
         """A read-only view for routing (its values are immutable; observe replaces them)."""
@@ -225,6 +252,8 @@ class Learner:
             for name in sorted(group.backends):
                 s = group.current(name, self.decay)
                 assert s is not None
+                if not s.requests:  # a probe's mark (mark_probed), nothing learnt yet
+                    continue
                 rows[name] = {
                     "speed_tps": round(s.speed_tps, 2),
                     "weight": round(s.weight, 2),
@@ -232,7 +261,8 @@ class Learner:
                     "acceptance_rate": _round(s.acceptance_rate),
                     "mean_acceptance_length": _round(s.mean_acceptance_length),
                 }
-            out.append({"task": task, "bucket": bucket, "count": group.count, "backends": rows})
+            if rows:
+                out.append({"task": task, "bucket": bucket, "count": group.count, "backends": rows})
         return out
 
 

@@ -198,11 +198,12 @@ def _neighbours(estimates: Estimates, task: str, bucket: str) -> tuple[GroupStat
     """The groups of ``bucket``'s temperature and prompt bands one load band below and
     above it (:data:`gateway.routing.adaptive.BANDS`), those that exist."""
     base, band = base_bucket(bucket), bucket_load(bucket)
+    at = BANDS.index(band) if band in BANDS else None
     out = []
-    for near in (band // 2, band * 2):
-        if near < BANDS[0] or near > BANDS[-1]:
+    for i in () if at is None else (at - 1, at + 1):
+        if not 0 <= i < len(BANDS):
             continue
-        group = estimates.get((task, with_load(base, near)))
+        group = estimates.get((task, with_load(base, BANDS[i])))
         if group is not None:
             out.append(group)
     return tuple(out)

@@ -163,6 +163,28 @@ def measured_at_load(
     )
 
 
+def observed_at_load(
+    estimates: Estimates,
+    task: str,
+    bucket: str,
+    backend: str,
+    *,
+    decay: float,
+    alike: Sequence[str] = (),
+) -> bool:
+    """True when ``backend`` (or, never observed for ``task``, the replica among ``alike``
+    that stands in for it, as in :func:`measured_at_load`) has a record for ``task`` in
+    ``bucket`` (load band included; :data:`~gateway.routing.adaptive.ALL`: any load):
+    observed there, however little weight that keeps now, or probed there
+    (:meth:`~gateway.routing.adaptive.Learner.mark_probed`)."""
+    group = estimates.get((task, bucket))
+    if group is None:
+        return False
+    return backend in group.backends or stand_in(estimates, task, backend, alike, decay) in (
+        group.backends
+    )
+
+
 def break_even(
     estimates: Estimates,
     speculative: Iterable[str],

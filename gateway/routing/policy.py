@@ -13,9 +13,15 @@ from typing import NamedTuple
 
 from contracts.config import BackendConfig, GatewayConfig, Rule
 from gateway.classify.features import SPECULATION_OFF, SPECULATION_ON, RequestFeatures
-from gateway.routing.adaptive import Estimates, bucket_of
+from gateway.routing.adaptive import ALL, Estimates, bucket_of
 from gateway.routing.adaptive_choice import AdaptiveChoice, choose
-from gateway.routing.load import LoadView, compute_peers, load_view, measured_at_load
+from gateway.routing.load import (
+    LoadView,
+    compute_peers,
+    load_view,
+    measured_at_load,
+    observed_at_load,
+)
 from gateway.routing.rules import first_match
 from gateway.speculation.prompt_stats import PromptStats
 
@@ -118,7 +124,10 @@ class RouteDecision:
     they are only failover targets after the rule's own;
     ``speculation``: the effect of the request's ``X-Specgate-Speculation`` for the answer's
     header of that name (None: no header; set once the decision is final,
-    :func:`gateway.routing.control.outcome`).
+    :func:`gateway.routing.control.outcome`);
+    ``probe``: (backend, bucket) when the choice is a speculative backend kept past its
+    ``max_batch_for_speculation`` to measure it there (:meth:`RoutingPolicy._probes`; the
+    gateway marks it sent), else None.
     """
 
     rule: str
@@ -134,6 +143,7 @@ class RouteDecision:
     last_resort: str | None = None
     outside: tuple[str, ...] = ()
     speculation: str | None = None
+    probe: tuple[str, str] | None = None
 
     @property
     def backend(self) -> str | None:
@@ -151,6 +161,14 @@ class _Plan:
     saturated: bool = False
     # whether a speculative backend's and a plain one's speeds were learnt at this load
     measured: Callable[[str], bool] | None = None
+    # whether a backend was observed (or probed) for the request's task: at any load
+    # (True), or in the request's bucket at this load (False)
+    observed: Callable[[str, bool], bool] | None = None
+    # the rule's own pool, the requests arriving with this one per backend (its compute
+    # unit's share), and the speculative backends kept to measure them (name -> why)
+    pool: str = ""
+    arriving: Mapping[str, float] = field(default_factory=dict)
+    probes: dict[str, str] = field(default_factory=dict)
     # the requests on each backend's compute before this one, and where bursts of ours run
     load: LoadView = field(default_factory=lambda: LoadView({}, frozenset()))
     # the cohort waiting for this request's choice
@@ -180,7 +198,10 @@ class RoutingPolicy:
        :mod:`gateway.routing.adaptive_choice`); the rest keep their order for failover.
        Once a speculative backend and a plain one were both measured at this request's load
        band, their learnt speeds replace ``max_batch_for_speculation`` in step 3 (for a
-       backend not holding a burst of ours, up to :data:`LEADER_SLACK` times it).
+       backend not holding a burst of ours, up to :data:`LEADER_SLACK` times it). Until
+       then such a backend, never observed for the task at that load, stays a candidate
+       there for the first request of a cohort on an idle compute unit, once per (task,
+       bucket, band): the probe of :meth:`_probes`.
        Replicas (one served model, the same speculation settings) enter the choice as
        one: the least loaded of them (:meth:`_least_loaded_replicas`), judged, until it was
        observed for the task, on the replica observed most for it
@@ -314,7 +335,7 @@ class RoutingPolicy:
         )
         settings = self.config.routing.adaptive
         overlap = prompt.overlap if prompt is not None else None
-        plan = _Plan(reasons=reasons, load=load)
+        plan = _Plan(reasons=reasons, load=load, pool=pools[0], arriving=extra)
         buckets: dict[str, str] = {}
         if learnt is not None:
             buckets = self._buckets(load, features.temperature, overlap)
@@ -331,7 +352,18 @@ class RoutingPolicy:
                     alike=self.alike[name],
                 )
 
-            plan.measured = measured
+            def observed(name: str, anywhere: bool) -> bool:
+                bucket = ALL if anywhere else buckets[name]
+                return observed_at_load(
+                    learnt,
+                    features.task,
+                    bucket,
+                    name,
+                    decay=settings.decay,
+                    alike=self.alike[name],
+                )
+
+            plan.measured, plan.observed = measured, observed
             # on one compute unit the cohort runs where its first request goes; spread over
             # several, each unit's first request chooses for its share, alone
             if units == 1:
@@ -374,6 +406,7 @@ class RoutingPolicy:
             concurrency=load.concurrency.get(chosen, 0.0) + 1 if chosen else 1.0,
             last_resort=last_resort,
             outside=tuple(outside),
+            probe=(chosen, buckets[chosen]) if chosen in plan.probes else None,
         )
 
     def _eligible(self, pool: str, plan: _Plan, order: list[str]) -> list[str]:
@@ -569,8 +602,9 @@ class RoutingPolicy:
         plan.seen.add(name)
         batch = plan.load.concurrency[name]  # every backend's: >= its own batch
         leads = name in plan.load.bursts
+        probe = self._probes(name, backend, pool, features, plan, batch, leads)
         passed_over = self._pass_over(
-            name, backend, snap, rng, features, plan.measured, batch, leads
+            name, backend, snap, rng, features, plan.measured, batch, leads, probe is not None
         )
         if passed_over is not None:
             plan.deferred.append(name)
@@ -584,6 +618,10 @@ class RoutingPolicy:
             why += (
                 f"; batch {batch:g} > max_batch_for_speculation {limit}, kept: our burst runs there"
             )
+        elif probe is not None:
+            plan.probes[name] = probe
+            why += f"; batch {batch:g} > max_batch_for_speculation {limit}, kept: {probe}"
+            plan.reasons.append(f"{name}: probing past max_batch_for_speculation ({probe})")
         if snap.demoted:
             why += f"; demoted but taking its {self.config.routing.probe_share:.0%} probe share"
         plan.candidates.append(Candidate(name, pool, True, why))
@@ -598,6 +636,7 @@ class RoutingPolicy:
         measured: Callable[[str], bool] | None,
         batch: float,
         leads: bool = False,
+        probing: bool = False,
     ) -> str | None:
         """Why a speculative backend is passed over now (None: kept). ``batch``: the
         requests on its compute before this one (its compute group's batch, or the group's
@@ -611,15 +650,18 @@ class RoutingPolicy:
         past that whatever was learnt.
 
         Learnt speeds start a burst on it no further than :data:`LEADER_SLACK` times the
-        limit: a load band spans a factor of two (:func:`~gateway.routing.adaptive.load_band`),
+        limit: a load band spans a range of loads (:func:`~gateway.routing.adaptive.load_band`),
         so a band measured at its bottom says little about its top. On the GPU cost twin
-        (EAGLE-3's limit 16, docs/benchmarks.md section 7, "Twenty-second run") waves of 32 on
+        (EAGLE-3's limit 16, docs/benchmarks.md section 7, "Twenty-second run", when bands
+        doubled) waves of 32 on
         EAGLE-3 taught the 32-63 band that it ran level with plain or faster, and waves of 48
         then went there as a cohort; requests of the wave's tail whose own bucket had not
         been measured met the limit and went to plain, so the GPU was split, every request of
         the wave counted as shared and taught nothing, and each later wave of 48 went the
         same way at 0.58-0.61x plain, where EAGLE-3 alone ran 0.86-0.98x. A burst already
-        running there keeps the rule it had: moving its tail elsewhere would split it."""
+        running there keeps the rule it had: moving its tail elsewhere would split it.
+        ``probing`` (:meth:`_probes`): kept up to :data:`LEADER_SLACK` times the limit though
+        not measured there, so its speed at that load is learnt."""
         if name not in self.speculative:
             return None
         refused = features.spec_refused.get(backend.spec.method or "")
@@ -641,13 +683,67 @@ class RoutingPolicy:
                     f"batch {batch:g} > max_batch_for_speculation {limit} x{LEADER_SLACK} "
                     "(learnt speeds decide only up to there): speculation loses"
                 )
-            if not learnt:
+            if not learnt and not probing:
                 return f"batch {batch:g} > max_batch_for_speculation {limit}: speculation loses"
         if snap.demoted and rng.random() >= self.config.routing.probe_share:
             floor = backend.acceptance_floor(self.config.routing.min_acceptance_rate)
             rate = "unknown" if snap.acceptance_rate is None else f"{snap.acceptance_rate:.2f}"
             return f"demoted: acceptance rate {rate} < min_acceptance_rate {floor}"
         return None
+
+    def _probes(
+        self,
+        name: str,
+        backend: BackendConfig,
+        pool: str,
+        features: RequestFeatures,
+        plan: _Plan,
+        batch: float,
+        leads: bool,
+    ) -> str | None:
+        """Why the speculative backend ``name`` is kept past its ``max_batch_for_speculation``
+        to measure it there (None: it is not): under an adaptive rule, for the first request
+        of a cohort on one compute unit (:mod:`gateway.arrivals`; ``plan.cohort``: those
+        following it, every request arriving with it) on an idle compute (nothing running or
+        waiting there: ``batch`` is the cohort's own, ``plan.arriving``, not the group's
+        recent peak), the cohort putting ``batch`` over the limit and at most
+        :data:`LEADER_SLACK` times it; ``name`` in the rule's own pool, no
+        ``X-Specgate-Speculation: on`` and no parameter its method refuses; observed for the
+        task at some load (a fresh gateway takes the rules' choice), and never observed nor
+        probed for it in this request's bucket at this load (``plan.observed``). Draws no
+        random number.
+
+        The configured limit is a guess the adaptive policy is meant to measure past, and
+        nothing else sends a wave over it: on the GPU cost twin (EAGLE-3's limit 16) every
+        wave of 32 went to plain in six repeats of six, where EAGLE-3 alone ran 1.09x plain
+        (docs/benchmarks.md section 7, "Twenty-third run"); in the twenty-second run the same
+        config's EAGLE-3 ran 0.92x plain at 32. A probe is the whole cohort's: it follows its
+        first request, and the burst it starts keeps its later requests up to twice the
+        limit (:meth:`_pass_over`). The gateway marks a probe once the request is routed
+        there (:meth:`gateway.routing.adaptive.Learner.mark_probed`), so each (task, bucket,
+        load band) is probed once: a wave larger than its cohort saw (one cut short by
+        :data:`gateway.arrivals.MAX_FORMING_S`) splits past twice the limit, its requests
+        then teach nothing (they shared the GPU), and without the mark every such wave
+        would be probed and split again. Probes on later requests of a wave split it
+        (section 7b, "Session 27"), hence the cohort's first only.
+        """
+        limit = backend.max_batch_for_speculation
+        if (
+            limit is None
+            or name not in self.speculative
+            or pool != plan.pool
+            or leads
+            or len(plan.cohort) < plan.arriving.get(name, 0.0)  # all arriving follow it
+            or plan.observed is None
+            or features.speculation == SPECULATION_ON
+            or features.spec_refused.get(backend.spec.method or "")
+            or plan.arriving.get(name, 0.0) < batch  # idle, no recent peak above it
+            or not limit < batch <= limit * LEADER_SLACK
+        ):
+            return None
+        if not plan.observed(name, True) or plan.observed(name, False):  # (measured: observed)
+            return None
+        return "never measured at this load"
 
     def _speculation_first(
         self, order: list[str], outside: list[str], plan: _Plan

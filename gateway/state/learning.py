@@ -105,6 +105,15 @@ class SharedLearner(Learner):
             own = self.groups[key]
             self._merged[key] = own if peer is None else merge_group([own, peer], self.decay)
 
+    def mark_probed(self, task: str, bucket: str, backend: str) -> None:
+        """Mark locally, then re-merge the group marked (the mark must show in
+        :meth:`view` at once: a probe's answers may teach nothing)."""
+        super().mark_probed(task, bucket, backend)
+        key = (task, bucket)
+        if self.peers and key in self.groups:
+            peer, own = self.peers.get(key), self.groups[key]
+            self._merged[key] = own if peer is None else merge_group([own, peer], self.decay)
+
     def view(self) -> Estimates:
         """The fleet's estimates (only this replica's while it knows of no peer)."""
         return MappingProxyType(self._merged) if self.peers else super().view()

@@ -84,7 +84,7 @@ class RedisState:
         self.failures = 0
         self.last_ok: float | None = None  # Unix seconds of the last successful sync
         self.peers: list[str] = []
-        self._published: int | None = None  # learner.observations last published
+        self._published: int | None = None  # learner.changes last published
         self._raw: dict[str, tuple[bytes | str, dict[Key, GroupStats], int]] = {}
 
     async def sync(self) -> bool:
@@ -121,7 +121,7 @@ class RedisState:
     async def _learning(self) -> None:
         now, own = time.time(), f"{self.prefix}:learning:{self.replica}"
         replicas, ttl = f"{self.prefix}:replicas", max(1, round(self.peer_ttl_s))
-        observations = self.learner.observations
+        observations = self.learner.changes  # observations and probe marks
         async with self.client.pipeline(transaction=False) as pipe:
             if observations and observations != self._published:
                 pipe.set(own, dump_state(self.learner, now).model_dump_json(), ex=ttl)

@@ -92,7 +92,9 @@ def test_buckets(temperature: float, overlap: float | None, bucket: str) -> None
 @pytest.mark.parametrize(
     ("concurrency", "bucket"),
     [(0, "greedy/rep"), (1, "greedy/rep"), (3, "greedy/rep/c2"), (4, "greedy/rep/c4"),
-     (7.5, "greedy/rep/c4"), (8, "greedy/rep/c8"), (100, "greedy/rep/c64"),
+     (7.5, "greedy/rep/c4"), (8, "greedy/rep/c8"), (23, "greedy/rep/c16"),
+     (24, "greedy/rep/c24"), (32, "greedy/rep/c32"), (47.9, "greedy/rep/c32"),
+     (48, "greedy/rep/c48"), (64, "greedy/rep/c64"), (100, "greedy/rep/c96"),
      (1000, "greedy/rep/c128")],
 )  # fmt: skip
 def test_load_bands(concurrency: float, bucket: str) -> None:

@@ -20,6 +20,7 @@ from gateway.app import create_app
 from gateway.learning.store import KIND, VERSION, LearningStore
 from gateway.routing.adaptive import Learner, Observation
 from gateway.settings import Settings
+from gateway.state.learning import SharedLearner
 from tests.fakes.fake_vllm import FakeBehaviour, create_fake_vllm
 from tests.fakes.transport import BackendsTransport
 from tests.unit.conftest import MODEL, local_config
@@ -140,3 +141,39 @@ async def test_state_is_saved_on_reload_and_periodically(tmp_path: Path) -> None
                 break
             await asyncio.sleep(0.01)
         assert json.loads(path.read_text())["observations"] == 2 * len(SPEEDS)
+
+
+def test_a_version_3_state_loses_the_load_bands_since_narrowed(tmp_path: Path) -> None:
+    """Version 3 filed 16-31, 32-63 and 64-127 requests under c16, c32 and c64; those names
+    now mean 16-23, 32-47 and 64-95, so their groups are dropped on loading such a file (or
+    a peer's state): c32's mixed waves of 32 and 48. The other bands keep their meaning."""
+    learner = Learner(0.98)
+    for band in ("", "/c8", "/c16", "/c32", "/c64", "/c128"):
+        learner.observe(Observation("code", f"greedy/norep{band}", "plain", 100.0, 64))
+    store = LearningStore(tmp_path / "state.json")
+    data = json.loads(store.snapshot(learner) or b"")
+    assert data["version"] == VERSION == 4
+    data["version"] = 3
+    store.path.write_text(json.dumps(data))
+    restored = Learner(0.98)
+    assert store.load(restored)
+    assert sorted(b for _, b in restored.groups) == [
+        "*", "greedy/norep", "greedy/norep/c128", "greedy/norep/c8"
+    ]  # fmt: skip
+    store.path.write_text(json.dumps(data | {"version": 4}))
+    assert store.load(restored) and ("code", "greedy/norep/c32") in restored.groups
+
+
+def test_a_probe_mark_is_saved_and_shown_to_peers_at_once(tmp_path: Path) -> None:
+    """A probe's mark changes the state though no answer was learnt (its answers may teach
+    nothing): it is saved, and a replica sharing state routes on it at once."""
+    learner = SharedLearner(0.98)
+    learner.observe(Observation("code", "greedy/norep", "plain", 100.0, 64))
+    store = LearningStore(tmp_path / "state.json")
+    assert store.snapshot(learner) is not None and store.snapshot(learner) is None
+    peer = Learner(0.98)
+    peer.observe(Observation("code", "greedy/norep/c32", "plain", 80.0, 64))
+    learner.set_peers(peer.groups, peer.observations)
+    learner.mark_probed("code", "greedy/norep/c32", "eagle3")
+    assert "eagle3" in learner.view()[("code", "greedy/norep/c32")].backends
+    assert store.snapshot(learner) is not None  # the mark is a change

@@ -6,14 +6,15 @@ from __future__ import annotations
 import math
 import random
 import time
+from dataclasses import replace
 
 from bench.sim.fleet import fleet_config
 from bench.sim.server import MODEL as SIM_MODEL
 from contracts.config import parse_config
 from gateway.classify.features import RequestFeatures
-from gateway.routing.adaptive import Learner, Observation
+from gateway.routing.adaptive import Learner, Observation, bucket_of
 from gateway.routing.load import break_even, load_view, measured_at_load
-from gateway.routing.policy import BackendSnapshot, RouteDecision, RoutingPolicy
+from gateway.routing.policy import BackendSnapshot, CohortMember, RouteDecision, RoutingPolicy
 from gateway.service import Gateway
 from gateway.settings import Settings
 from gateway.trace import RequestTrace
@@ -508,9 +509,9 @@ def test_the_peak_window_is_a_setting() -> None:
 
 
 def test_learnt_speeds_start_a_burst_at_most_twice_past_the_limit() -> None:
-    """A load band spans a factor of two, so what it learnt at its bottom starts a burst on
-    a speculative backend up to LEADER_SLACK times its limit, not past it: the GPU twin's
-    waves of 32 taught the 32-63 band that EAGLE-3 was faster, its waves of 48 then went
+    """What a load band learnt at its bottom starts a burst on a speculative backend up to
+    LEADER_SLACK times its limit, not past it: the GPU twin's waves of 32 taught the 32-63
+    band (bands doubled then) that EAGLE-3 was faster, its waves of 48 then went
     there as cohorts of 33 and split over EAGLE-3 and plain at 0.58-0.61x plain
     (docs/benchmarks.md section 7, "Twenty-second run"). A cohort of the cap's size now goes
     to plain; a burst already running on EAGLE-3 keeps it while learnt faster there."""
@@ -534,3 +535,101 @@ def test_learnt_speeds_start_a_burst_at_most_twice_past_the_limit() -> None:
         " there): speculation loses" in capped.reasons
     )
     assert first(busy(eagle3=40)).backends[0] == "eagle3"  # our burst there: it stays
+
+
+def test_a_cohort_probes_a_backend_never_observed_past_its_limit_once() -> None:
+    """Past its max_batch_for_speculation (up to LEADER_SLACK times it) a speculative backend
+    never observed for the task at that load stays a candidate for a cohort's first request
+    on an idle compute, so the cohort measures it there (the GPU twin: EAGLE-3 ran waves of
+    32 at 1.09x plain and never got one; docs/benchmarks.md section 7, "Twenty-third run").
+    Once per (task, bucket, band): the gateway marks the probe where the request went. Never
+    for a lone request, a cohort not all following it, busy compute, a recent peak, past
+    twice the limit, a band measured, a client asking for speculation, or a fresh gateway
+    (the rules' choice)."""
+    config = with_limit("eagle3", 16).config
+    gateway = Gateway(config, registry=BackendRegistry(config.backends))
+    learner = gateway.feedback.learner
+    code = RequestFeatures(MODEL, 0.0, True, "code", 1.0, "header")
+
+    def first(
+        state: dict[str, BackendSnapshot],
+        arriving: int,
+        members: int | None = None,
+        features: RequestFeatures = code,
+    ) -> RouteDecision:
+        follow = [CohortMember(features, None)] * (arriving if members is None else members)
+        view = learner.view()
+        return gateway.policy.decide(
+            features, state, random.Random(0), view, None, arriving, follow
+        )
+
+    def probed_none(decision: RouteDecision) -> bool:
+        eagle3 = next(c for c in decision.candidates if c.backend == "eagle3")
+        return (
+            decision.probe is None
+            and not any("probing" in r for r in decision.reasons)
+            and (not eagle3.kept or "kept: never measured" not in eagle3.why)
+        )
+
+    fresh = first(busy(), 31)
+    assert fresh.backends[0] == "plain" and probed_none(fresh)  # nothing learnt for code
+    for _ in range(20):
+        for backend, speed in {"plain": 100.0, "eagle3": 180.0}.items():
+            learner.observe(Observation("code", "greedy/norep/c16", backend, speed, 64))
+        learner.observe(Observation("code", "greedy/norep/c32", "plain", 80.0, 64))
+    wave = first(busy(), 31)  # a cohort of 32 on an idle GPU: band c32, never observed
+    assert wave.backends[0] == "eagle3" and wave.probe == ("eagle3", "greedy/norep/c32")
+    assert (
+        "eagle3: probing past max_batch_for_speculation (never measured at this load)"
+        in wave.reasons
+    )
+    peak = busy() | {"plain": BackendSnapshot(True, recent=32.0)}
+    asks = replace(code, speculation="on")
+    for decision in (
+        first(busy(), 40),  # past twice the limit
+        first(busy(), 31, members=0),  # no cohort follows it
+        first(busy(), 31, members=30),  # one arriving request does not follow it
+        first(busy(plain=20), 11),  # busy compute
+        first(peak, 20),  # 31 of the load is the recent peak's, not the cohort's
+    ):
+        assert decision.backends[0] == "plain" and probed_none(decision), decision.reasons
+    assert probed_none(first(busy(), 31, features=asks))  # the client's call, not a probe
+    # routed elsewhere (a guard, a pin): not marked, the next cohort probes
+    gateway.probed(replace(wave, backends=("plain", "eagle3")))
+    assert first(busy(), 31).probe == wave.probe
+    gateway.probed(wave)  # routed there: marked, never listed, not probed again
+    assert learner.view()[("code", "greedy/norep/c32")].backends["eagle3"].requests == 0
+    assert not any(
+        g["bucket"] == "greedy/norep/c32" and "eagle3" in g["backends"] for g in learner.summary()
+    )
+    again = first(busy(), 31)
+    assert again.backends[0] == "plain" and probed_none(again)
+    # a band measured for both: learnt speeds decide, no probe
+    for _ in range(5):
+        learner.observe(Observation("code", "greedy/norep/c24", "eagle3", 150.0, 64))
+        learner.observe(Observation("code", "greedy/norep/c24", "plain", 90.0, 64))
+    measured = first(busy(), 23)
+    assert measured.backends[0] == "eagle3" and probed_none(measured)
+
+
+def test_from_16_on_a_band_compares_backends_at_one_load() -> None:
+    """Bands from 16 on are half a doubling wide: plain's answers in waves of 48 (slower a
+    request) no longer share a band with EAGLE-3's waves of 32, so a wave of 32 compares
+    them at 32. With one 32-63 band plain's figure there mixed both loads and EAGLE-3 won
+    at 32 where plain ran faster (the GPU twin: plain 123 tokens/s a request in waves of
+    32, 96 in waves of 48; docs/benchmarks.md section 7, "Twenty-third run")."""
+    policy = with_limit("eagle3", 16)
+    code = RequestFeatures(MODEL, 0.0, True, "code", 1.0, "header")
+    at = {load: bucket_of(0.0, None, 0.05, load) for load in (32, 48)}
+    assert at == {32: "greedy/norep/c32", 48: "greedy/norep/c48"}
+    learner = Learner()
+    for _ in range(10):
+        learner.observe(Observation("code", at[32], "plain", 120.0, 64))
+        learner.observe(Observation("code", at[32], "eagle3", 105.0, 64))
+    for _ in range(30):
+        learner.observe(Observation("code", at[48], "plain", 80.0, 64))
+    picks = {
+        policy.decide(code, busy(), random.Random(s), learner.view(), arriving=31).backends[0]
+        for s in range(20)
+    }
+    assert picks == {"plain"}
