@@ -163,6 +163,15 @@ class LearningStore:
             state.observations,
             len(state.groups),
         )
+        if state.version < VERSION:
+            logger.info(
+                "adaptive routing state %s is version %d: %d groups of load bands since "
+                "narrowed (16, 32, 64) left out; saved as version %d from now on",
+                self.path,
+                state.version,
+                len(state.groups) - len(learner.groups),
+                VERSION,
+            )
         return True
 
     def set_aside(self) -> Path | None:

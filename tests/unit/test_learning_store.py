@@ -143,7 +143,9 @@ async def test_state_is_saved_on_reload_and_periodically(tmp_path: Path) -> None
         assert json.loads(path.read_text())["observations"] == 2 * len(SPEEDS)
 
 
-def test_a_version_3_state_loses_the_load_bands_since_narrowed(tmp_path: Path) -> None:
+def test_a_version_3_state_loses_the_load_bands_since_narrowed(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """Version 3 filed 16-31, 32-63 and 64-127 requests under c16, c32 and c64; those names
     now mean 16-23, 32-47 and 64-95, so their groups are dropped on loading such a file (or
     a peer's state): c32's mixed waves of 32 and 48. The other bands keep their meaning."""
@@ -156,7 +158,9 @@ def test_a_version_3_state_loses_the_load_bands_since_narrowed(tmp_path: Path) -
     data["version"] = 3
     store.path.write_text(json.dumps(data))
     restored = Learner(0.98)
-    assert store.load(restored)
+    with caplog.at_level(logging.INFO, logger="gateway.learning.store"):
+        assert store.load(restored)
+    assert "is version 3: 3 groups of load bands since narrowed" in caplog.text
     assert sorted(b for _, b in restored.groups) == [
         "*", "greedy/norep", "greedy/norep/c128", "greedy/norep/c8"
     ]  # fmt: skip
