@@ -127,7 +127,7 @@ class LearningStore:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.saved_observations: int | None = None  # learner.changes at the last save
+        self.saved_changes: int | None = None  # learner.changes at the last save
 
     def load(self, learner: Learner) -> bool:
         """Fill ``learner`` from the file; False (learner untouched) when there is none or it
@@ -156,7 +156,7 @@ class LearningStore:
             )
             return False
         restore_state(learner, state)
-        self.saved_observations = learner.changes
+        self.saved_changes = learner.changes
         logger.info(
             "adaptive routing state loaded from %s (%d observations, %d groups)",
             self.path,
@@ -186,11 +186,11 @@ class LearningStore:
     def snapshot(self, learner: Learner) -> bytes | None:
         """The bytes to write now, or None when nothing was learnt since the last save (or
         ever: a gateway that served nothing leaves no file)."""
-        if self.saved_observations == learner.changes:
+        if self.saved_changes == learner.changes:
             return None
-        if self.saved_observations is None and learner.changes == 0:
+        if self.saved_changes is None and learner.changes == 0:
             return None
-        self.saved_observations = learner.changes
+        self.saved_changes = learner.changes
         return dump_state(learner).model_dump_json().encode()
 
     def write(self, data: bytes) -> None:
@@ -207,7 +207,7 @@ class LearningStore:
             os.replace(tmp, self.path)
             tmp = None
         except OSError as exc:
-            self.saved_observations = None  # try again next time
+            self.saved_changes = None  # try again next time
             logger.warning("adaptive routing state not saved to %s: %s", self.path, exc)
         finally:
             if tmp is not None:

@@ -165,10 +165,10 @@ class _Plan:
     # (True), or in the request's bucket at this load (False)
     observed: Callable[[str, bool], bool] | None = None
     # the rule's own pool, the requests arriving with this one per backend (its compute
-    # unit's share), and the speculative backends kept to measure them (name -> why)
+    # unit's share), and the speculative backends kept to measure them
     pool: str = ""
     arriving: Mapping[str, float] = field(default_factory=dict)
-    probes: dict[str, str] = field(default_factory=dict)
+    probes: set[str] = field(default_factory=set)
     # the requests on each backend's compute before this one, and where bursts of ours run
     load: LoadView = field(default_factory=lambda: LoadView({}, frozenset()))
     # the cohort waiting for this request's choice
@@ -619,7 +619,7 @@ class RoutingPolicy:
                 f"; batch {batch:g} > max_batch_for_speculation {limit}, kept: our burst runs there"
             )
         elif probe is not None:
-            plan.probes[name] = probe
+            plan.probes.add(name)
             why += f"; batch {batch:g} > max_batch_for_speculation {limit}, kept: {probe}"
             plan.reasons.append(f"{name}: probing past max_batch_for_speculation ({probe})")
         if snap.demoted:
@@ -707,8 +707,9 @@ class RoutingPolicy:
         following it, every request arriving with it) on an idle compute (nothing running or
         waiting there: ``batch`` is the cohort's own, ``plan.arriving``, not the group's
         recent peak), the cohort putting ``batch`` over the limit and at most
-        :data:`LEADER_SLACK` times it; ``name`` in the rule's own pool, no
-        ``X-Specgate-Speculation: on`` and no parameter its method refuses; observed for the
+        :data:`LEADER_SLACK` times it; ``name`` in the rule's own pool and no
+        ``X-Specgate-Speculation: on`` (one whose method refuses a parameter of the request is
+        passed over whatever this says: :meth:`_pass_over`); observed for the
         task at some load (a fresh gateway takes the rules' choice), and never observed nor
         probed for it in this request's bucket at this load (``plan.observed``). Draws no
         random number.
@@ -736,7 +737,6 @@ class RoutingPolicy:
             or len(plan.cohort) < plan.arriving.get(name, 0.0)  # all arriving follow it
             or plan.observed is None
             or features.speculation == SPECULATION_ON
-            or features.spec_refused.get(backend.spec.method or "")
             or plan.arriving.get(name, 0.0) < batch  # idle, no recent peak above it
             or not limit < batch <= limit * LEADER_SLACK
         ):

@@ -98,19 +98,19 @@ class SharedLearner(Learner):
     def observe(self, obs: Observation) -> None:
         """Learn locally, then re-merge the two groups the observation touched."""
         super().observe(obs)
-        if not self.peers:
-            return
-        for key in ((obs.task, obs.bucket), (obs.task, ALL)):
-            peer = self.peers.get(key)
-            own = self.groups[key]
-            self._merged[key] = own if peer is None else merge_group([own, peer], self.decay)
+        self._remerge((obs.task, obs.bucket), (obs.task, ALL))
 
     def mark_probed(self, task: str, bucket: str, backend: str) -> None:
         """Mark locally, then re-merge the group marked (the mark must show in
         :meth:`view` at once: a probe's answers may teach nothing)."""
         super().mark_probed(task, bucket, backend)
-        key = (task, bucket)
-        if self.peers and key in self.groups:
+        self._remerge((task, bucket))
+
+    def _remerge(self, *keys: Key) -> None:
+        """Re-merge this replica's groups of ``keys`` (each present) with its peers'."""
+        if not self.peers:
+            return
+        for key in keys:
             peer, own = self.peers.get(key), self.groups[key]
             self._merged[key] = own if peer is None else merge_group([own, peer], self.decay)
 
