@@ -209,8 +209,11 @@ class AdaptiveSettings(_Strict):
     """Knobs of the decode-speed learner behind ``policy: adaptive``.
 
     ``decay``: weight past observations of a (task, bucket) group keep at each new one (an
-    effective window of about ``1 / (1 - decay)`` requests); ``prior_weight``:
-    pseudo-observations of the task-level estimate a bucket starts from; ``min_tokens``:
+    effective window of about ``1 / (1 - decay)`` requests); ``prior_weight``: the weight a
+    bucket's own observations are filled up to with pseudo-observations of a prior (the
+    nearest load bands that measured the backend, then its task-level estimate; a bucket
+    that measured this much stands alone: :func:`gateway.routing.adaptive_choice._prior`);
+    ``min_tokens``:
     shorter answers teach nothing; ``overlap_threshold``: repeated-word-bigram share from
     which a prompt is in the ``rep`` bucket; ``max_prompt_chars``: characters of the prompt
     the overlap is computed on; ``min_load_weight``: decayed observations a speculative

@@ -5,8 +5,8 @@ Each finished request teaches one :class:`Observation`: the backend that served 
 speculative backend, the acceptance vLLM reported for that request
 (``metrics.speculative_decoding`` with ``--per-request-spec-decode-metrics``). Observations
 are grouped by task and feature bucket (temperature band, prompt self-overlap band, load band)
-and by task alone; a bucket's prior is its neighbouring load bands topped up with the task's
-group (:func:`gateway.routing.adaptive_choice.choose`).
+and by task alone; a bucket that measured little of a backend is filled up from the nearest
+load bands that measured it, then the task's group (:func:`gateway.routing.adaptive_choice.choose`).
 
 Estimates follow change by exponential forgetting: every observation in a group multiplies
 the weight of everything the group learnt before by ``decay`` (an effective window of about

@@ -2,16 +2,18 @@
 
 For each candidate the learnt ln(tokens/s) statistics (:mod:`gateway.routing.adaptive`) give
 a normal posterior of its mean speed for this (task, bucket): the bucket's own
-observations plus at most ``prior_weight`` pseudo-observations of a prior mean
-(hierarchical shrinkage, so a new bucket starts from what the task already knows). The prior
-is matched in load (:func:`_prior`): the same temperature and prompt bands one load band
-below and above, topped up with the task-level mean over every bucket where they measured
-less than ``prior_weight``. A task-level
-mean pools loads, and each backend is measured at the loads it was sent: on the GPU cost
-twin's eleventh run (docs/benchmarks.md section 7) plain's chat mean was 166 tokens/s (356
-requests, mostly at c=16-64) and EAGLE-3's 225 (35, at c=1-4), so at c=4, where the bucket
-measured plain at 205 and EAGLE-3 at 180, the two pseudo-observations of each turned the
-choice to EAGLE-3 and every wave of 4 ran there (0.76-0.96x plain but on code). One value
+observations, filled up to ``prior_weight`` with pseudo-observations of a prior mean
+(hierarchical shrinkage, so a new bucket starts from what the task already knows; a bucket
+with that much weight of its own stands alone). The prior is matched in load
+(:func:`_prior`): the same temperature and prompt bands at the nearest load bands that
+measured the backend, topped up with its task-level mean where they measured too little. A
+task-level mean pools loads, and each backend is measured at the loads it was sent: on the
+GPU cost twin's eleventh run (docs/benchmarks.md section 7) plain's chat mean was 166
+tokens/s (356 requests, mostly at c=16-64) and EAGLE-3's 225 (35, at c=1-4), so at c=4,
+where the bucket measured plain at 205 and EAGLE-3 at 180, the two pseudo-observations of
+each turned the choice to EAGLE-3 and every wave of 4 ran there (0.76-0.96x plain but on
+code); the twenty-fourth run's waves of 32 went the same way with a prior of neighbouring
+bands and the task level beside 7-15 requests of each (:func:`_prior`). One value
 is drawn per candidate and the largest draw wins (Thompson 1933; Russo et al., "A Tutorial
 on Thompson Sampling", 2018): a candidate is chosen with the probability that it is the
 fastest, so clear losers are rarely tried and close ones share traffic until the data
@@ -29,7 +31,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
@@ -59,7 +61,7 @@ class Estimate(NamedTuple):
     immutable and cheap to build on the hot path).
 
     ``source``: ``bucket`` (observed in this bucket), ``task`` (only in its prior: the
-    neighbouring load bands or the task level), ``replica`` (never observed for the task: a
+    other load bands or the task level), ``replica`` (never observed for the task: a
     replica of its kind was, and its statistics stand in, :func:`stand_in`) or ``prior``
     (neither it nor a replica observed for the task); ``requests``: its own observations in
     the bucket ever;
@@ -155,7 +157,7 @@ class _Seen(NamedTuple):
 
 class _Prior(NamedTuple):
     """A backend's prior for a bucket: ``mean`` ln(tokens/s) and the decayed ``weight`` behind
-    it (capped by ``prior_weight`` where it is used)."""
+    it (at most what the bucket needs to reach ``prior_weight``)."""
 
     mean: float
     weight: float
@@ -194,53 +196,86 @@ def stand_in(
     return best
 
 
-def _neighbours(estimates: Estimates, task: str, bucket: str) -> tuple[GroupStats, ...]:
-    """The groups of ``bucket``'s temperature and prompt bands one load band below and
-    above it (:data:`gateway.routing.adaptive.BANDS`), those that exist."""
+def _neighbours(estimates: Estimates, task: str, bucket: str) -> Iterator[tuple[GroupStats, ...]]:
+    """The groups of ``bucket``'s temperature and prompt bands at the other load bands
+    (:data:`gateway.routing.adaptive.BANDS`), nearest first, generated as read: one ring per
+    distance in bands (one below and one above, those that exist), empty rings left out."""
     base, band = base_bucket(bucket), bucket_load(bucket)
-    at = BANDS.index(band) if band in BANDS else None
-    out = []
-    for i in () if at is None else (at - 1, at + 1):
-        if not 0 <= i < len(BANDS):
-            continue
-        group = estimates.get((task, with_load(base, BANDS[i])))
-        if group is not None:
-            out.append(group)
-    return tuple(out)
+    if band not in BANDS:
+        return
+    at = BANDS.index(band)
+    for d in range(1, len(BANDS)):
+        ring = tuple(
+            group
+            for i in (at - d, at + d)
+            if 0 <= i < len(BANDS)
+            and (group := estimates.get((task, with_load(base, BANDS[i])))) is not None
+        )
+        if ring:
+            yield ring
 
 
 def _prior(
     name: str,
-    near: tuple[GroupStats, ...],
+    near: Iterable[tuple[GroupStats, ...]],
     task: GroupStats | None,
     decay: float,
-    prior_weight: float,
+    needed: float,
 ) -> _Prior | None:
-    """``name``'s prior for a bucket: what the neighbouring load bands (``near``) measured
-    of it, topped up with its task-level mean (``task``) to ``prior_weight`` in all; None
-    when it was never observed for the task.
+    """``name``'s prior for a bucket, of ``needed`` pseudo-observations at most: what the
+    other load bands (``near``, nearest first: :func:`_neighbours`) measured of it, the
+    nearest first, topped up with its task-level mean (``task``); None when it was never
+    observed for the task.
 
-    The neighbours' weight is capped by the backend's decayed task-level weight: the task
-    group ages with every request of the task, a quiet neighbour only with its own, so
-    without the cap a stale neighbour would keep a backend's prior sure forever and it would
-    never be tried again (as :mod:`gateway.routing.adaptive` promises a stale estimate is)."""
+    ``needed`` is ``prior_weight`` less the bucket's own decayed weight (:func:`_beliefs`):
+    the prior only fills in for a bucket that has measured too little, since every other
+    load is a biased stand-in for this one. Pooled over loads, a prior told EAGLE-3 from
+    plain by where each was sent rather than by their speed here: on the GPU cost twin's
+    twenty-fourth run (docs/benchmarks.md section 7) EAGLE-3's waves of 32 measured 82-101
+    tokens/s a request on chat and creative against plain's 106-114, and two
+    pseudo-observations of EAGLE-3's task-level mean (mostly c=1-16: chat 195, creative 145)
+    against plain's c=48 band (104-106) made a wave of 32 EAGLE-3's: every one of the last
+    three repeats went there (0.88-0.97x plain). Where a bucket has too little of its
+    own, the nearest bands stand in before the task level: at rag c=1 that run had one
+    EAGLE-3 answer (125 tokens/s) topped up with EAGLE-3's task-level 118 (mostly c=4-32),
+    where its c=4 band had measured 195-208.
+
+    The refill comes from the other bands only, so as a bucket's own weight decays below
+    ``prior_weight`` (its group's other requests age it), the estimate slides towards the
+    nearest band's: under sustained waves a backend slower here but fast a band below is
+    sent a wave again now and then (one wave of 32 in six where it runs 0.86x plain here and
+    1.45x a band below, at decay 0.98, against one in 14 with the old prior:
+    ``tests/unit/test_adaptive.py::test_a_slower_backend_standing_alone_in_a_band_is_retried_now_and_then``),
+    which is also how a backend that got faster here is noticed.
+
+    The weight taken from the other bands is capped by the backend's decayed task-level
+    weight: the task group ages with every request of the task, a quiet band only with its
+    own, so without the cap a stale band would keep a backend's prior sure forever and it
+    would never be tried again (as :mod:`gateway.routing.adaptive` promises a stale estimate
+    is)."""
     seen = _seen(task, name, decay)
     if seen is None:
         return None
     w_task, m_task = seen.stats.weight * seen.factor, seen.stats.mean
-    w_near = total = 0.0
-    for group in near:
-        here = _seen(group, name, decay)
-        if here is not None:
-            w = here.stats.weight * here.factor
-            w_near, total = w_near + w, total + w * here.stats.mean
-    m_near = total / w_near if w_near > 0 else 0.0
-    w_near = min(w_near, w_task, prior_weight)
-    w_top = min(w_task, prior_weight - w_near)
-    weight = w_near + w_top
+    cap = min(w_task, needed)
+    weight = total = 0.0
+    for ring in near if cap > 0 else ():
+        w_ring = m_ring = 0.0
+        for group in ring:
+            here = _seen(group, name, decay)
+            if here is not None:
+                w = here.stats.weight * here.factor
+                w_ring, m_ring = w_ring + w, m_ring + w * here.stats.mean
+        if w_ring > 0:
+            take = min(w_ring, cap - weight)
+            weight, total = weight + take, total + take * m_ring / w_ring
+            if weight >= cap:
+                break
+    if weight < cap:  # the task level tops it up
+        total, weight = total + (cap - weight) * m_task, cap
     if weight <= 0:
         return _Prior(m_task, 0.0)
-    return _Prior((w_near * m_near + w_top * m_task) / weight, weight)
+    return _Prior(total / weight, weight)
 
 
 def _noise(group: GroupStats | None, decay: float) -> float:
@@ -254,14 +289,15 @@ def _noise(group: GroupStats | None, decay: float) -> float:
 
 
 def _posterior(
-    bucket: _Seen | None, task: _Prior | None, prior_weight: float, optimistic: float, var: float
+    bucket: _Seen | None, task: _Prior | None, optimistic: float, var: float
 ) -> _Posterior:
-    """Normal posterior of the mean ln(speed) from bucket data and the prior (:func:`_prior`);
-    ``var``: the per-request variance."""
+    """Normal posterior of the mean ln(speed) from bucket data and the prior (:func:`_prior`,
+    which fills the bucket's weight up to ``prior_weight``); ``var``: the per-request
+    variance."""
     if bucket is None and task is None:
         return _Posterior("prior", optimistic, math.sqrt(var / UNSEEN_WEIGHT), 0.0)
     w_b = bucket.stats.weight * bucket.factor if bucket is not None else 0.0
-    w_t = min(task.weight, prior_weight) if task is not None else 0.0
+    w_t = task.weight if task is not None else 0.0
     m_b = bucket.stats.mean if bucket is not None else 0.0
     m_t = task.mean if task is not None else 0.0
     n = w_b + w_t
@@ -298,23 +334,24 @@ def _beliefs(
     first = buckets[names[0]]
     prior = estimates.get((task, ALL))
     groups = {n: estimates.get((task, buckets.get(n, first))) for n in names}
-    near = {b: _neighbours(estimates, task, b) for b in {buckets.get(n, first) for n in names}}
     seen: dict[str, tuple[_Seen | None, _Prior | None]] = {}
     borrowed: set[str] = set()
     for n in names:
         src = _source(estimates, task, n, replicas, decay)
         if src != n:
             borrowed.add(n)
-        around = near[buckets.get(n, first)]
-        before = _prior(src, around, prior, decay, prior_weight)
-        seen[n] = (_seen(groups[n], src, decay), before)
+        own = _seen(groups[n], src, decay)
+        needed = prior_weight - (own.stats.weight * own.factor if own is not None else 0.0)
+        # the other load bands, read only as far as the prior fills in
+        around = _neighbours(estimates, task, buckets.get(n, first)) if needed > 0 else ()
+        seen[n] = (own, _prior(src, around, prior, decay, max(needed, 0.0)))
     known = [
         b.stats.mean if b is not None else t.mean if t is not None else None
         for b, t in seen.values()
     ]
     optimistic = max((k for k in known if k is not None), default=0.0)
     var = _noise(prior, decay)
-    post = {n: _posterior(b, t, prior_weight, optimistic, var) for n, (b, t) in seen.items()}
+    post = {n: _posterior(b, t, optimistic, var) for n, (b, t) in seen.items()}
     for n in borrowed:
         post[n] = post[n]._replace(source="replica")
     shift = dict.fromkeys(names, 0.0)
