@@ -380,6 +380,25 @@ def test_a_band_that_measured_enough_is_not_pulled_by_other_loads() -> None:
     assert choice.best == choice.chosen == "plain"
 
 
+def test_a_stale_neighbour_fades_and_the_backend_is_tried_again() -> None:
+    """A neighbouring band that has seen nothing since (c=8: EAGLE-3 slow long ago) does not
+    age, the task-level group does with every request of the task: the neighbour's weight is
+    capped by the task-level one, so EAGLE-3's prior at c=4 widens and it is tried again."""
+    learner = Learner(decay=0.95)
+    for _ in range(20):
+        learner.observe(Observation("chat", "sampled/norep/c8", "eagle3", 100.0, 64))
+    for _ in range(200):
+        learner.observe(Observation("chat", "sampled/norep/c4", "plain", 200.0, 64))
+    picks = [
+        choose(
+            "chat", "sampled/norep/c4", ["eagle3", "plain"], learner.view(), random.Random(s),
+            decay=0.95, baseline="plain",
+        ).chosen
+        for s in range(200)
+    ]  # fmt: skip
+    assert picks.count("eagle3") >= 20
+
+
 def test_the_prior_is_the_nearest_bands_that_measured_the_backend_then_the_task_level() -> None:
     """A band with less than ``prior_weight`` of its own is filled from the other load bands
     of its temperature and prompt bands, the nearest first (c=32 from c=16 at two bands'
