@@ -342,8 +342,7 @@ def _beliefs(
             borrowed.add(n)
         own = _seen(groups[n], src, decay)
         needed = prior_weight - (own.stats.weight * own.factor if own is not None else 0.0)
-        # the other load bands, read only as far as the prior fills in
-        around = _neighbours(estimates, task, buckets.get(n, first)) if needed > 0 else ()
+        around = _neighbours(estimates, task, buckets.get(n, first))  # read only as needed
         seen[n] = (own, _prior(src, around, prior, decay, max(needed, 0.0)))
     known = [
         b.stats.mean if b is not None else t.mean if t is not None else None

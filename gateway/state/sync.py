@@ -121,9 +121,9 @@ class RedisState:
     async def _learning(self) -> None:
         now, own = time.time(), f"{self.prefix}:learning:{self.replica}"
         replicas, ttl = f"{self.prefix}:replicas", max(1, round(self.peer_ttl_s))
-        observations = self.learner.changes  # observations and probe marks
+        changes = self.learner.changes  # observations and probe marks
         async with self.client.pipeline(transaction=False) as pipe:
-            if observations and observations != self._published:
+            if changes and changes != self._published:
                 pipe.set(own, dump_state(self.learner, now).model_dump_json(), ex=ttl)
             else:
                 pipe.expire(own, ttl)
@@ -131,10 +131,10 @@ class RedisState:
             pipe.zremrangebyscore(replicas, "-inf", now - self.peer_ttl_s)
             pipe.zrangebyscore(replicas, now - self.peer_ttl_s, "+inf")
             kept, *_, members = await pipe.execute()
-        if observations and not kept:
+        if changes and not kept:
             self._published = None  # Redis lost it (or it expired): published next time
         else:
-            self._published = observations
+            self._published = changes
         names = sorted(n for n in members if n != self.replica)
         raws = (
             await self.client.mget([f"{self.prefix}:learning:{n}" for n in names]) if names else []
