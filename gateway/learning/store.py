@@ -2,12 +2,13 @@
 
 Shape (:class:`LearnedState`, validated with pydantic on load)::
 
-    {"kind": "specgate.adaptive-routing", "version": 4, "saved_at": 1764540000.0,
+    {"kind": "specgate.adaptive-routing", "version": 5, "saved_at": 1764540000.0,
      "decay": 0.98, "observations": 412,
      "groups": [{"task": "code", "bucket": "greedy/norep", "count": 37,
                  "backends": {"plain": {"at": 37, "weight": 12.1, "mean": 3.4, "m2": 0.8,
                                         "drafts": 0.0, "accepted": 0.0, "steps": 0.0,
-                                        "requests": 30}}}]}
+                                        "requests": 30, "tokens": 590.2,
+                                        "seconds": 17.9}}}]}
 
 ``mean``/``m2`` are the weighted mean and sum of squared deviations of ln(tokens/s); see
 :class:`gateway.routing.adaptive.BackendStats` for every field. Version 3: speeds over the
@@ -15,13 +16,16 @@ whole request, time to first token included (version 2 held a stream's speed aft
 first token, on another scale: such a file is set aside, not mixed in). Version 4: load
 bands half as wide from 16 on (:data:`gateway.routing.adaptive.BANDS`); a version-3 state
 is read without the groups of its 16, 32 and 64 bands, whose names now mean narrower
-ranges (:func:`restore_state`). A probe's mark (a record of no request:
+ranges (:func:`restore_state`). Version 5: decayed output ``tokens`` and request ``seconds``,
+whose ratio routing compares (:attr:`gateway.routing.adaptive.BackendStats.log_speed`); an
+older state reads them as 0 and its records are taken at their geometric mean until they
+learn again. A probe's mark (a record of no request:
 :meth:`gateway.routing.adaptive.Learner.mark_probed`) is kept like any record.
 
 Writing goes to a temporary file in the same directory, flushed and fsynced, then
 ``os.replace``d over the old one (atomic on POSIX), so a crash mid-write leaves the old file
 or the new one, never half of one. Loading a file that is unreadable, not JSON, of another
-``kind`` or a ``version`` other than 3 and 4, or malformed sets it aside (renamed
+``kind`` or a ``version`` other than 3 to 5, or malformed sets it aside (renamed
 ``NAME.unreadable-<unix time>``) with a warning and starts fresh: learning again costs
 some exploration; refusing to start would cost the service.
 
@@ -46,7 +50,7 @@ from gateway.routing.adaptive import BackendStats, GroupStats, Learner, bucket_l
 logger = logging.getLogger(__name__)
 
 KIND: Final = "specgate.adaptive-routing"
-VERSION: Final = 4
+VERSION: Final = 5
 #: Load bands whose range version 3 read wider (16-31, 32-63, 64-127; now 16-23, 32-47 and
 #: 64-95: :data:`gateway.routing.adaptive.BANDS`): their groups are dropped on restoring a
 #: version-3 state, as they mix loads the narrower bands keep apart.
@@ -68,6 +72,8 @@ class StoredBackend(_Frozen):
     accepted: float = Field(ge=0)
     steps: float = Field(ge=0)
     requests: int = Field(ge=0)
+    tokens: float = Field(default=0.0, ge=0)
+    seconds: float = Field(default=0.0, ge=0)
 
 
 class StoredGroup(_Frozen):
@@ -83,7 +89,7 @@ class LearnedState(_Frozen):
     """The whole file. ``saved_at``: Unix seconds; ``decay``: the learner's at save time."""
 
     kind: Literal["specgate.adaptive-routing"]
-    version: Literal[3, 4]
+    version: Literal[3, 4, 5]
     saved_at: float
     decay: float = Field(gt=0, le=1)
     observations: int = Field(ge=0)
@@ -166,7 +172,8 @@ class LearningStore:
         if state.version < VERSION:
             logger.info(
                 "adaptive routing state %s is version %d: %d groups of load bands since "
-                "narrowed (16, 32, 64) left out; saved as version %d from now on",
+                "narrowed (16, 32, 64) left out, speeds read at their geometric mean until "
+                "learnt again; saved as version %d from now on",
                 self.path,
                 state.version,
                 len(state.groups) - len(learner.groups),

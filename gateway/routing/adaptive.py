@@ -12,7 +12,9 @@ Estimates follow change by exponential forgetting: every observation in a group 
 the weight of everything the group learnt before by ``decay`` (an effective window of about
 ``1 / (1 - decay)`` requests), including backends that were not chosen, so the confidence in
 a stale estimate fades and Thompson sampling (:mod:`gateway.routing.adaptive_choice`) tries
-that backend again. Speeds are kept as logarithms (speedups multiply; noise is roughly
+that backend again. A backend's speed is its decayed output tokens over its decayed request
+seconds (:attr:`BackendStats.log_speed`: a cell's speed as the benchmark measures it);
+the spread of one request's speed is kept as logarithms (speedups multiply; noise is roughly
 log-normal): a weighted mean and weighted sum of squared deviations (West 1979).
 
 Pure code with copy-on-write state: :meth:`Learner.view` is a read-only mapping whose values
@@ -114,9 +116,11 @@ class BackendStats(NamedTuple):
 
     ``at``: the group's observation count when these were last brought up to date (decay is
     applied lazily: ``decay ** (count - at)``); ``weight``: decayed number of observations;
-    ``mean``/``m2``: weighted mean and sum of squared deviations of ln(tokens/s);
-    ``drafts``/``accepted``/``steps``: decayed draft tokens, accepted draft tokens and verify
-    steps; ``requests``: observations ever (not decayed).
+    ``mean``/``m2``: weighted mean and sum of squared deviations of ln(tokens/s) (the spread
+    of one request's speed); ``drafts``/``accepted``/``steps``: decayed draft tokens,
+    accepted draft tokens and verify steps; ``requests``: observations ever (not decayed);
+    ``tokens``/``seconds``: decayed output tokens and request seconds, whose ratio is the
+    speed routing compares (:attr:`log_speed`).
     """
 
     at: int = 0
@@ -127,6 +131,8 @@ class BackendStats(NamedTuple):
     accepted: float = 0.0
     steps: float = 0.0
     requests: int = 0
+    tokens: float = 0.0
+    seconds: float = 0.0
 
     def aged(self, count: int, decay: float) -> BackendStats:
         """These statistics as of group observation ``count`` (forgetting applied)."""
@@ -140,6 +146,8 @@ class BackendStats(NamedTuple):
             self.accepted * f,
             self.steps * f,
             self.requests,
+            self.tokens * f,
+            self.seconds * f,
         )
 
     def added(self, count: int, decay: float, obs: Observation) -> BackendStats:
@@ -155,12 +163,39 @@ class BackendStats(NamedTuple):
             accepted += obs.accepted_tokens
             steps += obs.spec_steps or 0
         m2 = self.m2 * f + delta * (x - mean)
-        return BackendStats(count, weight, mean, m2, drafts, accepted, steps, self.requests + 1)
+        tokens, seconds = self.tokens * f, self.seconds * f
+        if seconds <= 0 < self.weight:  # a state saved without the sums: its mean stands in
+            tokens = self.weight * f * obs.tokens  # for as many answers as long as this one
+            seconds = tokens / math.exp(self.mean)
+        tokens += obs.tokens
+        seconds += obs.tokens / max(obs.speed_tps, 1e-6)
+        return BackendStats(
+            count, weight, mean, m2, drafts, accepted, steps, self.requests + 1, tokens, seconds
+        )
+
+    @property
+    def log_speed(self) -> float:
+        """ln of the speed routing compares, in tokens/s: decayed output tokens over decayed
+        request seconds, the requests' speed as bench.speedup and issue #25's oracle measure
+        a cell (``sum(tokens) / sum(seconds)``); ``mean`` (the geometric mean of the
+        requests' speeds) for statistics without those sums (a state saved before them).
+
+        Not the geometric mean: a short answer is mostly its first token, so its speed is
+        low (a 5-token RAG answer ran at 80-100 tokens/s on the GPU cost twin, 64-token ones
+        at 190-290), and a prompt that drafts well is fast (ngram: 560 tokens/s on one RAG
+        answer): each request counted alike, the mean follows which requests a backend drew.
+        On the twin's RAG answers (three runs' backends alone, docs/benchmarks.md section 7b,
+        session 42) the geometric mean ranked the backends of 3 of 12 cells at c=1-16 wrong
+        with every answer, the ratio none, and from 2-6 answers a backend it picked the
+        fastest in 53-63% of draws against 48-53%."""
+        if self.seconds > 0:
+            return math.log(max(self.tokens, 1e-9) / self.seconds)
+        return self.mean
 
     @property
     def speed_tps(self) -> float:
-        """The weighted geometric-mean speed in tokens/s (0 without data)."""
-        return math.exp(self.mean) if self.weight > 0 else 0.0
+        """The speed routing compares, tokens/s (:attr:`log_speed`; 0 without data)."""
+        return math.exp(self.log_speed) if self.weight > 0 else 0.0
 
     @property
     def acceptance_rate(self) -> float | None:

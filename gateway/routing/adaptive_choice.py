@@ -65,10 +65,11 @@ class Estimate(NamedTuple):
     replica of its kind was, and its statistics stand in, :func:`stand_in`) or ``prior``
     (neither it nor a replica observed for the task); ``requests``: its own observations in
     the bucket ever;
-    ``weight``: their decayed weight; ``speed_tps``: posterior mean speed (tokens/s,
-    geometric); ``sd``: posterior sd of ln(speed); ``relative``: speed / the plain
-    baseline's (None without one); ``acceptance_rate`` and ``mean_acceptance_length``: the
-    bucket's decayed per-request acceptance (speculative backends); ``draw``: the Thompson
+    ``weight``: their decayed weight; ``speed_tps``: posterior mean speed (tokens/s: the
+    exponential of the posterior mean of ln(tokens over seconds)); ``sd``: posterior sd of
+    ln(speed); ``relative``: speed / the plain baseline's (None without one);
+    ``acceptance_rate`` and ``mean_acceptance_length``: the bucket's decayed per-request
+    acceptance (speculative backends); ``draw``: the Thompson
     sample in tokens/s (None when there was nothing to choose); ``penalty``: the factor on
     its expected speed for spreading load over shared compute (1.0: none); ``bucket``: the
     feature bucket it was judged in (its load band included).
@@ -256,7 +257,7 @@ def _prior(
     seen = _seen(task, name, decay)
     if seen is None:
         return None
-    w_task, m_task = seen.stats.weight * seen.factor, seen.stats.mean
+    w_task, m_task = seen.stats.weight * seen.factor, seen.stats.log_speed
     cap = min(w_task, needed)
     weight = total = 0.0
     for ring in near if cap > 0 else ():
@@ -265,7 +266,7 @@ def _prior(
             here = _seen(group, name, decay)
             if here is not None:
                 w = here.stats.weight * here.factor
-                w_ring, m_ring = w_ring + w, m_ring + w * here.stats.mean
+                w_ring, m_ring = w_ring + w, m_ring + w * here.stats.log_speed
         if w_ring > 0:
             take = min(w_ring, cap - weight)
             weight, total = weight + take, total + take * m_ring / w_ring
@@ -298,7 +299,7 @@ def _posterior(
         return _Posterior("prior", optimistic, math.sqrt(var / UNSEEN_WEIGHT), 0.0)
     w_b = bucket.stats.weight * bucket.factor if bucket is not None else 0.0
     w_t = task.weight if task is not None else 0.0
-    m_b = bucket.stats.mean if bucket is not None else 0.0
+    m_b = bucket.stats.log_speed if bucket is not None else 0.0
     m_t = task.mean if task is not None else 0.0
     n = w_b + w_t
     mean = (w_b * m_b + w_t * m_t) / n if n > 0 else (m_b if bucket is not None else m_t)
@@ -345,7 +346,7 @@ def _beliefs(
         around = _neighbours(estimates, task, buckets.get(n, first))  # read only as needed
         seen[n] = (own, _prior(src, around, prior, decay, max(needed, 0.0)))
     known = [
-        b.stats.mean if b is not None else t.mean if t is not None else None
+        b.stats.log_speed if b is not None else t.mean if t is not None else None
         for b, t in seen.values()
     ]
     optimistic = max((k for k in known if k is not None), default=0.0)

@@ -199,7 +199,8 @@ def break_even(
     paid in every measured band, or nothing was measured).
 
     Shape: ``{backend: {task: {"bands": {"1": 1.21, "4": 0.83}, "stops_paying_at": 4}}}``;
-    ratios are geometric-mean speeds, averaged over the task's measured buckets.
+    ratios are of speeds (:attr:`~gateway.routing.adaptive.BackendStats.log_speed`),
+    geometric-mean averaged over the task's measured buckets.
     """
     out: dict[str, dict[str, Any]] = {}
     for name in speculative:
@@ -212,7 +213,7 @@ def break_even(
             if weight < min_weight:
                 continue
             bands = ratios.setdefault(task, {})
-            bands.setdefault(bucket_load(bucket), []).append(math.exp(s.mean - p.mean))
+            bands.setdefault(bucket_load(bucket), []).append(math.exp(s.log_speed - p.log_speed))
         tasks: dict[str, Any] = {}
         for task, bands in sorted(ratios.items()):
             mean = {b: math.exp(sum(map(math.log, r)) / len(r)) for b, r in sorted(bands.items())}

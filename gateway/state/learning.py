@@ -3,9 +3,9 @@
 Each replica learns alone in its :class:`~gateway.routing.adaptive.Learner` (what it saves to
 its own file and publishes under its own key) and routes on the merge of that with the last
 published state of every peer. Merging is exact for independent samples: per (task, bucket,
-backend), decayed weights and draft counts add, and the weighted means and sums of squared
-deviations of ln(tokens/s) combine by Chan, Golub and LeVeque's pairwise formula ("Updating
-formulae and a pairwise algorithm for computing sample variances", 1979):
+backend), decayed weights, draft counts, tokens and seconds add, and the weighted means and
+sums of squared deviations of ln(tokens/s) combine by Chan, Golub and LeVeque's pairwise
+formula ("Updating formulae and a pairwise algorithm for computing sample variances", 1979):
 ``M2 = sum(M2_i + w_i (mean_i - mean)^2)`` with ``mean = sum(w_i mean_i) / sum(w_i)``. Each
 side is aged to its own group's count first (each replica's decay runs on its own
 observations); the merged group's count is the sum of the counts and every merged entry is
@@ -52,6 +52,8 @@ def combine(parts: Iterable[BackendStats], at: int) -> BackendStats:
         sum(s.accepted for s in items),
         sum(s.steps for s in items),
         sum(s.requests for s in items),
+        sum(s.tokens for s in items),
+        sum(s.seconds for s in items),
     )
 
 

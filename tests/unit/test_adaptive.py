@@ -47,6 +47,59 @@ def test_weighted_mean_with_decay() -> None:
     assert learner.groups[("code", ALL)].count == 2  # the task-level prior group learns too
 
 
+#: RAG at c=1 on the GPU cost twin (docs/benchmarks.md section 7, "Twenty-fourth run", r3,
+#: each backend alone, answers of 8 tokens or more as the learner takes them): (output tokens,
+#: tokens/s) per answer, the same 10 prompts. The cell's speeds, sum(tokens) / sum(e2e) of
+#: all 12: EAGLE-3 231, ngram 208, plain 174.
+RAG_C1 = {
+    "ngram": [(19, 149), (37, 194), (64, 159), (9, 227), (30, 269),
+              (45, 560), (18, 203), (49, 379), (13, 139), (64, 188)],
+    "eagle3": [(19, 213), (37, 294), (64, 245), (9, 100), (30, 295),
+               (45, 367), (18, 155), (49, 295), (13, 136), (64, 234)],
+    "plain": [(19, 169), (37, 171), (64, 190), (9, 139), (30, 176),
+              (45, 190), (18, 163), (49, 188), (13, 136), (64, 184)],
+}  # fmt: skip
+
+
+def test_a_backend_is_judged_by_its_tokens_over_its_seconds() -> None:
+    """The speed routing compares is a backend's output tokens over its requests' seconds,
+    as the benchmark measures a cell, not the geometric mean of its requests' speeds: on the
+    twin's RAG answers that mean put ngram first (224 against EAGLE-3's 218: one copied
+    answer at 560 tokens/s, EAGLE-3's short answers at 100-155), the ratio EAGLE-3 (241
+    against 217), as every answer of the cell measured them."""
+    learner = Learner(decay=1.0)
+    for name, answers in RAG_C1.items():
+        for tokens, speed in answers:
+            learner.observe(Observation("rag", "greedy/rep", name, speed, tokens))
+    group = learner.groups[("rag", "greedy/rep")]
+    speeds = {n: group.backends[n].speed_tps for n in RAG_C1}
+    assert speeds == pytest.approx({"ngram": 216.9, "eagle3": 241.3, "plain": 178.3}, abs=0.1)
+    geometric = {n: math.exp(group.backends[n].mean) for n in RAG_C1}
+    assert geometric["ngram"] > geometric["eagle3"]  # the mean of the requests ranks them wrong
+    held = choose(
+        "rag", "greedy/rep", ["plain", "ngram", "eagle3"], learner.view(), random.Random(0),
+        decay=1.0, explore=False,
+    )  # fmt: skip
+    assert held.chosen == "eagle3"
+
+
+def test_a_short_answer_weighs_its_seconds_not_a_whole_request() -> None:
+    """Two answers of one backend, 5 tokens at 90 tokens/s and 64 at 250: 69 tokens in
+    0.312 s (221 tokens/s), where their geometric mean reads 150; decay ages the tokens and
+    the seconds alike."""
+    learner = Learner(decay=0.5)
+    learner.observe(Observation("rag", "greedy/rep", "ngram", 90.0, 5))
+    learner.observe(Observation("rag", "greedy/rep", "ngram", 250.0, 64))
+    stats = learner.groups[("rag", "greedy/rep")].current("ngram", 0.5)
+    assert stats is not None
+    assert stats.tokens == pytest.approx(0.5 * 5 + 64)
+    assert stats.seconds == pytest.approx(0.5 * 5 / 90 + 64 / 250)
+    assert stats.speed_tps == pytest.approx(66.5 / (2.5 / 90 + 0.256))
+    assert math.exp(stats.mean) == pytest.approx(
+        math.exp((0.5 * math.log(90) + math.log(250)) / 1.5)
+    )
+
+
 def test_evidence_of_a_backend_not_chosen_fades_but_its_mean_stays() -> None:
     learner = Learner(decay=0.9)
     learner.observe(obs("ngram", 30.0))

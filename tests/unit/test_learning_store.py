@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import random
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -154,7 +155,7 @@ def test_a_version_3_state_loses_the_load_bands_since_narrowed(
         learner.observe(Observation("code", f"greedy/norep{band}", "plain", 100.0, 64))
     store = LearningStore(tmp_path / "state.json")
     data = json.loads(store.snapshot(learner) or b"")
-    assert data["version"] == VERSION == 4
+    assert data["version"] == VERSION == 5
     data["version"] = 3
     store.path.write_text(json.dumps(data))
     restored = Learner(0.98)
@@ -166,6 +167,31 @@ def test_a_version_3_state_loses_the_load_bands_since_narrowed(
     ]  # fmt: skip
     store.path.write_text(json.dumps(data | {"version": 4}))
     assert store.load(restored) and ("code", "greedy/norep/c32") in restored.groups
+
+
+def test_a_version_4_state_is_read_at_its_geometric_mean_until_it_learns_again(
+    tmp_path: Path,
+) -> None:
+    """Version 4 kept no tokens or seconds: its records are read at their geometric mean,
+    and the first answer learnt after counts them as as many answers as long as itself."""
+    learner = Learner(0.5)
+    learner.observe(Observation("rag", "greedy/rep", "ngram", 100.0, 64))
+    learner.observe(Observation("rag", "greedy/rep", "ngram", 400.0, 64))
+    store = LearningStore(tmp_path / "state.json")
+    data = json.loads(store.snapshot(learner) or b"")
+    for group in data["groups"]:
+        for stats in group["backends"].values():
+            del stats["tokens"], stats["seconds"]
+    store.path.write_text(json.dumps(data | {"version": 4}))
+    restored = Learner(0.5)
+    assert store.load(restored)
+    old = restored.groups[("rag", "greedy/rep")].backends["ngram"]
+    assert old.speed_tps == pytest.approx(math.exp((0.5 * math.log(100) + math.log(400)) / 1.5))
+    restored.observe(Observation("rag", "greedy/rep", "ngram", 200.0, 32))
+    new = restored.groups[("rag", "greedy/rep")].backends["ngram"]
+    legacy = 0.5 * 1.5 * 32  # the old weight, aged, as answers of 32 tokens
+    assert new.tokens == pytest.approx(legacy + 32)
+    assert new.seconds == pytest.approx(legacy / old.speed_tps + 32 / 200)
 
 
 def test_a_probe_mark_is_saved_and_shown_to_peers_at_once(tmp_path: Path) -> None:

@@ -50,6 +50,8 @@ def test_without_forgetting_the_merge_is_one_learner_over_both_streams(seed: int
             assert m.requests == s.requests and m.weight == pytest.approx(s.weight)
             assert m.mean == pytest.approx(s.mean) and m.m2 == pytest.approx(s.m2)
             assert (m.drafts, m.accepted, m.steps) == pytest.approx((s.drafts, s.accepted, s.steps))
+            assert (m.tokens, m.seconds) == pytest.approx((s.tokens, s.seconds))
+            assert m.speed_tps == pytest.approx(s.speed_tps)
 
 
 def test_each_side_is_aged_to_its_own_count_before_adding() -> None:
@@ -63,6 +65,7 @@ def test_each_side_is_aged_to_its_own_count_before_adding() -> None:
     assert ngram.weight == pytest.approx(0.125 + 1.0)
     expected = (0.125 * math.log(10.0) + math.log(40.0)) / 1.125
     assert ngram.mean == pytest.approx(expected)
+    assert ngram.speed_tps == pytest.approx((0.125 * 20 + 20) / (0.125 * 2.0 + 0.5))
 
 
 def test_the_shared_learner_routes_on_the_merge_and_keeps_its_own() -> None:
