@@ -184,10 +184,11 @@ class BackendStats(NamedTuple):
         low (a 5-token RAG answer ran at 80-100 tokens/s on the GPU cost twin, 64-token ones
         at 190-290), and a prompt that drafts well is fast (ngram: 560 tokens/s on one RAG
         answer): each request counted alike, the mean follows which requests a backend drew.
-        On the twin's RAG answers (three runs' backends alone, docs/benchmarks.md section 7b,
-        session 42) the geometric mean ranked the backends of 3 of 12 cells at c=1-16 wrong
-        with every answer, the ratio none, and from 2-6 answers a backend it picked the
-        fastest in 53-63% of draws against 48-53%."""
+        On the twin's answers (three runs' backends alone, ``bench.speed_estimators``,
+        docs/benchmarks.md section 7b, session 42) the geometric mean ranked the fastest
+        backend first in 62 of 72 cells with every answer, the ratio in 70; on RAG at c=1-16
+        (9 and 12 of 12), from 3 or 6 answers a backend, the ratio picked the fastest in 56
+        and 64% of draws, the geometric mean in 50 and 54%."""
         if self.seconds > 0:
             return math.log(max(self.tokens, 1e-9) / self.seconds)
         return self.mean
