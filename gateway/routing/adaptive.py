@@ -95,7 +95,8 @@ class Observation(NamedTuple):
     per request at a third of a frozen dataclass's cost, as :class:`BackendStats`).
 
     ``speed_tps``: output tokens per second of the whole request (time to first token
-    included, :func:`gateway.learning.observer.request_seconds`); ``tokens``: output tokens;
+    included, :meth:`gateway.learning.observer.FeedbackCollector.observe`); ``tokens``:
+    output tokens;
     ``draft_tokens``/``accepted_tokens``/``spec_steps``: the request's proposed and accepted
     draft tokens and verify steps (None for a plain backend or when vLLM did not report).
     """

@@ -9,7 +9,9 @@ formula ("Updating formulae and a pairwise algorithm for computing sample varian
 ``M2 = sum(M2_i + w_i (mean_i - mean)^2)`` with ``mean = sum(w_i mean_i) / sum(w_i)``. Each
 side is aged to its own group's count first (each replica's decay runs on its own
 observations); the merged group's count is the sum of the counts and every merged entry is
-current (``at == count``), so routing reads it as it reads a local group.
+current (``at == count``), so routing reads it as it reads a local group. A peer's state of
+version 4 or older has no tokens or seconds: merged with one that has them, it adds its
+weight but not its speed (while a rolling upgrade runs; alone, it is read at its mean).
 
 Publishing each replica's own state (rather than adding deltas into one shared record) makes
 a publication idempotent: a replica that publishes twice, restarts, or comes back after Redis
