@@ -4,7 +4,8 @@ output tokens over seconds, on bench.speedup's answers of each backend alone.
 The truth per (concurrency, task) cell is the benchmark's own figure, ``sum(tokens) /
 sum(e2e)`` over every answer of the backend (:func:`bench.speedup_report.summarize`). Each
 estimator reads only the answers the learner learns from (``min_tokens`` or more, as
-:class:`gateway.learning.observer.FeedbackCollector`):
+:class:`gateway.learning.observer.FeedbackCollector`, its default from
+:class:`contracts.config.AdaptiveSettings`):
 
 - ``geometric``: exp of the mean ln(tokens/s) of the answers (specgate before session 42);
 - ``ratio``: their tokens over their seconds
@@ -31,28 +32,35 @@ import math
 import random
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
+
+from bench.speedup_report import summarize
+from contracts.config import AdaptiveSettings
 
 BACKENDS = ("plain", "ngram", "eagle3")
-#: :attr:`contracts.config.AdaptiveSettings.min_tokens`'s default
-MIN_TOKENS = 8
 
 Answer = tuple[int, float]  # (output tokens, e2e seconds)
 
 
-def load(folder: Path) -> dict[tuple[int, str, str], list[Answer]]:
-    """(concurrency, task, backend) -> every successful answer of the backend alone, from
-    the ``results.json`` files under ``folder``."""
-    cells: dict[tuple[int, str, str], list[Answer]] = defaultdict(list)
+def load(folder: Path) -> dict[tuple[int, str, str], list[dict[str, Any]]]:
+    """(concurrency, task, backend) -> the outcomes of the backend alone, from the
+    ``results.json`` files under ``folder``."""
+    cells: dict[tuple[int, str, str], list[dict[str, Any]]] = defaultdict(list)
     for path in sorted(folder.glob("**/results.json")):
         for run in json.loads(path.read_text())["runs"]:
-            if run["target"] not in BACKENDS:
-                continue
-            for o in run["outcomes"]:
-                if not o["error"] and o["e2e_s"]:
-                    cells[run["concurrency"], o["task"], run["target"]].append(
-                        (o["output_tokens"], o["e2e_s"])
-                    )
+            if run["target"] in BACKENDS:
+                for o in run["outcomes"]:
+                    cells[run["concurrency"], o["task"], run["target"]].append(o)
     return cells
+
+
+def learnt(outcomes: list[dict[str, Any]], min_tokens: int) -> list[Answer]:
+    """The answers the learner learns from: successful, ``min_tokens`` or more."""
+    return [
+        (o["output_tokens"], o["e2e_s"])
+        for o in outcomes
+        if not o["error"] and o["e2e_s"] and o["output_tokens"] >= min_tokens
+    ]
 
 
 def geometric(answers: list[Answer]) -> float:
@@ -79,6 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     tasks, ks = args.tasks.split(","), [int(k) for k in args.k.split(",")]
     rng = random.Random(args.seed)
     names = list(ESTIMATORS)
+    min_tokens = AdaptiveSettings().min_tokens
     print("| run | c | task | truth (tokens/s) | " + " | ".join(
         [f"{n}: fastest" for n in names]
         + [f"{n}, k={k}: right / share" for k in ks for n in names]
@@ -89,10 +98,10 @@ def main(argv: list[str] | None = None) -> int:
         for c in sorted({key[0] for key in cells}):
             for task in tasks:
                 every = {b: cells.get((c, task, b), []) for b in BACKENDS}
-                learnt = {b: [a for a in v if a[0] >= MIN_TOKENS] for b, v in every.items()}
-                if not all(learnt.values()):
+                answers = {b: learnt(v, min_tokens) for b, v in every.items()}
+                if not all(answers.values()):
                     continue
-                truth = {b: ratio(v) for b, v in every.items()}
+                truth = {b: summarize(v)["tok_s"] for b, v in every.items()}
                 best = max(truth, key=truth.__getitem__)
                 row = [
                     folder.name,
@@ -101,13 +110,13 @@ def main(argv: list[str] | None = None) -> int:
                     " / ".join(f"{b} {truth[b]:.0f}" for b in BACKENDS),
                 ]
                 for f in ESTIMATORS.values():
-                    pick = max(BACKENDS, key=lambda b, f=f: f(learnt[b]))  # type: ignore[misc]
+                    pick = max(BACKENDS, key=lambda b, f=f: f(answers[b]))  # type: ignore[misc]
                     row.append("yes" if pick == best else f"no ({pick})")
                 for k in ks:
                     right = dict.fromkeys(names, 0)
                     share = dict.fromkeys(names, 0.0)
                     for _ in range(args.draws):
-                        draw = {b: rng.sample(v, min(k, len(v))) for b, v in learnt.items()}
+                        draw = {b: rng.sample(v, min(k, len(v))) for b, v in answers.items()}
                         for name, f in ESTIMATORS.items():
                             pick = max(BACKENDS, key=lambda b, f=f: f(draw[b]))  # type: ignore[misc]
                             right[name] += pick == best
