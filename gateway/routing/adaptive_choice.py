@@ -498,16 +498,18 @@ def _second_answer(
     One answer is a poor estimate of a backend's speed: on the GPU cost twin's
     twenty-fifth run (docs/benchmarks.md section 7) the warm-up gave EAGLE-3 one rag
     answer at c=1, 9 tokens at 73 tokens/s (first token at 76 ms), where it ran the cell at
-    188 tokens/s against plain's 162; topped up from its c=16 band (75 tokens/s), its
-    posterior sat some 3 sd below plain's (the Thompson spread is the task's, pooled over
-    its backends), and 23 of the 24 rag requests at c=1 that followed went to plain
-    (0.84x the oracle). So a candidate that answered once is sent the next lone request
-    before one answer may hold it out: at most one request per candidate and bucket in a
+    188 tokens/s against plain's 162, and 23 of the 24 rag requests at c=1 that followed
+    went to plain (0.84x the oracle). From that warm-up's answers alone
+    (``tests/unit/test_adaptive.py::test_one_slow_answer_does_not_hold_a_backend_out_of_a_lone_request``)
+    EAGLE-3's posterior reads 73 tokens/s, sd 0.16 in ln units, against plain's 140, sd
+    0.10 (the Thompson spread is the task's, pooled over its backends): 3.4 sd apart, and
+    2 draws in 5,000 choose it. So a candidate that answered once is sent the next lone
+    request before one answer may hold it out: at most one request per candidate and bucket in a
     gateway's life (``requests`` never decays), and only for a lone request (``explore``
     1: :func:`choose`), so no burst is committed to it. A candidate with no answer of its
-    own in the bucket keeps its prior and the draw ("play each arm a few times first", as
-    UCB1 starts: Auer et al., "Finite-time Analysis of the Multiarmed Bandit Problem",
-    2002)."""
+    own in the bucket keeps its prior and the draw. (UCB1 likewise plays every arm once
+    before its index decides: Auer et al., "Finite-time Analysis of the Multiarmed Bandit
+    Problem", 2002; here a second answer, as one answer's speed is the noisiest.)"""
     short = []
     for n in candidates:
         group = groups.get(n)

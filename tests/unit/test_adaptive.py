@@ -112,7 +112,7 @@ RAG_WARM_UP = [
 def test_one_slow_answer_does_not_hold_a_backend_out_of_a_lone_request() -> None:
     """After the twin's rag warm-up, EAGLE-3 (the cell's fastest) had answered once, slowly
     (9 tokens at 73 tokens/s): the next lone request goes there for its second answer,
-    though its posterior is plain's inferior; ngram, with two, is left to its draw. A
+    though its posterior is below plain's; ngram, with two, is left to its draw. A
     burst (``explore`` below 1) is not committed to a second answer. Once EAGLE-3 has two,
     the draws alone decide."""
     learner = Learner(decay=0.98)
