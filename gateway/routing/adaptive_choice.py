@@ -21,7 +21,9 @@ separates them. As a loser's evidence decays its posterior widens and it is trie
 which is how a backend that got better is noticed. Until some candidate has been observed for
 the task, the rules' first candidate is chosen (a fresh gateway routes as the static policy
 does); after that a backend never observed for the task (nor any replica of its kind) gets
-an optimistic prior (the best candidate's mean, wide), so each is tried early.
+an optimistic prior (the best candidate's mean, wide), so each is tried early, and a
+candidate that has answered once in a bucket gets the next lone request there
+(:func:`_second_answer`), so one slow answer does not hold it out.
 
 Pure: the estimates and the ``random.Random`` come from the caller; for a given state and
 seed the choice is deterministic.
@@ -386,7 +388,9 @@ def choose(
     While no candidate has been observed for the task the rules' first candidate is taken
     (a fresh gateway routes like the static policy: the caller keeps a busy compute's load
     together as that policy does); then one ``rng.normalvariate`` draw per candidate, in
-    order, when there are two or more. ``explore`` in [0, 1] scales each
+    order, when there are two or more; at ``explore`` 1 a candidate with one answer of its
+    own in its bucket takes the request instead (:func:`_second_answer`). ``explore`` in
+    [0, 1] scales each
     draw's spread: 0 takes the best posterior mean (no draw), as for a request joining a busy
     shared compute (one request sent elsewhere slows the whole batch and measures nothing
     its load band can use); below 1 where a choice commits a whole burst to one backend.
@@ -504,12 +508,13 @@ def _second_answer(
     EAGLE-3's posterior reads 73 tokens/s, sd 0.16 in ln units, against plain's 140, sd
     0.10 (the Thompson spread is the task's, pooled over its backends): 3.4 sd apart, and
     2 draws in 5,000 choose it. So a candidate that answered once is sent the next lone
-    request before one answer may hold it out: at most one request per candidate and bucket in a
-    gateway's life (``requests`` never decays), and only for a lone request (``explore``
-    1: :func:`choose`), so no burst is committed to it. A candidate with no answer of its
-    own in the bucket keeps its prior and the draw. (UCB1 likewise plays every arm once
-    before its index decides: Auer et al., "Finite-time Analysis of the Multiarmed Bandit
-    Problem", 2002; here a second answer, as one answer's speed is the noisiest.)"""
+    request before one answer may hold it out: at most one request per candidate and
+    bucket in a gateway's life (``requests`` never decays), and only for a lone request
+    (``explore`` 1: :func:`choose`), so no burst is committed to it. A candidate with no
+    answer of its own in the bucket keeps its prior and the draw. (UCB1 likewise plays
+    every arm once before its index decides: Auer et al., "Finite-time Analysis of the
+    Multiarmed Bandit Problem", 2002; here a second answer, as one answer's speed is the
+    noisiest.)"""
     short = []
     for n in candidates:
         group = groups.get(n)
