@@ -128,6 +128,9 @@ class AdaptiveChoice:
     #: Requests of a cohort the choice was made for, by task (:func:`choose`'s ``cohort``;
     #: empty: for this request alone).
     cohort: Mapping[str, int] = field(default_factory=dict)
+    #: ``chosen`` had one answer of its own in its bucket and takes this lone request for its
+    #: second (:func:`_second_answer`), whatever the draws said.
+    second: bool = False
 
     @property
     def estimates(self) -> tuple[Estimate, ...]:
@@ -148,6 +151,8 @@ class AdaptiveChoice:
         }
         if self.cohort:
             out["cohort"] = dict(self.cohort)
+        if self.second:
+            out["second_answer"] = True
         return out
 
 
@@ -469,16 +474,25 @@ def choose(
         draws = {
             n: rng.normalvariate(post[n].mean, post[n].sd * explore) + shift[n] for n in candidates
         }
+    second = None
     if untried:
         best = chosen = candidates[0]
     else:
         best = max(candidates, key=lambda n: post[n].mean + shift[n])
         chosen = max(candidates, key=lambda n: draws[n]) if draws else best
         if explore >= 1:
-            chosen = _second_answer(candidates, groups, best, draws) or chosen
+            second = _second_answer(candidates, groups, best, draws)
+            chosen = second or chosen
     explored = chosen != best
     return AdaptiveChoice(
-        task, buckets[chosen], chosen, best, explored, untried, lambda: rows(post, shift, draws)
+        task,
+        buckets[chosen],
+        chosen,
+        best,
+        explored,
+        untried,
+        lambda: rows(post, shift, draws),
+        second=second is not None,
     )
 
 

@@ -458,6 +458,8 @@ class RoutingPolicy:
             _keep_together(load, plan, order, eligible)
             choice = replace(choice, chosen=order[0], best=order[0], bucket=buckets[order[0]])
         why = "exploring" if choice.explored else "best expected speed"
+        if choice.second:
+            why = "its second answer in this bucket (one so far)"
         if choice.cohort:
             mix = ", ".join(f"{t} {k}" for t, k in sorted(choice.cohort.items()))
             why += f" for the {sum(choice.cohort.values())} requests arriving together ({mix})"

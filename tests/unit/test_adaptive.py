@@ -130,7 +130,8 @@ def test_one_slow_answer_does_not_hold_a_backend_out_of_a_lone_request() -> None
         "rag", "greedy/rep", names, learner.view(), random.Random(0), decay=0.98,
         baseline="plain",
     )  # fmt: skip
-    assert (lone.chosen, lone.best, lone.explored) == ("eagle3", "plain", True)
+    assert (lone.chosen, lone.best, lone.explored, lone.second) == ("eagle3", "plain", True, True)
+    assert lone.to_json()["second_answer"] is True
     assert all(pick(seed) == "eagle3" for seed in range(50))
     assert [pick(seed, explore=0.0) for seed in range(5)] == ["plain"] * 5
     assert sum(pick(seed, explore=0.5) == "eagle3" for seed in range(200)) < 20

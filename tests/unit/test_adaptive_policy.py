@@ -56,6 +56,25 @@ def test_adaptive_puts_the_fastest_allowed_backend_first() -> None:
     assert plain.speed_tps == pytest.approx(30.0) and plain.relative == pytest.approx(1.0)
 
 
+def test_a_lone_request_goes_for_a_backends_second_answer_and_says_so() -> None:
+    """On an idle machine a backend that answered once in the bucket (ngram, slowly) takes
+    the next request, and the decision's reasons and ``/routes/explain``'s object name it
+    a second answer; once it has two, that is no longer the reason."""
+    policy = RoutingPolicy(adaptive_config())
+    learner = learnt("code", "greedy/norep", {"plain": 30.0, "eagle3": 25.0, "draft": 9.0}, n=10)
+    learner.observe(Observation("code", "greedy/norep", "ngram", 12.0, 64))
+    decision = policy.decide(features("code", 0.0), healthy(), random.Random(0), learner.view())
+    assert decision.backends[0] == "ngram"
+    assert decision.adaptive is not None and decision.adaptive.best == "plain"
+    assert decision.adaptive.to_json()["second_answer"] is True
+    assert any("its second answer in this bucket" in r for r in decision.reasons)
+    learner.observe(Observation("code", "greedy/norep", "ngram", 12.0, 64))
+    for seed in range(20):
+        again = policy.decide(features("code", 0.0), healthy(), random.Random(seed), learner.view())
+        assert again.adaptive is not None and not again.adaptive.second
+        assert not any("second answer" in r for r in again.reasons)
+
+
 def test_rules_stay_the_guard_rails() -> None:
     """creative-plain allows speculative backends only as failover: never first."""
     policy = RoutingPolicy(adaptive_config())
