@@ -481,7 +481,7 @@ def choose(
         best = max(candidates, key=lambda n: post[n].mean + shift[n])
         chosen = max(candidates, key=lambda n: draws[n]) if draws else best
         if explore >= 1:
-            second = _second_answer(candidates, groups, best, draws)
+            second = _second_answer(candidates, groups, best, draws, decay)
             chosen = second or chosen
     explored = chosen != best
     return AdaptiveChoice(
@@ -506,12 +506,12 @@ def _second_answer(
     groups: Mapping[str, GroupStats | None],
     best: str,
     draws: Mapping[str, float],
+    decay: float,
 ) -> str | None:
     """The candidate a lone request goes to for its second answer in its bucket: of those
     other than ``best`` with fewer than :data:`MIN_ANSWERS` but at least one answer of their
     own in their bucket (``groups``: each candidate's group for this task and bucket), the
-    largest draw (``draws``; the first in rules' order without draws); None when there is
-    none.
+    one of largest draw (``draws``: one per candidate); None when there is none.
 
     One answer is a poor estimate of a backend's speed: on the GPU cost twin's
     twenty-fifth run (docs/benchmarks.md section 7) the warm-up gave EAGLE-3 one rag
@@ -529,15 +529,14 @@ def _second_answer(
     every arm once before its index decides: Auer et al., "Finite-time Analysis of the
     Multiarmed Bandit Problem", 2002; here a second answer, as one answer's speed is the
     noisiest.)"""
-    short = []
-    for n in candidates:
-        group = groups.get(n)
-        stats = group.backends.get(n) if group is not None else None
-        if n != best and stats is not None and 0 < stats.requests < MIN_ANSWERS:
-            short.append(n)
-    if not short:
-        return None
-    return max(short, key=lambda n: draws.get(n, 0.0)) if draws else short[0]
+    short = [
+        n
+        for n in candidates
+        if n != best
+        and (seen := _seen(groups.get(n), n, decay)) is not None
+        and seen.stats.requests < MIN_ANSWERS
+    ]
+    return max(short, key=draws.__getitem__) if short else None
 
 
 #: The most distinct (task, bucket) kinds of a cohort's requests :func:`choose` (its
