@@ -2,8 +2,9 @@
 
 :func:`open_runtime` builds a :class:`Runtime` on one :class:`contextlib.AsyncExitStack`
 and tears it down in reverse order: background tasks first (one :class:`BackgroundTasks`
-cancels them all), then the capture's flush, the metrics' and learning's blocks (the final
-save), the SIGHUP handler, the forwarder's upstream client and the shared httpx client.
+cancels them all), then the backend catalog's reads, the capture's flush, the metrics' and
+learning's blocks (the final save), the SIGHUP handler, the forwarder's upstream client and
+the shared httpx client.
 ``create_app``'s lifespan puts the runtime on ``app.state.runtime``; handlers reach it with
 :func:`runtime_of`. Importing this module does nothing.
 """
@@ -226,8 +227,9 @@ def build_upstream(
 
 @contextlib.asynccontextmanager
 async def open_runtime(parts: Parts) -> AsyncIterator[Runtime]:
-    """Build the runtime, probe every backend once, start the background tasks; on exit
-    tear everything down (module docstring)."""
+    """Build the runtime, probe every backend once, read the healthy ones' catalog (at most
+    the catalog's ``timeout_s``), start the background tasks; on exit tear everything down
+    (module docstring)."""
     settings = parts.settings
     async with contextlib.AsyncExitStack() as stack:
         registry = BackendRegistry(
@@ -295,6 +297,17 @@ async def open_runtime(parts: Parts) -> AsyncIterator[Runtime]:
             timeout_s=max(settings.health_timeout_s, 5.0),
         )
         stack.push_async_callback(catalog.aclose)
+        # read before the app is ready: a client's first /v1/models waited 2.0-3.0 s for the
+        # CPU stack's first /openapi.json reads (session 44); startup waits timeout_s at
+        # most (a read that trickles bytes goes on in the background)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(catalog.timeout_s):
+                await catalog.warm(gateway.config.backends, registry)
+        tasks.every(
+            settings.health_interval_s,
+            lambda: catalog.warm(gateway.config.backends, registry),
+            "specgate-catalog",
+        )
         stack.push_async_callback(tasks.aclose)  # first on teardown: no loop outlives its use
         probe_server = None
         if settings.health_port is not None:

@@ -1,13 +1,14 @@
 """What each backend serves, read from the backend itself: its paths (``/openapi.json``) and
 its model cards (``/v1/models``), cached for ``ttl_s`` seconds.
 
-Read on demand, one read per backend in flight however many requests ask, each bounded by
-``timeout_s``. Only a backend whose first read has not ended makes a request wait (for its
-first answer or failure, once); one with an answer, or whose first read failed, keeps what
-it has while its re-read runs, so a hung backend delays no ``/v1/models`` and no relayed
-path (each request waited ``timeout_s`` behind the one before it when a lock held the
-reads). A backend that fails keeps its last good answer
-and is asked again ``retry_s`` later. Built in ``create_app``'s lifespan, which closes it.
+Read ahead for every available backend (:meth:`BackendCatalog.warm`, a background loop of
+the app) and on demand: one read per backend in flight however many requests ask, each
+bounded by ``timeout_s``. Only a backend whose first read has not ended makes a request wait
+(for its first answer or failure, once); one with an answer, or whose first read failed,
+keeps what it has while its re-read runs, so a hung backend delays no ``/v1/models`` and no
+relayed path (each request waited ``timeout_s`` behind the one before it when a lock held
+the reads). A backend that fails keeps its last good answer and is asked again ``retry_s``
+later. Built in ``create_app``'s lifespan, which closes it.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import httpx
 
 from contracts.config import BackendConfig
 from gateway.upstream.endpoints import PathTemplate, openapi_templates
+from gateway.upstream.state import BackendRegistry
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +66,15 @@ class BackendCatalog:
         ]
         if waits:
             await asyncio.gather(*waits)
+
+    async def warm(self, backends: Mapping[str, BackendConfig], registry: BackendRegistry) -> None:
+        """Read every available backend whose entry expired, waiting for first reads only
+        (:meth:`refresh`): once in the app's startup, then its ``specgate-catalog`` loop
+        every health interval. A client's first ``/v1/models`` or relayed path then finds
+        the answers read, where it waited for the backends' first ``/openapi.json`` (2.0-3.0
+        s on the CPU stack, session 44)."""
+        names = [n for n in backends if (s := registry.states.get(n)) is not None and s.available]
+        await self.refresh(backends, names)
 
     def _start(
         self, backends: Mapping[str, BackendConfig], names: Iterable[str]

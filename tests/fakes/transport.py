@@ -11,6 +11,8 @@ class BackendsTransport(httpx.AsyncBaseTransport):
 
     def __init__(self, apps: dict[str, object]) -> None:
         self.transports = {addr: httpx.ASGITransport(app=app) for addr, app in apps.items()}  # type: ignore[arg-type]
+        #: transports set aside while their backends refuse (a test puts them back)
+        self.refusing: dict[str, httpx.ASGITransport] = {}
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         transport = self.transports.get(request.url.netloc.decode())

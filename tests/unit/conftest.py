@@ -64,17 +64,26 @@ def gateway_settings(**overrides: Any) -> Settings:
 
 @asynccontextmanager
 async def in_process(
-    settings: Settings, config: GatewayConfig | None = None
+    settings: Settings,
+    config: GatewayConfig | None = None,
+    *,
+    refused: bool = False,
+    fakes: dict[str, FakeBehaviour] | None = None,
 ) -> AsyncIterator[InProcess]:
     """``config`` (default: the shipped local config) behind ``settings``, a fake vLLM
-    server per backend."""
+    server per backend (``fakes``' behaviour where it names the backend: what the gateway
+    reads at startup, such as the model cards); ``refused``: every backend refuses
+    connections until the caller fills ``backends.transports`` (``BackendsTransport.
+    refusing``): a gateway started before its backends."""
     config = config or local_config()
-    fakes = {name: FakeBehaviour(name=name) for name in config.backends}
+    fakes = {name: (fakes or {}).get(name) or FakeBehaviour(name=name) for name in config.backends}
     apps = {
         b.base_url.removeprefix("http://"): create_fake_vllm(fakes[name])
         for name, b in config.backends.items()
     }
     backends = BackendsTransport(apps)
+    if refused:
+        backends.refusing, backends.transports = backends.transports, {}
     app = create_app(settings, config=config, transport=backends, rng=random.Random(1))
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)

@@ -213,6 +213,15 @@ async def test_models_health_ready_routes(gw: InProcess) -> None:
     assert [r["name"] for r in routes["rules"]][-1] == "default"
 
 
+async def test_the_backends_catalog_is_read_before_the_app_is_ready(gw: InProcess) -> None:
+    """A client's first ``/v1/models`` reads nothing upstream: startup read every backend's
+    ``/openapi.json`` and ``/v1/models`` (the first one waited 2.0-3.0 s on the CPU stack)."""
+    catalog = gw.app.state.runtime.catalog
+    for name in ("plain", "ngram", "draft", "eagle3"):
+        assert [card["id"] for card in catalog.cards(name)] == [MODEL]
+        assert "/v1/completions" in [t.template for t in catalog.paths(name)]
+
+
 async def test_unknown_route_and_method_use_the_envelope(gw: InProcess) -> None:
     assert_envelope(await gw.client.get("/v1/nothing"), 404)
     assert_envelope(await gw.client.get("/v1/completions"), 405)

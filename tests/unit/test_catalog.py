@@ -12,6 +12,7 @@ import pytest
 
 from contracts.config import BackendConfig
 from gateway.upstream.catalog import BackendCatalog
+from gateway.upstream.state import BackendRegistry
 
 BACKENDS = {
     "plain": BackendConfig(url="http://plain:8001", model="m"),
@@ -178,3 +179,25 @@ async def test_a_backend_counts_as_reached_once_it_answers_anything(
         await catalog.refresh(BACKENDS, ["plain"])
         assert catalog.answered("plain") is reached
         assert catalog.paths("plain") == []
+
+
+async def test_warm_reads_the_available_backends_ahead_of_any_request() -> None:
+    """The app's catalog loop: a backend the health poller put down is not read; the others
+    are, so the first ``/v1/models`` that follows reads nothing and waits for nothing."""
+    backends, now = Backends(), [0.0]
+    registry = BackendRegistry(BACKENDS)
+    registry.states["draft"].mark(False)
+    async with httpx.AsyncClient(transport=httpx.MockTransport(backends)) as client:
+        catalog = BackendCatalog(client, ttl_s=60, clock=lambda: now[0])
+        await catalog.warm(BACKENDS, registry)
+        assert backends.reads == {"plain": 2}  # /openapi.json and /v1/models
+        assert catalog.cards("plain") == MODELS["data"] and catalog.cards("draft") == []
+
+        await catalog.refresh(BACKENDS, ["plain"])  # a client's request within the TTL
+        assert backends.reads == {"plain": 2}
+
+        registry.states["draft"].mark(True)
+        now[0] = 61.0
+        await catalog.warm(BACKENDS, registry)  # plain expired, draft now up
+        await asyncio.sleep(0.05)  # plain's re-read is not waited for
+        assert backends.reads == {"plain": 4, "draft": 2}

@@ -11,7 +11,8 @@ from httpx_sse import aconnect_sse
 from gateway.classify.classifier import classify
 from gateway.classify.protocol import MessagesFields, ResponsesFields, read_fields, routing_view
 from gateway.upstream.endpoints import is_client_path, match, openapi_templates
-from tests.unit.conftest import MODEL, ROOT, InProcess
+from tests.fakes.fake_vllm import FakeBehaviour
+from tests.unit.conftest import MODEL, ROOT, InProcess, gateway_settings, in_process
 
 RESPONSES = {"model": MODEL, "input": "Say hi", "max_output_tokens": 8}
 MESSAGES = {
@@ -242,10 +243,11 @@ async def test_options_is_405_with_the_code_every_other_method_gets(
     assert resp.json()["error"]["type"] == "invalid_request_error"
 
 
-async def test_model_cards_are_the_backends(gw: InProcess) -> None:
+async def test_model_cards_are_the_backends() -> None:
     """The issue's example: clients size their context from max_model_len."""
-    gw.fakes["ngram"].max_model_len = 4096
-    data = (await gw.client.get("/v1/models")).json()["data"]
+    fakes = {"ngram": FakeBehaviour(name="ngram", max_model_len=4096)}
+    async with in_process(gateway_settings(), fakes=fakes) as gw:
+        data = (await gw.client.get("/v1/models")).json()["data"]
     assert [card["id"] for card in data] == [MODEL]
     card = data[0]
     assert card["max_model_len"] == 4096  # the smallest of the backends serving it

@@ -278,8 +278,8 @@ async def test_a_relayed_path_before_any_backend_answered_is_a_503_to_retry() ->
     ``no_healthy_backend`` with ``Retry-After`` (the OpenAI SDK retries it), not a 404 that
     reads as permanent; once a backend answers, its paths are relayed and a path none
     lists is 404."""
-    async with in_process(gateway_settings(backend_catalog_ttl_s=0.05)) as gw:
-        fakes, gw.backends.transports = gw.backends.transports, {}  # every backend refuses
+    async with in_process(gateway_settings(backend_catalog_ttl_s=0.05), refused=True) as gw:
+        fakes = gw.backends.refusing  # every backend refuses from the start
         for method, path in [("POST", "/tokenize"), ("GET", "/version"), ("GET", "/nope")]:
             resp = await gw.client.request(method, path, json={"model": MODEL, "prompt": "x"})
             assert resp.status_code == 503, (path, resp.text)
