@@ -35,6 +35,7 @@ class _Entry:
     expires: float = 0.0
     tried: bool = False  # a read ended (answered or failed): callers no longer wait for one
     answered: bool = False  # a read ever got an HTTP answer (2xx or not)
+    failing: bool = False  # the last read failed (logged once a streak, at info)
     paths: list[PathTemplate] = field(default_factory=list)
     cards: list[dict[str, Any]] = field(default_factory=list)
 
@@ -109,14 +110,19 @@ class BackendCatalog:
             # an answer, even an error or no JSON (vLLM's --disable-fastapi-docs has no
             # /openapi.json), is a backend reached; a refused or timed-out read is not
             entry.answered |= not isinstance(exc, httpx.TransportError)
-            logger.info("catalog: %s unreadable (%r); keeping its last answer", name, exc)
+            level = logging.DEBUG if entry.failing else logging.INFO  # the loop re-reads
+            logger.log(level, "catalog: %s unreadable (%r); keeping its last answer", name, exc)
+            entry.failing = True
             entry.expires = self.clock() + min(self.retry_s, self.ttl_s)
             return
         except Exception:  # never expected: a read nobody awaits must not fail unseen
-            entry.tried = True
+            entry.tried = entry.failing = True
             logger.exception("catalog: reading %s failed; keeping its last answer", name)
             entry.expires = self.clock() + min(self.retry_s, self.ttl_s)
             return
+        if entry.failing:
+            logger.info("catalog: %s readable again", name)
+        entry.failing = False
         entry.paths = openapi_templates(schema) or entry.paths
         data = models.get("data") if isinstance(models, dict) else None
         if isinstance(data, list):

@@ -5,6 +5,7 @@ already answered, a failed backend asked again only after ``retry_s``."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 
 import httpx
@@ -201,3 +202,25 @@ async def test_warm_reads_the_available_backends_ahead_of_any_request() -> None:
         await catalog.warm(BACKENDS, registry)  # plain expired, draft now up
         await asyncio.sleep(0.05)  # plain's re-read is not waited for
         assert backends.reads == {"plain": 4, "draft": 2}
+
+
+async def test_a_failing_backend_is_logged_once_a_streak(caplog: pytest.LogCaptureFixture) -> None:
+    """The catalog loop re-reads a failing backend every ``retry_s``: its log says so once
+    at info (then debug), and once more when it reads again (the simulator's servers, with
+    no ``/openapi.json``, logged three lines every 10-12 s)."""
+    backends, now = Backends(), [0.0]
+    backends.refuse = True
+    caplog.set_level(logging.INFO, logger="gateway.upstream.catalog")
+    async with httpx.AsyncClient(transport=httpx.MockTransport(backends)) as client:
+        catalog = BackendCatalog(client, ttl_s=60, retry_s=10, clock=lambda: now[0])
+        for step in range(4):
+            now[0] = step * 11.0
+            await catalog.refresh(BACKENDS, ["draft"], wait=True)
+        assert backends.reads["draft"] == 8  # four reads of two paths
+        backends.refuse, now[0] = False, 50.0
+        await catalog.refresh(BACKENDS, ["draft"], wait=True)
+    lines = [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO]
+    assert len(lines) == 2
+    assert lines[0].startswith("catalog: draft unreadable (ConnectError")
+    assert lines[1] == "catalog: draft readable again"
+    assert catalog.cards("draft") == MODELS["data"]
