@@ -265,8 +265,7 @@ async def models(request: Request, gateway: GatewayDep) -> dict[str, Any]:
     card (vLLM's ``root``, ``parent``, ``permission``, and the smallest ``max_model_len`` of
     the backends serving it; :func:`~gateway.upstream.catalog.merge_cards`)."""
     catalog = runtime_of(request.app).catalog
-    healthy = [n for n, s in gateway.registry.states.items() if s.available]
-    await catalog.refresh(gateway.config.backends, healthy)
+    await catalog.refresh(gateway.config.backends, gateway.registry.available())
     cards = {name: catalog.cards(name) for name in gateway.config.backends}
     data = merge_cards(gateway.served_models(), cards, int(gateway.started_at))
     return {"object": "list", "data": data}

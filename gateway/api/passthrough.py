@@ -125,9 +125,7 @@ async def listed(runtime: Runtime, path: str) -> PathTemplate | None:
     backend's when none is available), their catalog refreshed first (for a path none
     lists, the re-reads in flight are waited for)."""
     gateway, catalog = runtime.gateway, runtime.catalog
-    names = [n for n, s in gateway.registry.states.items() if s.available] or list(
-        gateway.config.backends
-    )
+    names = gateway.registry.available() or list(gateway.config.backends)
     await catalog.refresh(gateway.config.backends, names)
     found = match([t for n in names for t in catalog.paths(n)], path)
     if found is None:  # not listed: wait for the re-reads in flight, a backend may list it now

@@ -74,8 +74,7 @@ class BackendCatalog:
         every health interval. A client's first ``/v1/models`` or relayed path then finds
         the answers read, where it waited for the backends' first ``/openapi.json`` (2.0-3.0
         s on the CPU stack, session 44)."""
-        names = [n for n in backends if (s := registry.states.get(n)) is not None and s.available]
-        await self.refresh(backends, names)
+        await self.refresh(backends, registry.available())
 
     def _start(
         self, backends: Mapping[str, BackendConfig], names: Iterable[str]

@@ -302,6 +302,11 @@ class BackendRegistry:
         """Make the registry hold exactly ``names``."""
         self.states = {n: self.states.get(n) or self._new_state() for n in names}
 
+    def available(self) -> list[str]:
+        """The backends health lets take traffic (:attr:`BackendState.available`), in
+        config order."""
+        return [name for name, state in self.states.items() if state.available]
+
     def _new_state(self) -> BackendState:
         breaker = CircuitBreaker(self.circuit_failures, self.circuit_cooldown_s)
         window = self.peak_window_s
