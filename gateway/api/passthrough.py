@@ -55,7 +55,13 @@ from gateway.upstream.peek import is_event_stream
 
 router = APIRouter(tags=["passthrough"])
 admin_router = APIRouter(tags=["admin"])
+#: The methods relayed to a backend.
 METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE"]
+#: Every method the client catch-all answers: an unknown path is a 404 whatever the method,
+#: as on a vLLM server (none of its routes matches it); a path the backends list, with a
+#: method they do not take there, a 405 (``HEAD`` and ``OPTIONS`` included: vLLM's FastAPI
+#: routes list neither, and neither is ever relayed).
+CLIENT_METHODS = [*METHODS, "HEAD", "OPTIONS"]
 #: Relayed paths answered without a client key when keys are set, as vLLM's server answers
 #: them with ``--api-key`` (its ``AuthenticationMiddleware`` guards only paths under
 #: ``/v1``, ``/v2``, ``/inference`` and ``/cohere``): the liveness and version probes that
@@ -84,7 +90,7 @@ def _not_allowed(method: str, path: str, allowed: str) -> GatewayError:
     )
 
 
-@router.api_route("/{path:path}", methods=METHODS, include_in_schema=False)
+@router.api_route("/{path:path}", methods=CLIENT_METHODS, include_in_schema=False)
 async def passthrough(
     request: Request, path: str, gateway: GatewayDep, settings: SettingsDep
 ) -> Response:

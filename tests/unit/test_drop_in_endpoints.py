@@ -63,11 +63,12 @@ async def test_messages_errors_of_the_gateway_are_in_anthropics_shape(
         error = resp.json()
         assert error["type"] == "error" and set(error["error"]) == {"type", "message"}
         assert error["error"]["type"] == kind and error["error"]["message"]
-    # Starlette's own errors too (a method no route of the path takes)
+    # a method no route of the path takes
     resp = await gw.client.options(path)
     assert resp.status_code == 405
+    message = f"OPTIONS is not allowed on {path}."
     assert resp.json() == {"type": "error", "error": {"type": "invalid_request_error",
-                                                      "message": "Method Not Allowed"}}  # fmt: skip
+                                                      "message": message}}  # fmt: skip
     resp = await gw.client.post("/v1/chat/completions", json={"model": "nope", "messages": []})
     assert resp.status_code == 404 and resp.json()["error"]["code"] == "model_not_found"
 
@@ -209,6 +210,20 @@ async def test_unknown_paths_and_methods(gw: InProcess) -> None:
     assert resp.status_code == 405 and resp.headers["allow"] == "POST"
 
 
+@pytest.mark.parametrize("method", ["HEAD", "OPTIONS"])
+async def test_head_and_options_are_answered_as_a_vllm_server_answers_them(
+    gw: InProcess, method: str
+) -> None:
+    """vLLM's routes take neither method and it has no catch-all: an unknown path is a 404
+    and a path it serves a 405, whatever the method; neither is relayed."""
+    assert (await gw.client.request(method, "/v1/nothing")).status_code == 404
+    resp = await gw.client.request(method, "/tokenize")
+    assert resp.status_code == 405 and resp.headers["allow"] == "POST"
+    assert not any(
+        r["path"] in ("/v1/nothing", "/tokenize") for f in gw.fakes.values() for r in f.received
+    )
+
+
 @pytest.mark.parametrize(
     ("method", "path", "allow"),
     [
@@ -235,8 +250,8 @@ async def test_the_gateways_own_paths_answer_405_for_other_methods(
 async def test_options_is_405_with_the_code_every_other_method_gets(
     gw: InProcess, path: str
 ) -> None:
-    """Starlette answers OPTIONS on the gateway's own routes itself; its 405 carries the same
-    envelope ``code`` as the gateway's other 405s, not the status number."""
+    """OPTIONS on the gateway's own routes is the gateway's 405, with the same envelope
+    ``code`` as its other 405s, not the status number."""
     resp = await gw.client.options(path)
     assert resp.status_code == 405 and "allow" in resp.headers
     assert resp.json()["error"]["code"] == "method_not_allowed"
