@@ -9,9 +9,10 @@
 # repeat 1 (plan, bench.gpu_checks, bench.speedup at c = 1..64), bench.sampled_scores,
 # repeats 2 and 3; OUT/tN holds the epoch seconds at which step N ended. DRAFT_CONFIG
 # (default config/gpu-twin-draft.yaml, "" for none) adds the draft-model twin to `sampled`.
-# CHECKS=0 skips bench.gpu_checks in repeat 1, SAMPLED=0 the sampled check. With
+# CHECKS=0 skips bench.gpu_checks in repeat 1, SAMPLED=0 the sampled check; REPEATS (default
+# 3) repeats in all, each its own order seed (session 45 ran five, two of them by hand). With
 # DRAFT_CONFIG=config/gpu-twin-dyn.yaml (vLLM's dynamic speculative tokens, #25 item 4) a last
-# step measures its servers alone (bench.speedup, the :8020 gateway as its "specgate").
+# step measures its servers alone (bench.speedup, the :8020 gateway as its "specgate"; OUT/tdyn).
 set -uo pipefail
 OUT=${1:?OUT}
 export CONFIG=${CONFIG:-config/gpu-twin.yaml} PER_TASK=${PER_TASK:-16}
@@ -31,7 +32,7 @@ if [ "${SAMPLED:-1}" = 1 ]; then
     bash scripts/gpu/stack.sh sampled "$OUT/sampled" > "$OUT/sampled.log" 2>&1
 fi
 date +%s > "$OUT/t2"
-for n in 2 3; do
+for n in $(seq 2 "${REPEATS:-3}"); do
     ORDER_SEED=$n CHECKS=0 bash scripts/gpu/stack.sh bench "$OUT/r$n" > "$OUT/r$n.log" 2>&1
     date +%s > "$OUT/t$((n + 1))"
 done
@@ -40,5 +41,5 @@ if [ "$DRAFT_CONFIG" = config/gpu-twin-dyn.yaml ]; then
         --config "$DRAFT_CONFIG" --gateway http://127.0.0.1:8020 --prompts .gpu/prompts \
         --per-task "${DYN_PER_TASK:-8}" --max-tokens 64 --concurrency "$CONCURRENCY" --warmup 0 \
         --settle 0.05 --out "$OUT/dyn/speedup" > "$OUT/dyn.log" 2>&1
-    date +%s > "$OUT/t5"
+    date +%s > "$OUT/tdyn"
 fi
