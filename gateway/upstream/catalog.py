@@ -53,6 +53,7 @@ class BackendCatalog:
     clock: Callable[[], float] = time.monotonic
     _entries: dict[str, _Entry] = field(default_factory=dict)
     _reads: dict[str, asyncio.Task[None]] = field(default_factory=dict)
+    _available: frozenset[str] = frozenset()  # the backends :meth:`warm` saw available last
 
     async def refresh(
         self, backends: Mapping[str, BackendConfig], names: Iterable[str], *, wait: bool = False
@@ -73,8 +74,15 @@ class BackendCatalog:
         (:meth:`refresh`): once in the app's startup, then its ``specgate-catalog`` loop
         every health interval. A client's first ``/v1/models`` or relayed path then finds
         the answers read, where it waited for the backends' first ``/openapi.json`` (2.0-3.0
-        s on the CPU stack, session 44)."""
-        await self.refresh(backends, registry.available())
+        s on the CPU stack, session 44). A backend available again since the last call (a
+        server restarted, perhaps with other arguments: its ``max_model_len``, its paths) is
+        read now, not when the dead server's answer expires (up to ``ttl_s`` later)."""
+        available = registry.available()
+        for name in set(available) - self._available:
+            if name in self._entries and name not in self._reads:
+                self._entries[name].expires = 0.0
+        self._available = frozenset(available)
+        await self.refresh(backends, available)
 
     def _start(
         self, backends: Mapping[str, BackendConfig], names: Iterable[str]

@@ -204,6 +204,26 @@ async def test_warm_reads_the_available_backends_ahead_of_any_request() -> None:
         assert backends.reads == {"plain": 4, "draft": 2}
 
 
+async def test_a_backend_back_up_is_read_again_at_once() -> None:
+    """A server that went down and came back may be another (restarted with another
+    ``--max-model-len``): the next warm reads it, within the dead server's TTL."""
+    backends, now = Backends(), [0.0]
+    registry = BackendRegistry(BACKENDS)
+    async with httpx.AsyncClient(transport=httpx.MockTransport(backends)) as client:
+        catalog = BackendCatalog(client, ttl_s=60, clock=lambda: now[0])
+        await catalog.warm(BACKENDS, registry)
+        assert backends.reads == {"plain": 2, "draft": 2}
+        registry.states["draft"].mark(False)
+        now[0] = 5.0
+        await catalog.warm(BACKENDS, registry)  # down: not read; plain within its TTL
+        assert backends.reads == {"plain": 2, "draft": 2}
+        registry.states["draft"].mark(True)
+        now[0] = 10.0
+        await catalog.warm(BACKENDS, registry)  # back up: read again, plain not
+        await asyncio.sleep(0.05)
+        assert backends.reads == {"plain": 2, "draft": 4}
+
+
 async def test_a_failing_backend_is_logged_once_a_streak(caplog: pytest.LogCaptureFixture) -> None:
     """The catalog loop re-reads a failing backend every ``retry_s``: its log says so once
     at info (then debug), and once more when it reads again (the simulator's servers, with
