@@ -39,10 +39,7 @@ from gateway.classify.protocol import (
     RoutedFields,
     openapi_body,
 )
-from gateway.errors import (
-    GatewayError,
-    from_upstream,
-)
+from gateway.errors import GatewayError, from_upstream, model_not_found
 from gateway.failures import UpstreamFailure
 from gateway.pipeline import RoutedRequest, open_routed, prepare_routed
 from gateway.runtime import Runtime, runtime_of
@@ -264,8 +261,23 @@ async def models(request: Request, gateway: GatewayDep) -> dict[str, Any]:
     """The models the gateway serves, in OpenAI's list format, each with its backends' own
     card (vLLM's ``root``, ``parent``, ``permission``, and the smallest ``max_model_len`` of
     the backends serving it; :func:`~gateway.upstream.catalog.merge_cards`)."""
+    return {"object": "list", "data": await _model_cards(request, gateway)}
+
+
+@router.get("/v1/models/{model:path}")
+async def model_card(model: str, request: Request, gateway: GatewayDep) -> dict[str, Any]:
+    """One served model's card, as in :func:`models`: OpenAI's ``GET /v1/models/{model}``,
+    which the OpenAI SDK's ``models.retrieve`` calls (vLLM's server has no such route; a
+    name may hold slashes, ``org/model``). Raises 404 ``model_not_found`` for a name no
+    backend serves."""
+    for card in await _model_cards(request, gateway):
+        if card["id"] == model:
+            return card
+    raise model_not_found(model)
+
+
+async def _model_cards(request: Request, gateway: Gateway) -> list[dict[str, Any]]:
     catalog = runtime_of(request.app).catalog
     await catalog.refresh(gateway.config.backends, gateway.registry.available())
     cards = {name: catalog.cards(name) for name in gateway.config.backends}
-    data = merge_cards(gateway.served_models(), cards, int(gateway.started_at))
-    return {"object": "list", "data": data}
+    return merge_cards(gateway.served_models(), cards, int(gateway.started_at))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import httpx
+import openai
 import pytest
 from httpx_sse import aconnect_sse
 
@@ -268,6 +269,24 @@ async def test_model_cards_are_the_backends() -> None:
     assert card["max_model_len"] == 4096  # the smallest of the backends serving it
     assert card["root"] == f"/models/{MODEL}" and card["parent"] is None
     assert card["permission"][0]["object"] == "model_permission"
+
+
+async def test_one_model_card_as_the_openai_sdk_retrieves_it() -> None:
+    """``client.models.retrieve(name)`` (``GET /v1/models/{name}``): the card ``/v1/models``
+    lists, a name with a slash included; an unknown name is OpenAI's 404."""
+    fakes = {"ngram": FakeBehaviour(name="ngram", max_model_len=4096)}
+    async with in_process(gateway_settings(), fakes=fakes) as gw:
+        listed = (await gw.client.get("/v1/models")).json()["data"][0]
+        sdk = openai.AsyncOpenAI(
+            api_key="k", base_url="http://gateway/v1", http_client=gw.client, max_retries=0
+        )
+        card = await sdk.models.retrieve(MODEL)
+        assert card.model_dump(exclude_unset=True) == listed and card.max_model_len == 4096
+        with pytest.raises(openai.NotFoundError) as raised:
+            await sdk.models.retrieve("org/nope")
+        assert raised.value.code == "model_not_found"
+        resp = await gw.client.post(f"/v1/models/{MODEL}")
+        assert resp.status_code == 405 and resp.headers["allow"] == "GET"
 
 
 def test_vllm_openapi_paths_are_sorted_into_client_and_operator() -> None:
