@@ -26,13 +26,20 @@ def running_server(
     """Serve ``app`` with uvicorn in a thread; yields its base URL; stops it on exit.
 
     ``host`` must be a loopback address; ``config`` goes to ``uvicorn.Config`` (e.g.
-    ``timeout_graceful_shutdown``).
+    ``timeout_graceful_shutdown``). Without a ``port`` the server gets a socket already
+    bound to a free one, so no other process can take the port between choosing and
+    binding it (two test runs on one machine did: "address already in use").
     """
-    port = port or free_port()
+    sockets = []
+    if not port:
+        sockets.append(socket.create_server((host, 0)))
+        port = int(sockets[0].getsockname()[1])
     server = uvicorn.Server(
         uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on", **config)
     )
-    thread = threading.Thread(target=server.run, name=f"uvicorn-{port}", daemon=True)
+    thread = threading.Thread(
+        target=server.run, kwargs={"sockets": sockets or None}, name=f"uvicorn-{port}", daemon=True
+    )
     thread.start()
     deadline = time.monotonic() + 30
     while not server.started:
@@ -44,3 +51,5 @@ def running_server(
     finally:
         server.should_exit = True
         thread.join(timeout=30)
+        for sock in sockets:
+            sock.close()
