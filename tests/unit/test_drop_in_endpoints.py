@@ -273,7 +273,8 @@ async def test_model_cards_are_the_backends() -> None:
 
 async def test_one_model_card_as_the_openai_sdk_retrieves_it() -> None:
     """``client.models.retrieve(name)`` (``GET /v1/models/{name}``): the card ``/v1/models``
-    lists, a name with a slash included; an unknown name is OpenAI's 404."""
+    lists; an unknown name is OpenAI's 404 ``model_not_found``, one with a slash too (the
+    route takes ``org/model`` names, where the catch-all would answer ``not_found``)."""
     fakes = {"ngram": FakeBehaviour(name="ngram", max_model_len=4096)}
     async with in_process(gateway_settings(), fakes=fakes) as gw:
         listed = (await gw.client.get("/v1/models")).json()["data"][0]
