@@ -7,6 +7,7 @@ process never imports vLLM, torch or transformers.
 
 from __future__ import annotations
 
+import logging
 import signal
 import time
 from pathlib import Path
@@ -113,7 +114,9 @@ def preflight(backends: list[LocalBackend]) -> bool:
 
 
 def supervisor(stack: LocalStack, settings: Settings, startup_timeout_s: float) -> Supervisor:
-    """The supervisor that restarts the stack's crashed servers, with the settings' policy."""
+    """The supervisor that restarts the stack's crashed servers, with the settings' policy.
+    Its lines (a crash, each restart, giving up) go to the ``specgate.supervisor`` logger at
+    warning: timestamped beside the gateway's own, where the operator reads them."""
     policy = RestartPolicy(
         backoff_s=settings.restart_backoff_s,
         max_backoff_s=settings.restart_max_backoff_s,
@@ -125,7 +128,7 @@ def supervisor(stack: LocalStack, settings: Settings, startup_timeout_s: float) 
         policy,
         startup_timeout_s=startup_timeout_s,
         engine_dead_after_s=settings.engine_dead_after_s,
-        log=_say,
+        log=logging.getLogger("specgate.supervisor").warning,
     )
 
 

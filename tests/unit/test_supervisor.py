@@ -3,6 +3,7 @@ backoff, the cap per window, the crashed log's tail."""
 
 from __future__ import annotations
 
+import logging
 import sys
 import time
 from collections import deque
@@ -14,7 +15,9 @@ import pytest
 
 from backends.launcher import LocalBackend, LocalStack
 from backends.supervisor import RestartPolicy, Supervisor, error_lines
+from cli import launch
 from contracts.launch_profile import BackendProfile
+from gateway.settings import Settings
 from tests.fakes.servers import free_port
 
 # argv: PORT MODE COUNTFILE. Counts its starts in COUNTFILE; POST /die exits (code 7) after
@@ -183,3 +186,23 @@ def test_restarts_are_capped_per_window(make_stack: Callable[[str], LocalStack])
         view = supervisor.view()["plain"]
     assert view["restarts"] == 2 and view["crashes"] == 3
     assert "CPU Generator does not use offset" in view["last_crash"]["log_tail"]
+
+
+def test_specgate_ups_supervisor_logs_through_logging(
+    make_stack: Callable[[str], LocalStack], caplog: pytest.LogCaptureFixture
+) -> None:
+    """``specgate up``'s supervisor lines are log records (time, level, logger), read beside
+    the gateway's own; they were bare prints without a time."""
+    stack = make_stack("exit")
+    settings = Settings(restart_backoff_s=0.1, engine_dead_after_s=0.5)
+    caplog.set_level(logging.WARNING, logger="specgate.supervisor")
+    with launch.supervisor(stack, settings, startup_timeout_s=30) as watching:
+        kill(stack)
+        wait_for(lambda: watching.view()["plain"]["state"] == "running" and any(
+            "restarted, healthy after" in r.getMessage() for r in caplog.records
+        ))  # fmt: skip
+    lines = [r.getMessage() for r in caplog.records if r.name == "specgate.supervisor"]
+    assert lines[0].startswith("[plain] crashed: process exited with code 7")
+    assert all(
+        r.levelno == logging.WARNING for r in caplog.records if r.name == "specgate.supervisor"
+    )
